@@ -1,0 +1,121 @@
+"""The `specserve bench` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import InvalidArgument
+from specserve.settings import EngineSettings
+
+DEFAULT_METHODS = "target,hf,vanilla"
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `bench` on the top-level CLI's subparsers; returns the new parser."""
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark decoding methods against plain target decoding",
+        description="Run every method on every prompt (interleaved) and report tok/s, speedup over "
+        "`target`, mean accepted length, acceptance rate and how many outputs equal the target's.",
+    )
+    p.add_argument(
+        "--prompts", type=Path, metavar="FILE.jsonl", help="MT-Bench-format JSONL (default: MT-Bench)"
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="use only the first N prompts")
+    p.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        metavar="M1,M2",
+        help=f"comma-separated methods (default: {DEFAULT_METHODS}); target is always run",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--out", type=Path, metavar="results.json", help="write the full result as JSON")
+    p.add_argument("--plot", type=Path, metavar="results.png", help="write a PNG figure")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def run_bench_command(
+    args: argparse.Namespace,
+    settings: EngineSettings,
+    engine_factory: Callable[[EngineSettings], Any] | None = None,
+) -> int:
+    """Validate everything cheap first, then load the engine, run, print the table, write files.
+
+    `engine_factory` exists for tests; by default it is specserve.engine.Engine.
+    """
+    # Imported here: they pull in tqdm/matplotlib, which `specserve --help` should not pay for.
+    from specserve.bench.prompts import default_prompts_path, load_prompts
+    from specserve.bench.report import format_table, plot
+    from specserve.bench.runner import run_bench
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise InvalidArgument(f"--methods must list at least one method, got {args.methods!r}")
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        ignore_eos=getattr(args, "ignore_eos", False),
+    ).validate(settings.max_new_tokens_limit)
+    prompts_path = args.prompts if args.prompts is not None else default_prompts_path()
+    prompts = load_prompts(prompts_path, args.limit)
+    # A run can take hours; find an unwritable output path before it, not after.
+    for path in (args.out, args.plot):
+        if path is not None:
+            _check_writable(path)
+
+    if engine_factory is None:
+        from specserve.engine import Engine
+
+        engine_factory = Engine
+    engine = engine_factory(settings)
+    result = run_bench(
+        engine,
+        prompts,
+        methods,
+        params,
+        progress=not getattr(args, "no_progress", False),
+        settings=settings,
+        prompts_file=prompts_path,
+        limit=args.limit,
+    )
+    print(format_table(result))
+    if args.out is not None:
+        # Written before the plot, so a plotting failure cannot lose the measurements.
+        _write(args.out, lambda p: p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))
+        print(f"wrote {args.out}")
+    if args.plot is not None:
+        _write(args.plot, lambda p: plot(result, p))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _check_writable(path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InvalidArgument(f"output path {path} is a directory")
+    if not parent.is_dir():
+        raise InvalidArgument(f"output directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InvalidArgument(f"output path {path} is not writable")
+
+
+def _write(path: Path, writer: Callable[[Path], None]) -> None:
+    try:
+        writer(path)
+    except OSError as e:
+        raise InvalidArgument(f"cannot write {path}: {e.strerror or e}") from None

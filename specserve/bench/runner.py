@@ -1,0 +1,236 @@
+"""Run every method on every prompt, interleaved, and aggregate speed and acceptance.
+
+Aggregates are ratios of totals (total tokens / total seconds), not means of per-prompt ratios: a
+mean of ratios over-weights short generations, whose timing is the noisiest.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from specserve.bench.machine import machine_info
+from specserve.bench.prompts import Prompt
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import InvalidArgument
+from specserve.results import GenerationResult
+from specserve.settings import EngineSettings
+
+TARGET = "target"  # plain decoding with the target model: the baseline every speedup is against
+WARMUP_TOKENS = 8
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # what EngineSettings(model_dir=None) loads
+
+
+class EngineLike(Protocol):
+    """The part of specserve.engine.Engine the harness uses."""
+
+    @property
+    def methods(self) -> list[str]: ...
+
+    def generate(
+        self,
+        prompt: str,
+        method: str,
+        params: SamplingParams,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> GenerationResult: ...
+
+
+@dataclass
+class _Totals:
+    """Sums over prompts; every reported number is derived from these."""
+
+    num_prompts: int = 0
+    num_generated_tokens: int = 0
+    num_target_forwards: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    elapsed_s: float = 0.0
+    wall_s: float = 0.0  # measured around generate(); elapsed_s is the engine's own timing
+    identical_to_target: int = 0
+
+    def add(self, result: GenerationResult, wall_s: float) -> None:
+        s = result.stats
+        self.num_prompts += 1
+        self.num_generated_tokens += s.num_generated_tokens
+        self.num_target_forwards += s.num_target_forwards
+        self.num_draft_tokens += s.num_draft_tokens
+        self.num_accepted_tokens += s.num_accepted_tokens
+        self.elapsed_s += s.elapsed_s
+        self.wall_s += wall_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self, target_tokens_per_s: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tokens_per_s": self.tokens_per_s,
+            "speedup_vs_target": (
+                self.tokens_per_s / target_tokens_per_s if target_tokens_per_s > 0 else None
+            ),
+            # Same conventions as GenerationStats: 1.0 for plain decoding, None when nothing drafted.
+            "mean_accepted_length": (
+                self.num_generated_tokens / self.num_target_forwards if self.num_target_forwards else 0.0
+            ),
+            "acceptance_rate": (
+                self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+            ),
+        }
+        out.update(asdict(self))
+        return out
+
+
+@dataclass
+class _MethodRun:
+    totals: _Totals = field(default_factory=_Totals)
+    per_category: dict[str, _Totals] = field(default_factory=dict)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def resolve_methods(requested: Sequence[str], available: Sequence[str]) -> tuple[list[str], bool]:
+    """Deduplicated methods to run, with the baseline prepended if missing; raises on unknown names."""
+    methods = list(dict.fromkeys(m.strip() for m in requested if m.strip()))
+    unknown = [m for m in methods if m not in available]
+    if unknown:
+        raise InvalidArgument(f"unknown method(s) {', '.join(unknown)}; available: {', '.join(available)}")
+    added = TARGET not in methods
+    if added:
+        methods.insert(0, TARGET)
+    return methods, added
+
+
+def run_bench(
+    engine: EngineLike,
+    prompts: Sequence[Prompt],
+    methods: Sequence[str],
+    params: SamplingParams,
+    progress: bool = True,
+    *,
+    settings: EngineSettings | None = None,
+    prompts_file: Path | str | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Benchmark `methods` (plus the `target` baseline) on `prompts`; returns the JSON-able result.
+
+    `settings`, `prompts_file` and `limit` are only recorded in the result's config/machine.
+    """
+    if not prompts:
+        raise InvalidArgument("no prompts to benchmark")
+    run_methods, target_added = resolve_methods(methods, engine.methods)
+
+    # Warm-up: first calls pay for lazy model loading, allocator growth and kernel selection.
+    warmup = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
+    for method in run_methods:
+        engine.generate(prompts[0].text, method, warmup)
+    machine = machine_info(settings)  # after warm-up, so torch's thread count is the one used
+
+    runs = {m: _MethodRun() for m in run_methods}
+    bar = tqdm(total=len(prompts), desc="bench", unit="prompt", file=sys.stderr, disable=not progress)
+    try:
+        for prompt in prompts:
+            # Interleaved: every method runs on this prompt before the next one starts, so drift in
+            # the machine (thermal throttling, other load) hits all methods alike.
+            results = {m: _timed_generate(engine, prompt, m, params) for m in run_methods}
+            target_ids = results[TARGET][0].token_ids
+            for method, (result, wall_s) in results.items():
+                _record(runs[method], prompt, result, wall_s, result.token_ids == target_ids)
+            # Postfix first, without its own redraw: update() then redraws once with both.
+            bar.set_postfix_str(
+                " | ".join(f"{m} {r.totals.tokens_per_s:.1f} tok/s" for m, r in runs.items()), refresh=False
+            )
+            bar.update(1)
+    finally:
+        bar.close()
+
+    return {
+        "methods": _summarize(runs),
+        "config": _config(
+            run_methods, list(methods), target_added, params, settings, prompts_file, limit, len(prompts)
+        ),
+        "machine": machine,
+    }
+
+
+def _timed_generate(
+    engine: EngineLike, prompt: Prompt, method: str, params: SamplingParams
+) -> tuple[GenerationResult, float]:
+    start = time.perf_counter()
+    result = engine.generate(prompt.text, method, params)
+    return result, time.perf_counter() - start
+
+
+def _record(run: _MethodRun, prompt: Prompt, result: GenerationResult, wall_s: float, same: bool) -> None:
+    for totals in (run.totals, run.per_category.setdefault(prompt.category, _Totals())):
+        totals.add(result, wall_s)
+        totals.identical_to_target += int(same)
+    run.outputs.append(
+        {
+            "question_id": prompt.question_id,
+            "category": prompt.category,
+            "token_ids": list(result.token_ids),
+            "text": result.text,
+            "finish_reason": str(result.finish_reason),
+            "stats": result.stats.to_dict(),
+            "wall_s": wall_s,
+        }
+    )
+
+
+def _summarize(runs: dict[str, _MethodRun]) -> dict[str, Any]:
+    target = runs[TARGET]
+    out: dict[str, Any] = {}
+    for method, run in runs.items():
+        entry = run.totals.summary(target.totals.tokens_per_s)
+        entry["per_category"] = {
+            # Per-category speedups compare against the target on the same category's prompts.
+            cat: totals.summary(target.per_category[cat].tokens_per_s)
+            for cat, totals in run.per_category.items()
+        }
+        entry["outputs"] = run.outputs
+        out[method] = entry
+    return out
+
+
+def _config(
+    methods: list[str],
+    requested: list[str],
+    target_added: bool,
+    params: SamplingParams,
+    settings: EngineSettings | None,
+    prompts_file: Path | str | None,
+    limit: int | None,
+    num_prompts: int,
+) -> dict[str, Any]:
+    model_dir = settings.model_dir if settings else None
+    return {
+        "methods": methods,
+        "requested_methods": requested,
+        "target_auto_added": target_added,
+        "notes": [f"'{TARGET}' added as the baseline (not requested)"] if target_added else [],
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "seed": params.seed,
+        "stop": list(params.stop),
+        "ignore_eos": params.ignore_eos,
+        "limit": limit,
+        "num_prompts": num_prompts,
+        "prompts_file": str(prompts_file) if prompts_file is not None else None,
+        "model": Path(model_dir).name if model_dir else DEFAULT_MODEL_NAME,
+        "model_dir": str(model_dir) if model_dir else None,
+        "settings": _jsonable(asdict(settings)) if settings else None,
+        "warmup_tokens": WARMUP_TOKENS,
+        "order": "interleaved: all methods on each prompt before the next prompt",
+    }
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}

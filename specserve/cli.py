@@ -1,0 +1,164 @@
+"""`specserve` command line: generate and bench. Errors print one line and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import SpecserveError
+from specserve.settings import EngineSettings
+
+EXIT_USAGE = 2
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (defaults from SPECSERVE_* variables)")
+    group.add_argument("--model-dir", type=Path, help="local Hugging Face model directory (default: SmolLM2)")
+    group.add_argument("--draft-dir", type=Path, help="draft model directory for the vanilla methods")
+    group.add_argument("--device", help="torch device, e.g. cpu or cuda")
+    group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+
+
+def _add_sampling_options(parser: argparse.ArgumentParser, default_seed: int | None) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--seed", type=int, default=default_seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specserve.bench.cli import add_bench_parser
+
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a reply to one chat prompt, streamed")
+    gen.add_argument("prompt")
+    gen.add_argument("--method", default="vanilla", help="draft method (see `specserve methods`)")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    _add_sampling_options(gen, default_seed=None)
+    _add_engine_options(gen)
+
+    sub.add_parser("methods", help="list the draft methods")
+
+    bench = add_bench_parser(sub)
+    _add_engine_options(bench)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> EngineSettings:
+    return EngineSettings.from_env(
+        model_dir=getattr(args, "model_dir", None),
+        draft_dir=getattr(args, "draft_dir", None),
+        device=getattr(args, "device", None),
+        dtype=getattr(args, "dtype", None),
+    )
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from specserve.engine import Engine
+    from specserve.methods import method_spec
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        stop=tuple(args.stop),
+    )
+    settings = _settings(args)
+    params.validate(settings.max_new_tokens_limit)
+    method_spec(args.method)  # fail on a bad name before loading any model
+    engine = Engine(settings)
+    if args.json:
+        result = engine.generate(args.prompt, args.method, params)
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "finish_reason": result.finish_reason.value,
+                    "method": args.method,
+                    "stats": result.stats.to_dict(),
+                }
+            )
+        )
+        return 0
+    printer = _StreamPrinter(engine.decode, holdback=max((len(s) for s in params.stop), default=1) - 1)
+    result = engine.generate(args.prompt, args.method, params, on_tokens=printer.add)
+    printer.finish(result.text)
+    stats = result.stats
+    acceptance = f"{stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else "-"
+    print(
+        f"[{args.method}] {stats.num_generated_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
+        f"{stats.mean_accepted_length:.2f} tokens/forward, acceptance {acceptance}, "
+        f"finish: {result.finish_reason.value}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+class _StreamPrinter:
+    """Prints decoded text as tokens arrive, never a half UTF-8 character or a possible stop string."""
+
+    def __init__(self, decode, holdback: int) -> None:
+        self.decode = decode
+        self.holdback = holdback
+        self.token_ids: list[int] = []
+        self.printed = 0
+
+    def add(self, token_ids: list[int]) -> None:
+        self.token_ids.extend(token_ids)
+        text = self.decode(self.token_ids)
+        end = len(text) - self.holdback
+        while end > self.printed and text[end - 1] == "\ufffd":
+            end -= 1
+        if end > self.printed:
+            sys.stdout.write(text[self.printed : end])
+            sys.stdout.flush()
+            self.printed = end
+
+    def finish(self, final_text: str) -> None:
+        sys.stdout.write(final_text[self.printed :] + "\n")
+        sys.stdout.flush()
+
+
+def _run_methods() -> int:
+    from specserve.methods import METHODS
+
+    for spec in METHODS.values():
+        label = "" if spec.lossless else "  [LOSSY: opt-in]"
+        print(f"{spec.method.value:16s} {spec.description}{label}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        if args.command == "generate":
+            return _run_generate(args)
+        if args.command == "methods":
+            return _run_methods()
+        from specserve.bench.cli import run_bench_command
+
+        return run_bench_command(args, _settings(args))
+    except SpecserveError as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("specserve: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

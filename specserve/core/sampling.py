@@ -1,0 +1,45 @@
+"""Turning logits into the distribution we sample from: temperature, then top-k, then top-p.
+
+The order matches Hugging Face's logits warpers, so the `hf` baseline samples from the same
+distribution. Target and draft logits go through this same function: the verifier's losslessness
+depends on both sides being processed identically.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.core.sampling_params import SamplingParams
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits: [..., V] -> probs: [..., V] float32. Greedy (T == 0) gives a one-hot argmax."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        logits = _top_p_filter(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one token)."""
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=False)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)  # ascending: drop the low tail
+    drop_sorted = cum <= (1 - top_p)
+    drop_sorted[..., -1] = False  # the most likely token always stays
+    drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """probs: [V] -> one token id drawn from it."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def uniform(generator: torch.Generator) -> float:
+    return float(torch.rand((), generator=generator).item())

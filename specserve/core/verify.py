@@ -1,0 +1,129 @@
+"""Deciding which draft tokens the target accepts. Tensors in, node indices out; never sees a model.
+
+Three rules, all lossless (the emitted tokens follow the target's distribution exactly):
+- greedy: a child is accepted iff its token is the target's argmax at its parent.
+- sampled candidates (SpecInfer/MCSD rule): children drawn from q are tried in the order they were
+  drawn; accept x with probability min(1, p[x]/q[x]); on rejection p becomes the residual
+  norm(max(p - q, 0)) and, for draws without replacement, x is removed from q.
+- fixed candidates (EAGLE-2 rule, for deterministic proposals such as greedy drafts or CaPE top-k):
+  accept x with probability p[x]; on rejection set p[x] = 0 and renormalise. No q is needed.
+When no child is accepted, the next token is drawn from what is left of p (recovered token); at a leaf
+it is drawn from p itself (bonus token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from specserve.core.sampling import sample_token, uniform
+from specserve.core.tree import tree_children
+
+
+class CandidateKind(StrEnum):
+    """How the draft chose the children of each node; decides the acceptance rule at T > 0."""
+
+    FIXED = "fixed"
+    SAMPLED = "sampled"
+    SAMPLED_WITHOUT_REPLACEMENT = "sampled-without-replacement"
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    accepted_nodes: list[int]  # root first; the path whose KV is kept
+    next_token: int  # bonus (at a leaf) or recovered (after rejections) token
+
+
+def verify_greedy(
+    target_argmax: list[int],  # [N] target argmax at each node
+    parent_ids: tuple[int, ...] | list[int],
+    token_ids: tuple[int, ...] | list[int],
+) -> VerifyOutcome:
+    children = tree_children(parent_ids)
+    node, path = 0, [0]
+    while True:
+        wanted = target_argmax[node]
+        match = next((c for c in children[node] if token_ids[c] == wanted), None)
+        if match is None:
+            return VerifyOutcome(path, wanted)
+        node = match
+        path.append(node)
+
+
+def verify_sampled(
+    target_probs: Callable[[int], torch.Tensor],  # node -> p [V] at that node
+    parent_ids: tuple[int, ...] | list[int],
+    token_ids: tuple[int, ...] | list[int],
+    draft_probs: Mapping[int, torch.Tensor],  # internal node -> q [V] its children were drawn from
+    kind: CandidateKind,
+    generator: torch.Generator,
+) -> VerifyOutcome:
+    children = tree_children(parent_ids)
+    node, path = 0, [0]
+    while True:
+        p = target_probs(node)
+        if not children[node]:
+            return VerifyOutcome(path, sample_token(p, generator))
+        if kind is CandidateKind.FIXED:
+            accepted, p = _try_fixed(p, [token_ids[c] for c in children[node]], generator)
+        else:
+            accepted, p = _try_sampled(
+                p,
+                draft_probs[node],
+                [token_ids[c] for c in children[node]],
+                kind is CandidateKind.SAMPLED_WITHOUT_REPLACEMENT,
+                generator,
+            )
+        if accepted is None:
+            return VerifyOutcome(path, sample_token(p, generator))
+        node = children[node][accepted]
+        path.append(node)
+
+
+def _try_sampled(
+    p: torch.Tensor,  # [V]
+    q: torch.Tensor,  # [V]
+    candidates: list[int],
+    without_replacement: bool,
+    generator: torch.Generator,
+) -> tuple[int | None, torch.Tensor]:
+    """Returns (index of the accepted candidate or None, the distribution left to sample from)."""
+    p, q = p.clone(), q.clone()
+    for i, x in enumerate(candidates):
+        px, qx = float(p[x]), float(q[x])
+        if qx > 0 and uniform(generator) * qx <= px:
+            return i, p
+        residual = (p - q).clamp_min(0)
+        total = float(residual.sum())
+        # total == 0 means p <= q everywhere, i.e. p == q, where rejection has probability 0.
+        if total > 0:
+            p = residual / total
+        if without_replacement:
+            q[x] = 0
+            q_total = float(q.sum())
+            q = q / q_total if q_total > 0 else _uniform_over_untried(q, candidates[: i + 1])
+    return None, p
+
+
+def _uniform_over_untried(q: torch.Tensor, tried: list[int]) -> torch.Tensor:
+    out = torch.ones_like(q)
+    out[tried] = 0
+    return out / out.sum()
+
+
+def _try_fixed(
+    p: torch.Tensor, candidates: list[int], generator: torch.Generator
+) -> tuple[int | None, torch.Tensor]:
+    p = p.clone()
+    for i, x in enumerate(candidates):
+        if uniform(generator) <= float(p[x]) and float(p[x]) > 0:
+            return i, p
+        p[x] = 0
+        total = float(p.sum())
+        if total <= 0:  # every token with mass was tried and rejected: impossible unless p[x] ~ 1
+            break
+        p = p / total
+    return None, p

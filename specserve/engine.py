@@ -1,0 +1,171 @@
+"""The in-process engine: loads models once, runs any registered method on a prompt."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from specserve.core.finish import FinishChecker
+from specserve.core.loop import speculative_generate
+from specserve.core.rng import fresh_seed
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import InvalidArgument
+from specserve.methods import METHODS, MethodSpec, method_spec
+from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolve_model_dir
+from specserve.results import GenerationResult, GenerationStats
+from specserve.runtime.early_exit import early_exit_draft
+from specserve.runtime.runner import ModelRunner
+from specserve.runtime.target import LocalVerifier
+from specserve.settings import EngineSettings
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings | None = None) -> None:
+        self.settings = settings or EngineSettings.from_env()
+        if self.settings.num_threads > 0:
+            torch.set_num_threads(self.settings.num_threads)
+
+    @property
+    def methods(self) -> list[str]:
+        return [m.value for m in METHODS]
+
+    # Models load lazily so that `specserve generate --method target` never loads a draft.
+    @functools.cached_property
+    def model_dir(self):
+        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir)
+
+    @functools.cached_property
+    def tokenizer(self):
+        return load_tokenizer(self.model_dir)
+
+    @functools.cached_property
+    def target_model(self) -> PreTrainedModel:
+        return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
+
+    @functools.cached_property
+    def target_runner(self) -> ModelRunner:
+        return ModelRunner(self.target_model)
+
+    @functools.cached_property
+    def vanilla_draft_runner(self) -> ModelRunner:
+        if self.settings.draft_dir is None:
+            draft = early_exit_draft(self.target_model, self.settings.draft_layers)
+        else:
+            draft = load_causal_lm(
+                resolve_model_dir(self.settings.draft_dir, self.settings.cache_dir),
+                self.settings.device,
+                self.settings.dtype,
+            )
+        if draft.config.vocab_size != self.target_model.config.vocab_size:
+            raise InvalidArgument("the draft's vocabulary differs from the target's")
+        return ModelRunner(draft)
+
+    @functools.cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids = {self.tokenizer.eos_token_id}
+        configured = self.target_model.generation_config.eos_token_id
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return frozenset(i for i in ids if i is not None)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        if not prompt or not prompt.strip():
+            raise InvalidArgument("the prompt is empty")
+        prompt_ids = encode_chat(self.tokenizer, prompt)
+        if len(prompt_ids) > self.settings.max_prompt_tokens:
+            raise InvalidArgument(
+                f"the prompt has {len(prompt_ids)} tokens; at most {self.settings.max_prompt_tokens} allowed"
+            )
+        return prompt_ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def generate(
+        self,
+        prompt: str,
+        method: str,
+        params: SamplingParams,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> GenerationResult:
+        spec = method_spec(method)
+        params = params.validate(self.settings.max_new_tokens_limit)
+        return self.generate_ids(self.encode_prompt(prompt), spec, params, on_tokens)
+
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        spec: MethodSpec,
+        params: SamplingParams,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> GenerationResult:
+        capacity = len(prompt_ids) + params.max_new_tokens + self.settings.max_tree_nodes + 1
+        if capacity > self.settings.max_context:
+            raise InvalidArgument(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceed the "
+                f"context limit of {self.settings.max_context - self.settings.max_tree_nodes - 1} tokens"
+            )
+        seed = params.seed if params.seed is not None else fresh_seed()
+        finish = FinishChecker(
+            max_new_tokens=params.max_new_tokens,
+            eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
+            stop_strings=params.stop,
+            decode=self.decode,
+        )
+        if spec.uses_hf_generate:
+            stats = self._hf_generate(prompt_ids, params, seed, finish, on_tokens)
+        else:
+            verifier = LocalVerifier(self.target_runner, capacity)
+            drafter = spec.make_drafter(self, capacity)
+            try:
+                stats = speculative_generate(prompt_ids, verifier, drafter, params, seed, finish, on_tokens)
+            finally:
+                verifier.release()
+                if drafter is not None:
+                    drafter.release()
+        text = self.decode(finish.generated)
+        if finish.stop_text_end is not None:
+            text = text[: finish.stop_text_end]
+        assert finish.reason is not None
+        return GenerationResult(list(finish.generated), text, finish.reason, stats)
+
+    def _hf_generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        finish: FinishChecker,
+        on_tokens: Callable[[list[int]], None] | None,
+    ) -> GenerationStats:
+        sampling = not params.greedy
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sampling,
+            temperature=params.temperature if sampling else None,
+            top_k=params.top_k if sampling else None,
+            top_p=params.top_p if sampling else None,
+            eos_token_id=sorted(finish.eos_token_ids) or None,
+            pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+        )
+        input_ids = torch.tensor([prompt_ids], device=self.target_runner.device)
+        start = time.perf_counter()
+        if sampling:
+            torch.manual_seed(seed)
+        with torch.inference_mode():
+            output = self.target_model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
+        elapsed = time.perf_counter() - start
+        new_tokens = output[0, len(prompt_ids) :].tolist()
+        kept = finish.extend(new_tokens)
+        if on_tokens is not None and kept:
+            on_tokens(kept)
+        return GenerationStats(
+            num_target_forwards=len(new_tokens),
+            num_generated_tokens=len(kept),
+            elapsed_s=elapsed,
+            verify_s=elapsed,
+        )

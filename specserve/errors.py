@@ -1,0 +1,49 @@
+"""One error hierarchy for the whole project.
+
+Every error a user can cause carries a status code. Services map `StatusCode` to gRPC codes in one
+place (the codes below are named exactly as gRPC's); the CLI prints the message on one line.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StatusCode(StrEnum):
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    UNAVAILABLE = "UNAVAILABLE"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    INTERNAL = "INTERNAL"
+
+
+class SpecserveError(Exception):
+    """Base class of every error specserve raises on purpose."""
+
+    code: StatusCode = StatusCode.INTERNAL
+
+
+class InvalidArgument(SpecserveError):
+    code = StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(SpecserveError):
+    code = StatusCode.NOT_FOUND
+
+
+class ResourceExhausted(SpecserveError):
+    code = StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(SpecserveError):
+    code = StatusCode.DEADLINE_EXCEEDED
+
+
+class Unavailable(SpecserveError):
+    code = StatusCode.UNAVAILABLE
+
+
+class FailedPrecondition(SpecserveError):
+    code = StatusCode.FAILED_PRECONDITION

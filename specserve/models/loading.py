@@ -1,0 +1,82 @@
+"""Loading local causal LMs and tokenizers: local files only, safetensors only, inference mode."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
+from specserve.models.default_model import default_model_dir
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_model_dir(model_dir: Path | None, cache_dir: Path) -> Path:
+    """The directory to load: `model_dir` if it is a model directory, else the default model (None)."""
+    if model_dir is None:
+        return default_model_dir(cache_dir)
+    return _check_model_dir(Path(model_dir).expanduser())
+
+
+def load_causal_lm(model_dir: Path, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
+    """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`."""
+    model_dir = _check_model_dir(Path(model_dir).expanduser())
+    torch_dtype = _torch_dtype(dtype)
+    # Pickle checkpoints can run code when loaded: accept safetensors weights only.
+    if not any(model_dir.glob("*.safetensors")):
+        raise FailedPrecondition(f"{model_dir} has no *.safetensors weights (pickle checkpoints are refused)")
+    _offline()
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a sub-second load needs no bar; it would interleave with output
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        local_files_only=True,
+        use_safetensors=True,
+        attn_implementation="sdpa",
+        dtype=torch_dtype,
+    )
+    model.eval()
+    model.requires_grad_(False)
+    return model.to(device=device, dtype=torch_dtype)
+
+
+def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer saved in `model_dir` (local files only)."""
+    model_dir = Path(model_dir).expanduser()
+    if not model_dir.is_dir():
+        raise NotFound(f"model directory {model_dir} does not exist")
+    if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise NotFound(f"{model_dir} holds no tokenizer (no tokenizer.json or tokenizer_config.json)")
+    _offline()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+def _check_model_dir(model_dir: Path) -> Path:
+    if not model_dir.is_dir():
+        raise NotFound(f"model directory {model_dir} does not exist")
+    if not (model_dir / "config.json").is_file():
+        raise NotFound(f"{model_dir} is not a Hugging Face model directory (no config.json)")
+    return model_dir
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    import torch
+
+    if dtype not in _DTYPES:
+        raise InvalidArgument(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def _offline() -> None:
+    # Belt and braces with local_files_only: nothing here may reach a model hub. (huggingface_hub reads
+    # this at import time, so it only takes full effect if transformers was not imported yet.)
+    os.environ["HF_HUB_OFFLINE"] = "1"

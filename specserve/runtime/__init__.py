@@ -1,0 +1,1 @@
+"""Running Hugging Face models for the core: KV caches, the target session, model drafters."""

@@ -1,0 +1,98 @@
+"""A KV cache addressed by absolute position, usable by any Hugging Face causal LM.
+
+Buffers are allocated once per session at full capacity. A forward writes its tokens' K/V at
+[length, length + n); committing an accepted tree path copies those few slots down into contiguous
+positions and moves `length`; rejected slots are simply overwritten next round (as in gpt-fast), so
+there is no rollback machinery and no per-step copy of the whole cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specserve.errors import ResourceExhausted
+
+
+class PositionalLayer(CacheLayerMixin):
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, head_dim = key_states.shape
+        shape = (batch, heads, self.capacity, head_dim)
+        self.keys = key_states.new_zeros(shape)  # [B, H_kv, capacity, D]
+        self.values = value_states.new_zeros(shape)
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_states: [B, H_kv, n, D] -> all keys so far [B, H_kv, length + n, D] (and values)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise ResourceExhausted(f"KV cache full: {end} positions needed, capacity {self.capacity}")
+        self.keys[:, :, self.length : end] = key_states
+        self.values[:, :, self.length : end] = value_states
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length = max(0, self.length + tokens_to_remove) if tokens_to_remove < 0 else tokens_to_remove
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class PositionalKVCache(Cache):
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        super().__init__(layers=[PositionalLayer(capacity) for _ in range(num_layers)])
+        self.capacity = capacity
+
+    @property
+    def length(self) -> int:
+        """Positions holding committed KV (between forwards every layer agrees)."""
+        return self.layers[0].length
+
+    def truncate(self, length: int) -> None:
+        for layer in self.layers:
+            layer.length = length
+
+    @torch.inference_mode()  # the buffers were created inside the model's inference-mode forward
+    def commit_path(self, start: int, node_indices: Sequence[int]) -> None:
+        """Keeps the KV of tree nodes `node_indices` (written at start + index) as positions start, start+1...
+
+        Everything after the kept path is dropped.
+        """
+        if list(node_indices) != list(range(len(node_indices))):  # a chain prefix needs no copy
+            src = torch.tensor([start + i for i in node_indices], device=self.layers[0].keys.device)
+            for layer in self.layers:
+                dst = slice(start, start + len(node_indices))
+                layer.keys[:, :, dst] = layer.keys.index_select(2, src)
+                layer.values[:, :, dst] = layer.values.index_select(2, src)
+        self.truncate(start + len(node_indices))
+
+    def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Committed K/V of one layer: ([B, H_kv, length, D], same); views, no copy."""
+        layer = self.layers[layer_idx]
+        return layer.keys[:, :, : layer.length], layer.values[:, :, : layer.length]

@@ -1,0 +1,46 @@
+"""The in-process verifier: one sequence's target KV cache, verification and commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specserve.core.accept import accept_draft, choose_token
+from specserve.core.protocols import DraftTree
+from specserve.core.sampling_params import SamplingParams
+from specserve.core.verify import VerifyOutcome
+from specserve.errors import FailedPrecondition
+from specserve.runtime.runner import ModelRunner
+
+
+class LocalVerifier:
+    """Target state of one sequence. The cache holds every committed token but the newest (the root)."""
+
+    def __init__(self, runner: ModelRunner, capacity: int) -> None:
+        self.runner = runner
+        self.cache = runner.new_cache(capacity)
+        self.root_token: int | None = None
+
+    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
+        self.cache.truncate(0)
+        logits = self.runner.forward(self.cache, prompt_ids, last_only=True)  # [V]
+        self.root_token = choose_token(logits, params, seed)
+        return self.root_token
+
+    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
+        tree = draft.tree
+        if tree.token_ids[0] != self.root_token:
+            raise FailedPrecondition(
+                f"draft root {tree.token_ids[0]} is not the last committed token {self.root_token}"
+            )
+        start = self.cache.length
+        logits = self.runner.forward(
+            self.cache, tree.token_ids, None if tree.is_chain() else tree.parent_ids
+        )  # [N, V]
+        outcome = accept_draft(logits, draft, params, seed)
+        self.cache.commit_path(start, outcome.accepted_nodes)
+        self.root_token = outcome.next_token
+        return outcome
+
+    def release(self) -> None:
+        self.cache.truncate(0)
+        self.root_token = None

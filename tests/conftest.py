@@ -1,0 +1,48 @@
+"""Shared, session-scoped model fixtures.
+
+- default_model_dir: the real SmolLM2-135M-Instruct checkpoint, converted once per machine into
+  $SPECSERVE_CACHE_DIR (or the user cache, ~/.cache/specserve), the same place the engine uses.
+- tiny_target_dir / tiny_draft_dir: random-init Llamas with SmolLM2's real tokenizer (vocab 49,152),
+  target 2 layers x 64 wide, draft 1 layer x 32 wide, different seeds.
+- tiny_vocab_target_dir: a random-init Llama with vocab 16 and no tokenizer, for statistical tests
+  (the whole next-token distribution is small enough to check exactly).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specserve.models import default_model_dir as _default_model_dir
+from specserve.models import make_tiny_llama
+from specserve.settings import EngineSettings
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    return _default_model_dir(EngineSettings.from_env().cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("tiny_target")
+    return make_tiny_llama(out, tokenizer_dir=default_model_dir, hidden_size=64, num_layers=2, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("tiny_draft")
+    return make_tiny_llama(
+        out,
+        tokenizer_dir=default_model_dir,
+        hidden_size=32,
+        num_layers=1,
+        intermediate_size=64,
+        seed=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny_vocab_target"), vocab_size=16, seed=3)

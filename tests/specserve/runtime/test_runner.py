@@ -1,0 +1,63 @@
+import pytest
+import torch
+from tiny_llama import tiny_llama
+
+from specserve.core.tree import path_to_node
+from specserve.errors import ResourceExhausted
+from specserve.runtime.runner import ModelRunner
+
+PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+def _reference_logits(model, token_ids):
+    with torch.inference_mode():
+        return model(torch.tensor([token_ids])).logits[0]  # [n, V]
+
+
+def test_chain_logits_match_plain_forward(model):
+    runner = ModelRunner(model)
+    cache = runner.new_cache(32)
+    pieces = [
+        runner.forward(cache, PROMPT[:5]),
+        runner.forward(cache, PROMPT[5:6]),
+        runner.forward(cache, PROMPT[6:]),
+    ]
+    torch.testing.assert_close(torch.cat(pieces), _reference_logits(model, PROMPT), atol=1e-4, rtol=1e-4)
+    assert cache.length == len(PROMPT)
+
+
+def test_tree_node_logits_match_their_path_run_as_a_chain(model):
+    runner = ModelRunner(model)
+    cache = runner.new_cache(32)
+    runner.forward(cache, PROMPT[:6])
+    tokens, parents = [PROMPT[6], 11, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 1, 2, 3]
+    logits = runner.forward(cache, tokens, parents)  # [7, V]
+    for node in range(len(tokens)):
+        path = [tokens[i] for i in path_to_node(parents, node)]
+        expected = _reference_logits(model, PROMPT[:6] + path)[-1]
+        torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_commit_compacts_the_accepted_path(model):
+    runner = ModelRunner(model)
+    cache = runner.new_cache(32)
+    runner.forward(cache, PROMPT[:6])
+    tokens, parents = [PROMPT[6], 11, 12, 13, 14], [-1, 0, 0, 2, 3]
+    runner.forward(cache, tokens, parents)
+    cache.commit_path(6, [0, 2, 3])  # keep root -> 12 -> 13
+    assert cache.length == 9
+    after = runner.forward(cache, [20], last_only=True)
+    expected = _reference_logits(model, [*PROMPT[:6], PROMPT[6], 12, 13, 20])[-1]
+    torch.testing.assert_close(after, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_capacity_is_enforced(model):
+    runner = ModelRunner(model)
+    cache = runner.new_cache(4)
+    with pytest.raises(ResourceExhausted):
+        runner.forward(cache, PROMPT)

@@ -1,0 +1,61 @@
+"""The CLI contract: JSON keys, and bad input -> one line on stderr, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specserve.cli import main
+
+
+def _run(args, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "specserve.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["generate", "hi", "--max-new-tokens", "0"],
+        ["generate", "hi", "--max-new-tokens", "100000000"],
+        ["generate", "hi", "--temperature", "-0.5"],
+        ["generate", "hi", "--top-p", "0"],
+        ["generate", "hi", "--top-p", "1.5"],
+        ["generate", "hi", "--method", "nope"],
+        ["bench", "--prompts", "/nonexistent/prompts.jsonl"],
+    ],
+)
+def test_bad_input_fails_fast_with_one_line(args, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specserve: error:"), err
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("prompt", ["", "word " * 3000])
+def test_bad_prompts_fail_without_traceback(prompt, default_model_dir):
+    proc = _run(["generate", prompt, "--model-dir", str(default_model_dir)])
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "specserve: error:" in proc.stderr
+
+
+@pytest.mark.model
+def test_generate_json_contract(default_model_dir):
+    proc = _run(["generate", "Say hello.", "--json", "--max-new-tokens", "12", "--method", "vanilla-tree"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {"text", "token_ids", "stats"} <= out.keys()
+    assert {
+        "num_target_forwards",
+        "num_draft_tokens",
+        "num_accepted_tokens",
+        "mean_accepted_length",
+        "tokens_per_s",
+    } <= out["stats"].keys()
+    assert 0 < len(out["token_ids"]) <= 12

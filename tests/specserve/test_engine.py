@@ -1,0 +1,70 @@
+"""The engine on the real default model (SmolLM2-135M-Instruct): lossless against transformers."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.core.sampling_params import SamplingParams
+from specserve.engine import Engine
+from specserve.errors import InvalidArgument
+from specserve.methods import METHODS, Method
+from specserve.settings import EngineSettings
+
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Give three tips for staying focused while studying.",
+]
+LOSSLESS = [m for m, spec in METHODS.items() if spec.lossless and m is not Method.HF]
+
+
+@pytest.fixture(scope="module")
+def engine(default_model_dir) -> Engine:
+    return Engine(EngineSettings.from_env(model_dir=default_model_dir))
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_equals_transformers_generate(engine, prompt):
+    params = SamplingParams(max_new_tokens=48)
+    reference = engine.generate(prompt, Method.HF, params)
+    assert len(reference.token_ids) > 5
+    for method in LOSSLESS:
+        result = engine.generate(prompt, method, params)
+        assert result.token_ids == reference.token_ids, method
+        assert result.text == reference.text
+
+
+@pytest.mark.model
+def test_sampling_is_seeded_on_the_real_model(engine):
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=42, max_new_tokens=24)
+    a = engine.generate(PROMPTS[2], Method.VANILLA_TREE, params)
+    b = engine.generate(PROMPTS[2], Method.VANILLA_TREE, params)
+    assert a.token_ids == b.token_ids
+
+
+@pytest.mark.model
+def test_stop_string_cuts_text_and_tokens(engine):
+    full = engine.generate(PROMPTS[1], Method.TARGET, SamplingParams(max_new_tokens=48))
+    stop = full.text.split()[3]  # a word that certainly appears
+    cut = engine.generate(PROMPTS[1], Method.VANILLA, SamplingParams(max_new_tokens=48, stop=(stop,)))
+    assert cut.finish_reason.value == "stop"
+    assert stop not in cut.text and full.text.startswith(cut.text)
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    "prompt,method,params",
+    [
+        ("", "target", SamplingParams()),
+        ("   ", "target", SamplingParams()),
+        ("hello " * 3000, "target", SamplingParams()),
+        ("hello", "nonsense", SamplingParams()),
+        ("hello", "target", SamplingParams(max_new_tokens=0)),
+        ("hello", "target", SamplingParams(temperature=-1)),
+    ],
+)
+def test_bad_requests_are_invalid_arguments(engine, prompt, method, params):
+    with pytest.raises(InvalidArgument):
+        engine.generate(prompt, method, params)
