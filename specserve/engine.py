@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -14,6 +15,7 @@ from specserve.core.loop import speculative_generate
 from specserve.core.rng import fresh_seed
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument
+from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.methods import METHODS, MethodSpec, method_spec
 from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.results import GenerationResult, GenerationStats
@@ -21,6 +23,8 @@ from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -63,6 +67,16 @@ class Engine:
         if draft.config.vocab_size != self.target_model.config.vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")
         return ModelRunner(draft)
+
+    @functools.cached_property
+    def glide_draft(self) -> GlideDraft:
+        if self.settings.glide_dir is not None:
+            return load_glide(self.settings.glide_dir, self.target_model)
+        logger.warning(
+            "no glide_dir configured: the GliDe draft is randomly initialised (seed 0) and untrained, so "
+            "output stays exact but few drafts are accepted; set SPECSERVE_GLIDE_DIR to a trained draft"
+        )
+        return build_glide(self.target_model, seed=0, share_target_embeddings=True)
 
     @functools.cached_property
     def eos_token_ids(self) -> frozenset[int]:
@@ -119,7 +133,7 @@ class Engine:
             stats = self._hf_generate(prompt_ids, params, seed, finish, on_tokens)
         else:
             verifier = LocalVerifier(self.target_runner, capacity)
-            drafter = spec.make_drafter(self, capacity)
+            drafter = spec.make_drafter(self, capacity, verifier)
             try:
                 stats = speculative_generate(prompt_ids, verifier, drafter, params, seed, finish, on_tokens)
             finally:

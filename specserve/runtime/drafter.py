@@ -57,7 +57,7 @@ class ModelDrafter:
         draft_probs: dict[int, torch.Tensor] = {}
         parent = 0
         for d in range(self.shape.depth):
-            candidates, q = _pick_candidates(logits, params, kind, self.shape.width(d), generator)
+            candidates, q = pick_candidates(logits, params, kind, self.shape.width(d), generator)
             if q is not None:
                 draft_probs[parent] = q
             spine = len(nodes)
@@ -87,7 +87,7 @@ class ModelDrafter:
         self._cached_ids.clear()
 
 
-def _pick_candidates(
+def pick_candidates(
     logits: torch.Tensor,  # [V]
     params: SamplingParams,
     kind: CandidateKind,
@@ -97,7 +97,8 @@ def _pick_candidates(
     """Returns the candidate tokens (spine first) and q when the verifier needs it (sampled kinds)."""
     if params.greedy:
         return torch.topk(logits, width).indices.tolist(), None
-    q = logits_to_probs(logits, params)  # [V]
+    # On the CPU, like the verifier: seeded generators are CPU generators, and q is compared with p there.
+    q = logits_to_probs(logits.cpu(), params)  # [V]
     width = min(width, int((q > 0).sum()))
     if kind is CandidateKind.FIXED:
         return torch.topk(q, width).indices.tolist(), None

@@ -1,0 +1,141 @@
+"""GlideDrafter: a GliDe draft that reads the target's committed KV cache in place.
+
+Per round (root = the newest committed token, at position L; the target cache holds positions < L):
+1. sync: the draft's own cache keeps the committed tokens it already encoded (common prefix, never the
+   root), then encodes the rest of the committed tokens and the root. Committed tokens are encoded with
+   training's block-wise cross mask, so the cache depends on the sequence alone and matches training;
+   the root sees all L target positions.
+2. draft a spine of `depth` tokens greedily (or sampled at T > 0 for chains); each cross-attends to the
+   same L positions: the target cache is stale by 1..depth tokens for them, as in training, and nothing
+   is recomputed.
+3. with CaPE, each depth also gets top-k leaves beside the spine token, k chosen by the draft's
+   confidence (core/cape.py); the candidates are fixed, so the verifier needs no q.
+The root and spine tokens' draft KV is dropped next round, which re-encodes [root, accepted..., bonus]
+(the official scheme).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
+from specserve.core.protocols import DraftTree
+from specserve.core.rng import make_generator
+from specserve.core.sampling_params import SamplingParams
+from specserve.core.tree import TokenTree
+from specserve.core.verify import CandidateKind
+from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
+from specserve.runtime.drafter import DraftShape, pick_candidates
+from specserve.runtime.kv_cache import PositionalKVCache
+
+TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv, L, D], same)
+
+
+class TargetKVSource(Protocol):
+    """Read-only view of the target's committed KV; `PositionalKVCache` satisfies it."""
+
+    def layer_kv(self, layer_idx: int) -> TargetKV:
+        """Committed K/V of one layer, as views (no copy): every committed token but the root."""
+        ...
+
+
+class GlideDrafter:
+    def __init__(
+        self,
+        model: GlideDraft,
+        target_kv: TargetKVSource,
+        capacity: int,
+        shape: DraftShape | None = None,
+        cape: CapeSettings | None = None,
+    ) -> None:
+        """shape: depth, and fixed widths for non-CaPE trees (default: a chain of 4); cape: widths by
+        confidence instead (then shape.widths must be empty)."""
+        self.shape = shape or DraftShape(depth=4)
+        if cape is not None and self.shape.widths:
+            raise InvalidArgument("CaPE chooses the widths; give DraftShape only a depth")
+        self.model = model
+        self.target_kv = target_kv
+        self.cape = cape
+        self.device = next(model.parameters()).device
+        self.cache = PositionalKVCache(num_layers=1, capacity=capacity)  # the draft's self-attention KV
+        self._cached_ids: list[int] = []  # committed tokens (never the root) whose KV `cache` holds
+
+    @torch.inference_mode()
+    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+        fixed = params.greedy or self.cape is not None
+        kind = CandidateKind.FIXED if fixed else self.shape.sampled_kind
+        generator = make_generator(seed)
+        root_position = len(token_ids) - 1
+        target_kv = self.target_kv.layer_kv(self.model.config.target_layer)  # views: [1, Hkv, L, D]
+        if target_kv[0].shape[2] != root_position:
+            raise FailedPrecondition(
+                f"the target cache holds {target_kv[0].shape[2]} positions; the draft needs the "
+                f"{root_position} committed tokens before the root"
+            )
+        logits = self._sync(token_ids, target_kv)  # [V] after the root
+        nodes, parents = [token_ids[-1]], [-1]
+        draft_probs: dict[int, torch.Tensor] = {}
+        parent = 0
+        for d in range(self.shape.depth):
+            width = self._width(d, logits, len(nodes))
+            if width == 0:
+                break
+            candidates, q = pick_candidates(logits, params, kind, width, generator)
+            if q is not None:
+                draft_probs[parent] = q
+            spine = len(nodes)
+            nodes.extend(candidates)
+            parents.extend([parent] * len(candidates))
+            if d + 1 == self.shape.depth:
+                break
+            logits = self._forward([nodes[spine]], root_position + 1 + d, None, target_kv)
+            parent = spine
+        return DraftTree(TokenTree(tuple(nodes), tuple(parents)), kind, draft_probs)
+
+    def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
+        if self.cape is None:
+            width = self.shape.width(depth_index)
+        else:
+            width = cape_width(draft_confidence(logits), self.cape.bins)
+            depths_after = self.shape.depth - depth_index - 1
+            width = fit_width(width, num_nodes, depths_after, self.cape.max_tree_nodes)
+        return min(width, self.model.config.head_vocab_size)  # a reduced head scores no more tokens
+
+    def _sync(self, token_ids: Sequence[int], target_kv: TargetKV) -> torch.Tensor:
+        """Encodes the committed tokens the cache lacks and the root; returns the logits after the root."""
+        root_position = len(token_ids) - 1
+        keep = 0
+        limit = min(len(self._cached_ids), root_position)
+        while keep < limit and self._cached_ids[keep] == token_ids[keep]:
+            keep += 1
+        self.cache.truncate(keep)  # also drops last round's root and spine tokens
+        del self._cached_ids[keep:]
+        positions = torch.arange(keep, root_position + 1, device=self.device)  # [n]
+        visible = trained_cross_lengths(positions, self.model.config.block_size)  # [n]
+        visible[-1] = root_position  # the root sees every committed target position
+        mask = cross_mask_from_lengths(visible, root_position)  # [n, L]
+        logits = self._forward(token_ids[keep:], keep, mask, target_kv)
+        self._cached_ids.extend(token_ids[keep:root_position])
+        return logits
+
+    def _forward(
+        self,
+        token_ids: Sequence[int],
+        start: int,  # absolute position of token_ids[0]; the cache holds exactly positions < start
+        cross_mask: torch.Tensor | None,  # [n, L] bool; None = every target position
+        target_kv: TargetKV,
+    ) -> torch.Tensor:
+        """Appends `token_ids` to the draft cache; returns full-vocabulary logits after the last, [V]."""
+        assert self.cache.length == start, "the draft cache must end right before `token_ids`"
+        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
+        positions = torch.arange(start, start + len(token_ids), device=self.device)  # [n]
+        hidden = self.model(input_ids, target_kv, cross_mask, positions, self.cache)  # [1, n, H]
+        return self.model.logits(hidden[0, -1]).float()  # [V]
+
+    def release(self) -> None:
+        self.cache.truncate(0)
+        self._cached_ids.clear()
