@@ -29,7 +29,7 @@ from specserve.core.tree import TokenTree
 from specserve.core.verify import CandidateKind
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
-from specserve.runtime.drafter import DraftShape, pick_candidates
+from specserve.runtime.drafter import DraftShape, common_prefix_length, pick_candidates
 from specserve.runtime.kv_cache import PositionalKVCache
 
 TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv, L, D], same)
@@ -108,10 +108,7 @@ class GlideDrafter:
     def _sync(self, token_ids: Sequence[int], target_kv: TargetKV) -> torch.Tensor:
         """Encodes the committed tokens the cache lacks and the root; returns the logits after the root."""
         root_position = len(token_ids) - 1
-        keep = 0
-        limit = min(len(self._cached_ids), root_position)
-        while keep < limit and self._cached_ids[keep] == token_ids[keep]:
-            keep += 1
+        keep = common_prefix_length(self._cached_ids, token_ids[:root_position])
         self.cache.truncate(keep)  # also drops last round's root and spine tokens
         del self._cached_ids[keep:]
         positions = torch.arange(keep, root_position + 1, device=self.device)  # [n]

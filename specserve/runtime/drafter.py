@@ -72,10 +72,7 @@ class ModelDrafter:
 
     def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Keeps the cached KV that still matches the committed tokens, feeds the rest (root included)."""
-        keep = 0
-        limit = min(len(self._cached_ids), len(token_ids) - 1)
-        while keep < limit and self._cached_ids[keep] == token_ids[keep]:
-            keep += 1
+        keep = common_prefix_length(self._cached_ids, token_ids[:-1])
         self.cache.truncate(keep)
         del self._cached_ids[keep:]
         feed = list(token_ids[keep:])
@@ -85,6 +82,14 @@ class ModelDrafter:
     def release(self) -> None:
         self.cache.truncate(0)
         self._cached_ids.clear()
+
+
+def common_prefix_length(cached_ids: Sequence[int], token_ids: Sequence[int]) -> int:
+    """How many leading tokens a draft cache can keep: those equal to the committed sequence."""
+    keep, limit = 0, min(len(cached_ids), len(token_ids))
+    while keep < limit and cached_ids[keep] == token_ids[keep]:
+        keep += 1
+    return keep
 
 
 def pick_candidates(
