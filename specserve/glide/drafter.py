@@ -25,11 +25,10 @@ from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_
 from specserve.core.protocols import DraftTree
 from specserve.core.rng import make_generator
 from specserve.core.sampling_params import SamplingParams
-from specserve.core.tree import TokenTree
 from specserve.core.verify import CandidateKind
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
-from specserve.runtime.drafter import DraftShape, common_prefix_length, pick_candidates
+from specserve.runtime.drafter import DraftShape, common_prefix_length, grow_spine_tree
 from specserve.runtime.kv_cache import PositionalKVCache
 
 TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv, L, D], same)
@@ -77,24 +76,13 @@ class GlideDrafter:
                 f"{root_position} committed tokens before the root"
             )
         logits = self._sync(token_ids, target_kv)  # [V] after the root
-        nodes, parents = [token_ids[-1]], [-1]
-        draft_probs: dict[int, torch.Tensor] = {}
-        parent = 0
-        for d in range(self.shape.depth):
-            width = self._width(d, logits, len(nodes))
-            if width == 0:
-                break
-            candidates, q = pick_candidates(logits, params, kind, width, generator)
-            if q is not None:
-                draft_probs[parent] = q
-            spine = len(nodes)
-            nodes.extend(candidates)
-            parents.extend([parent] * len(candidates))
-            if d + 1 == self.shape.depth:
-                break
-            logits = self._forward([nodes[spine]], root_position + 1 + d, None, target_kv)
-            parent = spine
-        return DraftTree(TokenTree(tuple(nodes), tuple(parents)), kind, draft_probs)
+
+        def advance(spine_token: int, depth_index: int) -> torch.Tensor:
+            return self._forward([spine_token], root_position + 1 + depth_index, None, target_kv)
+
+        return grow_spine_tree(
+            token_ids[-1], logits, self.shape.depth, self._width, advance, params, kind, generator
+        )
 
     def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
         if self.cape is None:

@@ -8,7 +8,7 @@ processed distribution q (sampled, with or without replacement) or taken as its 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,22 +53,21 @@ class ModelDrafter:
         kind = CandidateKind.FIXED if params.greedy else self.shape.sampled_kind
         generator = make_generator(seed)
         logits = self._sync(token_ids)  # [V] draft logits after the root
-        nodes, parents = [token_ids[-1]], [-1]
-        draft_probs: dict[int, torch.Tensor] = {}
-        parent = 0
-        for d in range(self.shape.depth):
-            candidates, q = pick_candidates(logits, params, kind, self.shape.width(d), generator)
-            if q is not None:
-                draft_probs[parent] = q
-            spine = len(nodes)
-            nodes.extend(candidates)
-            parents.extend([parent] * len(candidates))
-            if d + 1 == self.shape.depth:
-                break
-            logits = self.runner.forward(self.cache, [nodes[spine]], last_only=True)
-            self._cached_ids.append(nodes[spine])
-            parent = spine
-        return DraftTree(TokenTree(tuple(nodes), tuple(parents)), kind, draft_probs)
+
+        def advance(spine_token: int, depth_index: int) -> torch.Tensor:
+            self._cached_ids.append(spine_token)
+            return self.runner.forward(self.cache, [spine_token], last_only=True)
+
+        return grow_spine_tree(
+            token_ids[-1],
+            logits,
+            self.shape.depth,
+            lambda d, _logits, _n: self.shape.width(d),
+            advance,
+            params,
+            kind,
+            generator,
+        )
 
     def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Keeps the cached KV that still matches the committed tokens, feeds the rest (root included)."""
@@ -82,6 +81,38 @@ class ModelDrafter:
     def release(self) -> None:
         self.cache.truncate(0)
         self._cached_ids.clear()
+
+
+def grow_spine_tree(
+    root_token: int,
+    logits: torch.Tensor,  # [V] draft logits after the root
+    depth: int,
+    width_at: Callable[[int, torch.Tensor, int], int],  # (depth index, logits, nodes so far) -> width
+    advance: Callable[[int, int], torch.Tensor],  # (spine token, depth index) -> logits after it [V]
+    params: SamplingParams,
+    kind: CandidateKind,
+    generator: torch.Generator,
+) -> DraftTree:
+    """Drafts a spine of `depth` tokens; each depth's extra candidates hang beside the spine token as
+    leaves. A width of 0 ends the spine early. Shared by every autoregressive drafter."""
+    nodes, parents = [root_token], [-1]
+    draft_probs: dict[int, torch.Tensor] = {}
+    parent = 0
+    for d in range(depth):
+        width = width_at(d, logits, len(nodes))
+        if width == 0:
+            break
+        candidates, q = pick_candidates(logits, params, kind, width, generator)
+        if q is not None:
+            draft_probs[parent] = q
+        spine = len(nodes)
+        nodes.extend(candidates)
+        parents.extend([parent] * len(candidates))
+        if d + 1 == depth:
+            break
+        logits = advance(nodes[spine], d)
+        parent = spine
+    return DraftTree(TokenTree(tuple(nodes), tuple(parents)), kind, draft_probs)
 
 
 def common_prefix_length(cached_ids: Sequence[int], token_ids: Sequence[int]) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_llama import tiny_llama
+from tiny_llama import exact_joint_of_tokens_2_and_3, tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -122,23 +122,6 @@ def small_target():
     return ModelRunner(tiny_llama(vocab_size=V, hidden=16, layers=1, seed=3))
 
 
-def _exact_joint(runner: ModelRunner, prompt: list[int], params: SamplingParams) -> torch.Tensor:
-    """P(x2, x3) under the target alone: x1, x2, x3 enumerated exactly."""
-    from specserve.core.sampling import logits_to_probs
-
-    def probs(ids):
-        with torch.inference_mode():
-            return logits_to_probs(runner.model(torch.tensor([ids])).logits[0, -1], params)
-
-    joint = torch.zeros(V, V)
-    p1 = probs(prompt)
-    for x1 in range(V):
-        p2 = probs([*prompt, x1])
-        for x2 in range(V):
-            joint[x2] += p1[x1] * p2[x2] * probs([*prompt, x1, x2])
-    return joint
-
-
 @pytest.mark.parametrize(
     "cape",
     [CapeSettings(), CapeSettings(bins=(2,) * 12), None],
@@ -154,7 +137,7 @@ def test_speculative_sampling_preserves_target_distribution(small_target, cape):
     for seed in range(trials):
         generated, _, _ = run(small_target, model, DraftShape(depth=2), cape, params, seed, prompt)
         counts[generated[1], generated[2]] += 1
-    expected = _exact_joint(small_target, prompt, params) * trials
+    expected = exact_joint_of_tokens_2_and_3(small_target.model, prompt, params, V) * trials
     result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())
     assert result.pvalue > 1e-3, f"p={result.pvalue:.2e}"
 
