@@ -1,4 +1,4 @@
-"""`specserve` command line: generate and bench. Errors print one line and exit non-zero."""
+"""`specserve` command line: generate, bench and train-draft. Errors print one line and exit non-zero."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = add_bench_parser(sub)
     _add_engine_options(bench)
+
+    from specserve.training.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 
@@ -149,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_generate(args)
         if args.command == "methods":
             return _run_methods()
+        if args.command == "train-draft":
+            from specserve.training.cli import run_train_command
+
+            return run_train_command(args)
         from specserve.bench.cli import run_bench_command
 
         return run_bench_command(args, _settings(args))

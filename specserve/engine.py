@@ -6,6 +6,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -14,6 +15,7 @@ from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.rng import fresh_seed
 from specserve.core.sampling_params import SamplingParams
+from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.errors import InvalidArgument
 from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.methods import METHODS, MethodSpec, method_spec
@@ -55,6 +57,14 @@ class Engine:
         return ModelRunner(self.target_model)
 
     @functools.cached_property
+    def vanilla_glide_draft(self) -> GlideDraft | None:
+        """The trained one-layer draft without cross-attention, if there is one for this target."""
+        if self.settings.draft_dir is not None:
+            return None  # an explicit causal-LM draft wins
+        directory = self.settings.vanilla_dir or self._shipped(DraftKind.VANILLA)
+        return None if directory is None else load_glide(directory, self.target_model)
+
+    @functools.cached_property
     def vanilla_draft_runner(self) -> ModelRunner:
         if self.settings.draft_dir is None:
             draft = early_exit_draft(self.target_model, self.settings.draft_layers)
@@ -70,13 +80,19 @@ class Engine:
 
     @functools.cached_property
     def glide_draft(self) -> GlideDraft:
-        if self.settings.glide_dir is not None:
-            return load_glide(self.settings.glide_dir, self.target_model)
+        directory = self.settings.glide_dir or self._shipped(DraftKind.GLIDE)
+        if directory is not None:
+            return load_glide(directory, self.target_model)
         logger.warning(
-            "no glide_dir configured: the GliDe draft is randomly initialised (seed 0) and untrained, so "
-            "output stays exact but few drafts are accepted; set SPECSERVE_GLIDE_DIR to a trained draft"
+            "no trained GliDe draft for this target: the draft is randomly initialised (seed 0), so output "
+            "stays exact but few drafts are accepted; train one with `specserve train-draft` and set "
+            "SPECSERVE_GLIDE_DIR"
         )
         return build_glide(self.target_model, seed=0, share_target_embeddings=True)
+
+    def _shipped(self, kind: DraftKind) -> Path | None:
+        """Shipped drafts were trained for the default target only."""
+        return shipped_draft_dir(kind) if self.settings.model_dir is None else None
 
     @functools.cached_property
     def eos_token_ids(self) -> frozenset[int]:

@@ -51,6 +51,9 @@ def _no_drafter(engine: Engine, capacity: int, verifier: LocalVerifier) -> None:
 
 def _vanilla(shape: DraftShape) -> DrafterFactory:
     def make(engine: Engine, capacity: int, verifier: LocalVerifier) -> Drafter:
+        trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
+        if trained is not None:
+            return GlideDrafter(trained, verifier.cache, capacity, shape)
         return ModelDrafter(engine.vanilla_draft_runner, capacity, shape)
 
     return make

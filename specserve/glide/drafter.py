@@ -5,11 +5,12 @@ Per round (root = the newest committed token, at position L; the target cache ho
    root), then encodes the rest of the committed tokens and the root. Committed tokens are encoded with
    training's block-wise cross mask, so the cache depends on the sequence alone and matches training;
    the root sees all L target positions.
-2. draft a spine of `depth` tokens greedily (or sampled at T > 0 for chains); each cross-attends to the
-   same L positions: the target cache is stale by 1..depth tokens for them, as in training, and nothing
-   is recomputed.
+2. draft a spine of up to `depth` tokens greedily (or sampled at T > 0 for chains); each cross-attends
+   to the same L positions: the target cache is stale by 1..depth tokens for them, as in training, and
+   nothing is recomputed. The shape's stop policy may end the spine sooner (SVIP on top of GliDe+CaPE).
 3. with CaPE, each depth also gets top-k leaves beside the spine token, k chosen by the draft's
-   confidence (core/cape.py); the candidates are fixed, so the verifier needs no q.
+   confidence (core/cape.py); the candidates are fixed, so the verifier needs no q. The depth where a
+   stop policy ends the spine keeps its leaves.
 The root and spine tokens' draft KV is dropped next round, which re-encodes [root, accepted..., bonus]
 (the official scheme).
 """
@@ -25,10 +26,17 @@ from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_
 from specserve.core.protocols import DraftTree
 from specserve.core.rng import make_generator
 from specserve.core.sampling_params import SamplingParams
+from specserve.core.stopping import StopPolicy
 from specserve.core.verify import CandidateKind
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
-from specserve.runtime.drafter import DraftShape, common_prefix_length, grow_spine_tree
+from specserve.runtime.drafter import (
+    DraftShape,
+    SpineFeedback,
+    common_prefix_length,
+    grow_spine_tree,
+    spine_cap,
+)
 from specserve.runtime.kv_cache import PositionalKVCache
 
 TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv, L, D], same)
@@ -62,9 +70,14 @@ class GlideDrafter:
         self.device = next(model.parameters()).device
         self.cache = PositionalKVCache(num_layers=1, capacity=capacity)  # the draft's self-attention KV
         self._cached_ids: list[int] = []  # committed tokens (never the root) whose KV `cache` holds
+        # One policy per drafter, i.e. per request: it holds online state. Public so a caller may swap in
+        # its own StopPolicy.
+        self.stop_policy: StopPolicy = self.shape.new_stop_policy()
+        self._feedback = SpineFeedback()
 
     @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+        self._feedback.report(token_ids, self.stop_policy)
         fixed = params.greedy or self.cape is not None
         kind = CandidateKind.FIXED if fixed else self.shape.sampled_kind
         generator = make_generator(seed)
@@ -80,16 +93,33 @@ class GlideDrafter:
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:
             return self._forward([spine_token], root_position + 1 + depth_index, None, target_kv)
 
-        return grow_spine_tree(
-            token_ids[-1], logits, self.shape.depth, self._width, advance, params, kind, generator
-        )
+        max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
 
-    def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
+        def width_at(depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
+            return self._width(depth_index, logits, num_nodes, max_depth)
+
+        draft = grow_spine_tree(
+            token_ids[-1],
+            logits,
+            self.shape.depth,
+            width_at,
+            advance,
+            params,
+            kind,
+            generator,
+            self.stop_policy,
+        )
+        self._feedback.record(token_ids, draft)
+        return draft
+
+    def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int, max_depth: int) -> int:
+        """max_depth: this round's spine cap. CaPE reserves one node per depth still to come under it; a
+        policy that stops earlier leaves those nodes unused rather than let the tree outgrow its budget."""
         if self.cape is None:
             width = self.shape.width(depth_index)
         else:
             width = cape_width(draft_confidence(logits), self.cape.bins)
-            depths_after = self.shape.depth - depth_index - 1
+            depths_after = max_depth - depth_index - 1
             width = fit_width(width, num_nodes, depths_after, self.cape.max_tree_nodes)
         return min(width, self.model.config.head_vocab_size)  # a reduced head scores no more tokens
 
@@ -122,5 +152,7 @@ class GlideDrafter:
         return self.model.logits(hidden[0, -1]).float()  # [V]
 
     def release(self) -> None:
+        """Ends the request: the cache and the pending round go; the policy's learning stays."""
         self.cache.truncate(0)
         self._cached_ids.clear()
+        self._feedback.reset()

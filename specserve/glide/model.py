@@ -169,7 +169,7 @@ class GlideBlock(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = SelfAttention(config)
-        self.cross_attn = CrossAttention(config)
+        self.cross_attn = CrossAttention(config) if config.cross_attention else None
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
@@ -235,9 +235,12 @@ class GlideDraft(nn.Module):
         block = self.layer
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, h.dtype)  # [S, D]
         h = h + block.self_attn(block.input_layernorm(h), cos, sin, cache)
-        if self.config.target_head_dim != self.config.head_dim:
-            cos, sin = rope_cos_sin(positions, self.config.target_head_dim, self.config.rope_theta, h.dtype)
-        h = h + block.cross_attn(h, cos, sin, *target_kv, cross_mask)  # no norm first (official code)
+        if block.cross_attn is not None:
+            if self.config.target_head_dim != self.config.head_dim:
+                cos, sin = rope_cos_sin(
+                    positions, self.config.target_head_dim, self.config.rope_theta, h.dtype
+                )
+            h = h + block.cross_attn(h, cos, sin, *target_kv, cross_mask)  # no norm first (official code)
         h = h + block.mlp(block.post_attention_layernorm(h))
         return self.norm(h)  # [B, S, H]
 
@@ -332,14 +335,19 @@ def build_glide(
     return _for_inference(model, target_model)
 
 
-def save_glide(model: GlideDraft, directory: Path) -> Path:
-    """config.json + model.safetensors (never pickle). A shared target embedding is not stored."""
+def save_glide(model: GlideDraft, directory: Path, dtype: torch.dtype | None = None) -> Path:
+    """config.json + model.safetensors (never pickle). A shared target embedding is not stored.
+
+    dtype: store floating weights in it (bf16 halves a shipped draft); loading casts to the target's.
+    """
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.save(directory / CONFIG_FILE)
     tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
+    if dtype is not None:
+        tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     return directory
 

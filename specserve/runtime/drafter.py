@@ -1,15 +1,16 @@
 """A drafter backed by any smaller causal LM sharing the target's tokenizer.
 
-It drafts a spine of `depth` tokens autoregressively; at each depth it may add extra candidates as
-leaves beside the spine token (nothing is drafted under them), which turns the chain into a tree.
+It drafts a spine of up to `depth` tokens autoregressively; at each depth it may add extra candidates
+as leaves beside the spine token (nothing is drafted under them), which turns the chain into a tree.
 At T == 0 candidates are the draft's top-w (fixed); at T > 0 they are drawn from the draft's
 processed distribution q (sampled, with or without replacement) or taken as its top-w (fixed).
+A stop policy (core/stopping.py) may end the spine sooner; it learns from each round's acceptance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -17,7 +18,15 @@ from specserve.core.protocols import DraftTree
 from specserve.core.rng import make_generator
 from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
-from specserve.core.tree import TokenTree
+from specserve.core.stopping import (
+    STOP_POLICIES,
+    DraftStep,
+    StopPolicy,
+    StopPolicyName,
+    StopSettings,
+    make_stop_policy,
+)
+from specserve.core.tree import TokenTree, tree_children
 from specserve.core.verify import CandidateKind
 from specserve.errors import InvalidArgument
 from specserve.runtime.kv_cache import PositionalKVCache
@@ -26,16 +35,39 @@ from specserve.runtime.runner import ModelRunner
 
 @dataclass(frozen=True)
 class DraftShape:
-    depth: int = 4  # spine tokens drafted per round
+    """depth caps the spine; the stop policy decides, round by round, how much of it is drafted.
+
+    With the default fixed policy every round drafts exactly `depth` spine tokens. Other policies draft
+    at most min(depth, their own cap): e.g. DraftShape(depth=40, stop=StopPolicyName.SVIP) is SVIP's
+    official setting, DraftShape(depth=4, stop=StopPolicyName.SVIP) lets it only shorten rounds of 4.
+    """
+
+    depth: int = 4  # most spine tokens drafted per round
     widths: tuple[int, ...] = ()  # candidates at each depth (spine token included); missing = 1
     sampled_kind: CandidateKind = CandidateKind.SAMPLED  # candidate rule at T > 0
+    stop: StopPolicyName = StopPolicyName.FIXED
+    stop_settings: StopSettings | None = None  # None = the policy's defaults
 
     def __post_init__(self) -> None:
         if self.depth < 0 or any(w < 1 for w in self.widths) or len(self.widths) > self.depth:
             raise InvalidArgument(f"invalid draft shape {self}")
+        if self.stop not in STOP_POLICIES:  # a StrEnum member equals its value, so "svip" passes too
+            raise InvalidArgument(f"unknown stop policy {self.stop!r}; valid: {', '.join(STOP_POLICIES)}")
 
     def width(self, depth_index: int) -> int:
         return self.widths[depth_index] if depth_index < len(self.widths) else 1
+
+    def new_stop_policy(self) -> StopPolicy:
+        """A fresh policy (fresh online state) for one drafter.
+
+        The fixed policy drafts `depth` tokens whatever fixed_depth the settings carry: the shape is the
+        one place a fixed depth is set. StopSettings needs fixed_depth >= 1; a depth of 0 still gives
+        empty spines because the spine is capped by `depth` too.
+        """
+        settings = self.stop_settings if self.stop_settings is not None else StopSettings()
+        if self.stop == StopPolicyName.FIXED:
+            settings = replace(settings, fixed_depth=max(1, self.depth))
+        return make_stop_policy(self.stop, settings)
 
     @property
     def max_nodes(self) -> int:
@@ -48,8 +80,13 @@ class ModelDrafter:
         self.shape = shape
         self.cache: PositionalKVCache = runner.new_cache(capacity)
         self._cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
+        # One policy per drafter, i.e. per request: it holds online state. Public so a caller may swap in
+        # its own StopPolicy.
+        self.stop_policy: StopPolicy = shape.new_stop_policy()
+        self._feedback = SpineFeedback()
 
     def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+        self._feedback.report(token_ids, self.stop_policy)
         kind = CandidateKind.FIXED if params.greedy else self.shape.sampled_kind
         generator = make_generator(seed)
         logits = self._sync(token_ids)  # [V] draft logits after the root
@@ -58,7 +95,7 @@ class ModelDrafter:
             self._cached_ids.append(spine_token)
             return self.runner.forward(self.cache, [spine_token], last_only=True)
 
-        return grow_spine_tree(
+        draft = grow_spine_tree(
             token_ids[-1],
             logits,
             self.shape.depth,
@@ -67,7 +104,10 @@ class ModelDrafter:
             params,
             kind,
             generator,
+            self.stop_policy,
         )
+        self._feedback.record(token_ids, draft)
+        return draft
 
     def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Keeps the cached KV that still matches the committed tokens, feeds the rest (root included)."""
@@ -79,8 +119,16 @@ class ModelDrafter:
         return self.runner.forward(self.cache, feed, last_only=True)
 
     def release(self) -> None:
+        """Ends the request: the cache and the pending round go; the policy's learning stays with the
+        drafter (the engine makes one drafter per request anyway)."""
         self.cache.truncate(0)
         self._cached_ids.clear()
+        self._feedback.reset()
+
+
+def spine_cap(depth: int, stop: StopPolicy | None) -> int:
+    """Most spine tokens the next round drafts: the shape's depth, further capped by the policy."""
+    return depth if stop is None else min(depth, stop.max_depth)
 
 
 def grow_spine_tree(
@@ -92,13 +140,22 @@ def grow_spine_tree(
     params: SamplingParams,
     kind: CandidateKind,
     generator: torch.Generator,
+    stop: StopPolicy | None = None,
 ) -> DraftTree:
-    """Drafts a spine of `depth` tokens; each depth's extra candidates hang beside the spine token as
-    leaves. A width of 0 ends the spine early. Shared by every autoregressive drafter."""
+    """Drafts a spine of up to spine_cap(depth, stop) tokens; each depth's extra candidates hang beside
+    the spine token as leaves. Shared by every autoregressive drafter.
+
+    The spine ends early when a width is 0 or when `stop` says so. `stop.should_stop` is asked once per
+    spine token, right after it is chosen and before any forward on it (SVIP: the token is kept with its
+    leaves, and no draft forward is wasted). It is asked for the last token at the cap too, so a policy
+    that records every drafted token (ConfidencePolicy) sees as many steps as `observe` will count.
+    The first candidate at each depth carries the spine, so `spine_token_ids` recovers it from the tree.
+    """
     nodes, parents = [root_token], [-1]
     draft_probs: dict[int, torch.Tensor] = {}
     parent = 0
-    for d in range(depth):
+    max_depth = spine_cap(depth, stop)
+    for d in range(max_depth):
         width = width_at(d, logits, len(nodes))
         if width == 0:
             break
@@ -108,11 +165,66 @@ def grow_spine_tree(
         spine = len(nodes)
         nodes.extend(candidates)
         parents.extend([parent] * len(candidates))
-        if d + 1 == depth:
+        stopped = stop is not None and stop.should_stop(DraftStep(d, logits, nodes[spine]))
+        if stopped or d + 1 == max_depth:
             break
         logits = advance(nodes[spine], d)
         parent = spine
     return DraftTree(TokenTree(tuple(nodes), tuple(parents)), kind, draft_probs)
+
+
+def spine_token_ids(tree: TokenTree) -> list[int]:
+    """The spine of a tree built by grow_spine_tree, root excluded: the first child at each depth."""
+    children = tree_children(tree.parent_ids)
+    spine: list[int] = []
+    node = 0
+    while children[node]:
+        node = children[node][0]
+        spine.append(tree.token_ids[node])
+    return spine
+
+
+class SpineFeedback:
+    """Reports each round's (spine tokens drafted, spine tokens accepted) to a stop policy.
+
+    The Drafter protocol has no feedback hook, so the result is read from the next `propose`: the tokens
+    committed after the last root are the accepted path, then one bonus or recovered token. The leading
+    spine tokens among them are the accepted ones. That count is exact under every rule in core/verify.py:
+    a rejected spine token is never emitted at its depth (greedy emits the target's argmax, which differs;
+    the sampled and fixed rules leave it no mass in the residual), and a path through a leaf leaves the
+    spine there.
+
+    Only spine tokens count as drafted: leaves are alternatives at a depth, not length, and length is
+    what the policies decide (ConfidencePolicy also judges one token per spine position). A sequence that
+    does not continue the last proposal (another root at that position, or more new tokens than one round
+    can commit) reports nothing. The last round of a request is never reported: no proposal follows it.
+    """
+
+    def __init__(self) -> None:
+        self._root_index: int | None = None  # the last proposal's root position; None = nothing pending
+        self._root_token = -1
+        self._spine: list[int] = []  # the last proposal's spine tokens, root excluded
+
+    def report(self, token_ids: Sequence[int], policy: StopPolicy) -> None:
+        """Call at the start of `propose`, before the policy sizes the new round."""
+        if self._root_index is None:
+            return
+        root, root_token, spine = self._root_index, self._root_token, self._spine
+        self.reset()
+        committed = token_ids[root + 1 :]
+        continues = len(token_ids) > root and token_ids[root] == root_token
+        if not continues or not 1 <= len(committed) <= len(spine) + 1:
+            return
+        policy.observe(len(spine), common_prefix_length(spine, committed))
+
+    def record(self, token_ids: Sequence[int], draft: DraftTree) -> None:
+        """Call with the proposal just made from `token_ids`."""
+        self._root_index = len(token_ids) - 1
+        self._root_token = token_ids[-1]
+        self._spine = spine_token_ids(draft.tree)
+
+    def reset(self) -> None:
+        self._root_index, self._root_token, self._spine = None, -1, []
 
 
 def common_prefix_length(cached_ids: Sequence[int], token_ids: Sequence[int]) -> int:

@@ -1,0 +1,359 @@
+"""Stop policies: how many tokens a drafter drafts in one round, behind one interface.
+
+A drafter asks `max_depth` to size the spine, then after appending each spine token calls
+`should_stop(step)`: True keeps that token and ends the round (SVIP's rule: the uncertain token is
+still worth verifying, and deciding after appending wastes no draft forward). After verification the
+loop calls `observe(num_drafted, num_accepted)` so adaptive policies can learn.
+
+Policies:
+- fixed: always `fixed_depth` tokens.
+- svip (arXiv 2411.18462): stop once sqrt(c * H) > h, H the entropy (nats) of the distribution the
+  token was drawn from. Official c = 0.15, h = 0.3, i.e. stop after a token with H > 0.6 nats.
+- adaedl (arXiv 2410.18351): stop once 1 - sqrt(factor * H) < lambda, with lambda adapted online toward
+  a target acceptance rate (the update of Draft & Verify, which AdaEDL reuses).
+- confidence (Hugging Face assisted generation): stop once the drafted token's probability is below a
+  threshold, re-fitted after every round on the history of (probability, accepted) pairs.
+- heuristic (Hugging Face): draft `gamma` tokens; gamma += 2 if all were accepted, else gamma -= 1.
+
+Worked example, SVIP with the official settings. Spine distributions with entropies 0.10, 0.35, 0.69
+(uniform over two tokens: ln 2) and 0.20 nats: the first two continue, the third is kept and stops
+the round, so 3 tokens are verified. Heuristic from 5: a round with all 5 accepted gives 7; a round
+with 3 of 7 accepted gives 6.
+
+A policy object holds online state: use one per request (Hugging Face's state also lives for one
+`generate` call). Adding a policy = one `StopPolicyName` member + one `STOP_POLICIES` entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import torch
+
+from specserve.errors import InvalidArgument
+
+
+class StopPolicyName(StrEnum):
+    FIXED = "fixed"
+    SVIP = "svip"
+    ADAEDL = "adaedl"
+    CONFIDENCE = "confidence"
+    HEURISTIC = "heuristic"
+
+
+SVIP_MAX_DEPTH = 40  # official SVIP cap; no minimum
+ADAEDL_MAX_DEPTH = 40  # no official value: SVIP's, since SVIP is AdaEDL with a fixed lambda
+CONFIDENCE_MAX_DEPTH = 20  # Hugging Face's num_assistant_tokens default
+HEURISTIC_MAX_DEPTH = 40  # Hugging Face has none; a cap keeps a long all-accepted streak from growing forever
+
+# Hugging Face's threshold fit: at least 6 samples, a missed acceptance costs 3x a wasted draft token.
+ROC_MIN_SAMPLES = 6
+ROC_FALSE_NEGATIVE_COST = 3.0
+
+
+@dataclass(frozen=True)
+class StopSettings:
+    """Every stop policy's parameters; each policy reads only its own.
+
+    max_depth caps the tokens drafted per round. None means the policy's own default cap: fixed_depth
+    for fixed, 40 for svip and adaedl, 20 for confidence, 40 for heuristic.
+    """
+
+    max_depth: int | None = None
+    fixed_depth: int = 4
+    svip_c: float = 0.15
+    svip_h: float = 0.3
+    adaedl_factor: float = 0.2
+    adaedl_initial_lambda: float = 0.7  # SVIP's h = 0.3 expressed as a lambda (1 - 0.3)
+    adaedl_target_acceptance: float = 0.9  # Draft & Verify's target, whose update AdaEDL reuses
+    adaedl_step: float = 0.01  # lambda's proposed move per round, before smoothing
+    adaedl_lambda_smoothing: float = 0.9  # lambda = 0.9 lambda + 0.1 (lambda +- step)
+    adaedl_acceptance_smoothing: float = 0.5  # rate = 0.5 rate + 0.5 accepted / drafted
+    confidence_threshold: float = 0.4  # Hugging Face's assistant_confidence_threshold
+    confidence_adaptive: bool = True  # re-fit the threshold after each round, as Hugging Face does
+    confidence_history: int | None = None  # most recent samples the fit uses; None = all (Hugging Face)
+    heuristic_initial_depth: int = 5  # Hugging Face's num_assistant_tokens when "heuristic" was the default
+
+    def __post_init__(self) -> None:
+        if self.max_depth is not None and self.max_depth < 1:
+            raise InvalidArgument(f"max_depth must be >= 1 or None, got {self.max_depth}")
+        if self.fixed_depth < 1 or self.heuristic_initial_depth < 1:
+            raise InvalidArgument("fixed_depth and heuristic_initial_depth must be >= 1")
+        if self.svip_c <= 0 or self.svip_h < 0 or self.adaedl_factor <= 0:
+            raise InvalidArgument("svip_c and adaedl_factor must be > 0, svip_h >= 0")
+        for name in ("adaedl_initial_lambda", "adaedl_target_acceptance", "confidence_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise InvalidArgument(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("adaedl_lambda_smoothing", "adaedl_acceptance_smoothing"):  # 1 would never move
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise InvalidArgument(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.adaedl_step < 0:
+            raise InvalidArgument(f"adaedl_step must be >= 0, got {self.adaedl_step}")
+        if self.confidence_history is not None and self.confidence_history < ROC_MIN_SAMPLES:
+            raise InvalidArgument(f"confidence_history must be >= {ROC_MIN_SAMPLES} or None")
+
+    def cap(self, default: int) -> int:
+        """The round's token cap: max_depth when set, else the policy's default."""
+        return default if self.max_depth is None else self.max_depth
+
+
+# A drafted token carries tensors, which have no single truth value: compare steps by identity.
+@dataclass(frozen=True, eq=False)
+class DraftStep:
+    depth_index: int  # 0-based position of the token on the spine
+    logits: torch.Tensor  # [V] raw draft logits of the distribution the token was drawn from
+    token: int  # the chosen (kept) token id
+
+
+def entropy_nats(logits: torch.Tensor) -> float:
+    """logits: [V] -> entropy of softmax(logits) at T = 1 in nats; -inf entries contribute 0."""
+    logits = logits.double()
+    if not torch.isfinite(logits).any():
+        raise InvalidArgument("logits need at least one finite entry")
+    log_probs = torch.log_softmax(logits, dim=-1)  # [V]
+    probs = log_probs.exp()
+    # p log p -> 0 as p -> 0; written out because 0 * -inf is nan
+    return float(-torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs)).sum())
+
+
+def token_probability(logits: torch.Tensor, token: int) -> float:
+    """logits: [V] -> probability of `token` under softmax(logits) at T = 1."""
+    if not 0 <= token < logits.shape[-1]:
+        raise InvalidArgument(f"token {token} outside a vocabulary of {logits.shape[-1]}")
+    return float(torch.softmax(logits.double(), dim=-1)[token])
+
+
+def svip_stops(entropy: float, c: float, h: float) -> bool:
+    """SVIP: the acceptance estimate 1 - sqrt(c H) has fallen below 1 - h."""
+    return math.sqrt(c * entropy) > h
+
+
+def adaedl_stops(entropy: float, factor: float, lam: float) -> bool:
+    """AdaEDL: the entropy lower bound on acceptance, 1 - sqrt(factor H), is below lambda."""
+    return 1.0 - math.sqrt(factor * entropy) < lam
+
+
+def smoothed_acceptance(rate: float | None, num_drafted: int, num_accepted: int, smoothing: float) -> float:
+    """Exponential average of accepted / drafted.
+
+    The first round (rate None) is taken as it is: Draft & Verify starts from 0, which reads the first
+    rounds as poor acceptance and nudges lambda up before there is any evidence.
+    """
+    observed = num_accepted / num_drafted
+    return observed if rate is None else smoothing * rate + (1.0 - smoothing) * observed
+
+
+def adaedl_lambda(lam: float, rate: float, target: float, step: float, smoothing: float) -> float:
+    """Moves lambda one smoothed step: up (stop sooner) while acceptance is at or below the target.
+
+    Clamped to [0, 1]: the bound 1 - sqrt(f H) never exceeds 1, so a lambda past 1 cannot stop any more
+    often and would only take longer to come back once acceptance recovers.
+    """
+    proposed = lam + step if rate <= target else lam - step
+    return min(1.0, max(0.0, smoothing * lam + (1.0 - smoothing) * proposed))
+
+
+def heuristic_depth(depth: int, num_drafted: int, num_accepted: int, cap: int) -> int:
+    """Hugging Face's schedule: +2 after a fully accepted round, else -1; never below 1."""
+    return min(cap, depth + 2) if num_accepted == num_drafted else max(1, depth - 1)
+
+
+def roc_confidence_threshold(
+    probs: Sequence[float],  # [n] draft probability of each verified token
+    accepted: Sequence[bool],  # [n] whether the target accepted it
+    false_negative_cost: float = ROC_FALSE_NEGATIVE_COST,
+) -> float | None:
+    """The probability threshold minimising fpr + cost * fnr on the ROC curve, or None without both
+    accepted and rejected samples.
+
+    A token "predicted accepted" has p >= threshold. Only observed probabilities can be thresholds, and
+    among equal costs the highest threshold wins: the same choice as Hugging Face's
+    argmin over sklearn's roc_curve (which lists thresholds from the highest down).
+    """
+    scores = torch.tensor(probs, dtype=torch.float64)  # [n]
+    labels = torch.tensor(accepted, dtype=torch.float64)  # [n]
+    num_accepted = float(labels.sum())
+    num_rejected = len(labels) - num_accepted
+    if num_accepted == 0 or num_rejected == 0:
+        return None
+    order = torch.argsort(scores, descending=True, stable=True)
+    scores, labels = scores[order], labels[order]
+    true_pos = labels.cumsum(0)  # [n] accepted tokens at or above each score
+    false_pos = (1.0 - labels).cumsum(0)  # [n] rejected tokens at or above each score
+    # a threshold keeps every score >= itself: the last of each run of equal scores is a ROC point
+    run_end = torch.ones_like(scores, dtype=torch.bool)
+    run_end[:-1] = scores[1:] != scores[:-1]
+    fpr = false_pos[run_end] / num_rejected
+    fnr = 1.0 - true_pos[run_end] / num_accepted
+    best = torch.argmin(fpr + false_negative_cost * fnr)  # first minimum = highest threshold
+    return float(scores[run_end][best])
+
+
+class StopPolicy(Protocol):
+    @property
+    def max_depth(self) -> int:
+        """Most tokens the next round may draft; drafters size the spine with it."""
+        ...
+
+    def should_stop(self, step: DraftStep) -> bool:
+        """Called after `step.token` is appended, once per spine token in order: True keeps it and
+        ends the round."""
+        ...
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """After verification: spine tokens drafted this round and how many of them were accepted
+        (the bonus token not counted)."""
+        ...
+
+
+def check_round(num_drafted: int, num_accepted: int) -> None:
+    if not 0 <= num_accepted <= num_drafted:
+        raise InvalidArgument(f"need 0 <= accepted <= drafted, got {num_accepted} of {num_drafted}")
+
+
+class FixedPolicy:
+    def __init__(self, settings: StopSettings) -> None:
+        self._max_depth = min(settings.fixed_depth, settings.cap(settings.fixed_depth))
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return False  # the spine ends at max_depth
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+
+
+class SvipPolicy:
+    def __init__(self, settings: StopSettings) -> None:
+        self._max_depth = settings.cap(SVIP_MAX_DEPTH)
+        self.c, self.h = settings.svip_c, settings.svip_h
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return svip_stops(entropy_nats(step.logits), self.c, self.h)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+
+
+class AdaEdlPolicy:
+    def __init__(self, settings: StopSettings) -> None:
+        self._max_depth = settings.cap(ADAEDL_MAX_DEPTH)
+        self.settings = settings
+        self.lam = settings.adaedl_initial_lambda
+        self.acceptance_rate: float | None = None  # smoothed accepted / drafted; None before any round
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return adaedl_stops(entropy_nats(step.logits), self.settings.adaedl_factor, self.lam)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+        if num_drafted == 0:
+            return  # nothing was drafted: no evidence either way
+        s = self.settings
+        self.acceptance_rate = smoothed_acceptance(
+            self.acceptance_rate, num_drafted, num_accepted, s.adaedl_acceptance_smoothing
+        )
+        self.lam = adaedl_lambda(
+            self.lam,
+            self.acceptance_rate,
+            s.adaedl_target_acceptance,
+            s.adaedl_step,
+            s.adaedl_lambda_smoothing,
+        )
+
+
+class ConfidencePolicy:
+    """Stops when the drafted token's probability is below the threshold.
+
+    The probability is read from `step.logits` at T = 1. Hugging Face reads the distribution after its
+    logits processors (temperature, top-k, ...); pass those logits instead to reproduce it exactly.
+
+    Like Hugging Face, every drafted token's probability is recorded; after verification the accepted
+    ones are labelled 1, the first rejected one 0, and those after it (never judged) are dropped. Once
+    the history has ROC_MIN_SAMPLES samples of both labels, the threshold is re-fitted on all of it.
+    """
+
+    def __init__(self, settings: StopSettings) -> None:
+        self._max_depth = settings.cap(CONFIDENCE_MAX_DEPTH)
+        self.settings = settings
+        self.threshold = settings.confidence_threshold
+        self.probs: list[float] = []  # verified tokens' probabilities, oldest first
+        self.accepted: list[bool] = []  # [len(probs)]
+        self._round_probs: list[float] = []  # this round's drafted tokens, not yet verified
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    def should_stop(self, step: DraftStep) -> bool:
+        p = token_probability(step.logits, step.token)
+        self._round_probs.append(p)
+        return p < self.threshold
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+        judged = self._round_probs[: min(num_drafted, num_accepted + 1)]
+        self._round_probs = []
+        self.probs.extend(judged)
+        self.accepted.extend(i < num_accepted for i in range(len(judged)))
+        history = self.settings.confidence_history
+        if history is not None and len(self.probs) > history:
+            del self.probs[:-history], self.accepted[:-history]
+        if not self.settings.confidence_adaptive or len(self.probs) < ROC_MIN_SAMPLES:
+            return
+        fitted = roc_confidence_threshold(self.probs, self.accepted)
+        if fitted is not None:
+            self.threshold = fitted
+
+
+class HeuristicPolicy:
+    """Hugging Face's schedule: the round length itself adapts; no token stops a round early."""
+
+    def __init__(self, settings: StopSettings) -> None:
+        self.cap = settings.cap(HEURISTIC_MAX_DEPTH)
+        self.depth = min(settings.heuristic_initial_depth, self.cap)
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return False
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+        if num_drafted > 0:  # an empty round says nothing about the schedule
+            self.depth = heuristic_depth(self.depth, num_drafted, num_accepted, self.cap)
+
+
+STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {
+    StopPolicyName.FIXED: FixedPolicy,
+    StopPolicyName.SVIP: SvipPolicy,
+    StopPolicyName.ADAEDL: AdaEdlPolicy,
+    StopPolicyName.CONFIDENCE: ConfidencePolicy,
+    StopPolicyName.HEURISTIC: HeuristicPolicy,
+}
+
+
+def make_stop_policy(name: str | StopPolicyName, settings: StopSettings | None = None) -> StopPolicy:
+    """A fresh policy (fresh online state) for `name`, e.g. make_stop_policy("svip")."""
+    key = StopPolicyName(name) if name in STOP_POLICIES else None  # a StrEnum member equals its value
+    if key is None:
+        valid = ", ".join(STOP_POLICIES)
+        raise InvalidArgument(f"unknown stop policy {name!r}; valid: {valid}")
+    return STOP_POLICIES[key](settings if settings is not None else StopSettings())

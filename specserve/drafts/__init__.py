@@ -1,0 +1,25 @@
+"""Drafts trained by `specserve train-draft` for the default target, shipped inside the package.
+
+Each subdirectory is a draft saved by `specserve.glide.save_glide` (config.json + model.safetensors,
+bf16), with training.json (the exact settings, data manifest and time) and training.png beside it.
+They are used only when the target is the default model: a draft is trained for one target.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+SHIPPED_DIR = Path(__file__).resolve().parent
+DEFAULT_TARGET = "smollm2-135m-instruct"
+
+
+class DraftKind(StrEnum):
+    GLIDE = "glide"  # cross-attends to the target's KV
+    VANILLA = "vanilla"  # the same block without cross-attention: the ablation
+
+
+def shipped_draft_dir(kind: DraftKind) -> Path | None:
+    """The shipped draft for the default target, or None when this build has none."""
+    path = SHIPPED_DIR / f"{DEFAULT_TARGET}-{kind.value}"
+    return path if (path / "model.safetensors").is_file() else None

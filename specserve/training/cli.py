@@ -1,0 +1,111 @@
+"""`specserve train-draft`: build the training data (Ray Data), then train a draft (Ray Train).
+
+Both steps are resumable: data stages that finished are skipped, and training continues from the
+newest checkpoint in --out. Set RAY_ADDRESS to run on a Ray cluster instead of this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specserve.settings import EngineSettings
+from specserve.training.corpus import Source
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "train-draft",
+        help="train a GliDe (or vanilla) draft for the target on Ray",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, help="where the draft and its checkpoints go (unless --data-only)")
+    p.add_argument("--data", type=Path, required=True, help="training data directory (built if missing)")
+    p.add_argument("--data-only", action="store_true", help="build the training data and stop")
+    p.add_argument(
+        "--kind",
+        choices=["glide", "vanilla"],
+        default="glide",
+        help="vanilla = the same block without cross-attention (ablation)",
+    )
+    p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
+    data = p.add_argument_group("data")
+    data.add_argument(
+        "--sources",
+        default=",".join(s.value for s in Source),
+        help="comma-separated: " + ", ".join(s.value for s in Source),
+    )
+    data.add_argument("--seq-len", type=int, default=256)
+    data.add_argument("--self-prompts", type=int, default=512)
+    data.add_argument("--answer-tokens", type=int, default=128)
+    data.add_argument("--pydoc-chars", type=int, default=400_000)
+    data.add_argument("--stdlib-chars", type=int, default=250_000)
+    data.add_argument("--target-layer", type=int, default=-1)
+    train = p.add_argument_group("training")
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--draft-vocab", type=int, default=8192, help="reduced LM head; 0 = full vocab")
+    train.add_argument("--block-size", type=int, default=5)
+    train.add_argument("--checkpoint-every", type=int, default=200)
+    train.add_argument("--workers", type=int, default=1, help="Ray Train workers (data parallel)")
+    train.add_argument("--threads", type=int, help="torch threads per worker (default: all cores)")
+    train.add_argument("--fp32", action="store_true", help="train without bf16 autocast")
+    train.add_argument("--export-dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    train.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    from specserve.errors import InvalidArgument
+    from specserve.models import resolve_model_dir
+    from specserve.training.data import build_training_data
+    from specserve.training.settings import DataSettings
+
+    engine = EngineSettings.from_env(model_dir=args.model_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
+    try:
+        sources = tuple(Source(s.strip()) for s in args.sources.split(",") if s.strip())
+    except ValueError as e:
+        raise InvalidArgument(f"unknown source in --sources: {e}") from None
+    data_settings = DataSettings(
+        out_dir=args.data,
+        model_dir=model_dir,
+        target_layer=args.target_layer,
+        seq_len=args.seq_len,
+        sources=sources,
+        self_prompts=args.self_prompts,
+        answer_tokens=args.answer_tokens,
+        pydoc_chars=args.pydoc_chars,
+        stdlib_chars=args.stdlib_chars,
+        seed=args.seed,
+    )
+    build_training_data(data_settings)
+    if args.data_only:
+        return 0
+    if args.out is None:
+        raise InvalidArgument("--out is required to train")
+    from specserve.training.settings import TrainSettings
+    from specserve.training.trainer import train_draft
+
+    train_draft(
+        TrainSettings(
+            data_dir=args.data,
+            out_dir=args.out,
+            model_dir=model_dir,
+            cross_attention=args.kind == "glide",
+            draft_vocab_size=args.draft_vocab or None,
+            block_size=args.block_size,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            lr=args.lr,
+            checkpoint_every=args.checkpoint_every,
+            num_workers=args.workers,
+            num_threads=args.threads,
+            bf16=not args.fp32,
+            export_dtype=args.export_dtype,
+            seed=args.seed,
+        )
+    )
+    return 0

@@ -1,0 +1,304 @@
+"""Stop policies on hand-built distributions whose entropy or token probability is known exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specserve.core.stopping import (
+    STOP_POLICIES,
+    DraftStep,
+    StopPolicy,
+    StopPolicyName,
+    StopSettings,
+    adaedl_stops,
+    entropy_nats,
+    heuristic_depth,
+    make_stop_policy,
+    roc_confidence_threshold,
+    svip_stops,
+    token_probability,
+)
+from specserve.errors import InvalidArgument
+
+NEG_INF = float("-inf")
+
+
+def binary_entropy(p: float) -> float:
+    return -p * math.log(p) - (1 - p) * math.log(1 - p)
+
+
+def logits_with_entropy(entropy: float) -> torch.Tensor:
+    """[2] logits of the two-token distribution (1 - p, p), p <= 0.5, with exactly this entropy."""
+    assert 0 < entropy < math.log(2)
+    low, high = 1e-12, 0.5  # binary entropy rises on (0, 0.5]
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if binary_entropy(mid) < entropy else (low, mid)
+    p = (low + high) / 2
+    return torch.log(torch.tensor([1 - p, p], dtype=torch.float64))
+
+
+def logits_with_top_probability(p: float, vocab: int = 4) -> torch.Tensor:
+    """[vocab] logits where token 0 has probability p and the rest share 1 - p."""
+    rest = (1 - p) / (vocab - 1)
+    return torch.log(torch.tensor([p] + [rest] * (vocab - 1), dtype=torch.float64))
+
+
+def draft_round(policy: StopPolicy, logits_per_depth: list[torch.Tensor], token: int = 0) -> int:
+    """A drafter's spine loop: tokens drafted this round (the one that stopped it included)."""
+    drafted = 0
+    for depth in range(policy.max_depth):
+        logits = logits_per_depth[min(depth, len(logits_per_depth) - 1)]
+        drafted += 1
+        if policy.should_stop(DraftStep(depth, logits, token)):
+            break
+    return drafted
+
+
+# --- entropy and probability ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 1000])
+def test_uniform_entropy_is_log_n(n):
+    assert entropy_nats(torch.zeros(n)) == pytest.approx(math.log(n), abs=1e-12)
+    assert entropy_nats(torch.full((n,), 7.5)) == pytest.approx(math.log(n), abs=1e-12)  # shift-invariant
+
+
+def test_entropy_ignores_minus_infinity():
+    assert entropy_nats(torch.tensor([0.0, 0.0, NEG_INF, NEG_INF])) == pytest.approx(math.log(2), abs=1e-12)
+    assert entropy_nats(torch.tensor([NEG_INF, 3.0, NEG_INF])) == 0.0  # one-hot: exactly zero, no nan
+    with pytest.raises(InvalidArgument):
+        entropy_nats(torch.full((3,), NEG_INF))
+
+
+def test_entropy_of_a_known_two_token_distribution():
+    logits = torch.log(torch.tensor([0.9, 0.1]))
+    assert entropy_nats(logits) == pytest.approx(binary_entropy(0.1), abs=1e-7)
+    assert entropy_nats(logits_with_entropy(0.6)) == pytest.approx(0.6, abs=1e-12)
+
+
+def test_token_probability():
+    logits = torch.log(torch.tensor([0.1, 0.6, 0.3]))
+    assert token_probability(logits, 1) == pytest.approx(0.6, abs=1e-7)
+    assert token_probability(torch.tensor([0.0, NEG_INF]), 1) == 0.0
+    with pytest.raises(InvalidArgument):
+        token_probability(logits, 3)
+
+
+# --- SVIP ----------------------------------------------------------------------------------------
+
+
+def test_svip_formula_boundary_is_0_6_nats():
+    assert math.isclose(0.3**2 / 0.15, 0.6)  # h^2 / c
+    assert not svip_stops(0.599, c=0.15, h=0.3)
+    assert svip_stops(0.601, c=0.15, h=0.3)
+    assert not svip_stops(0.0, c=0.15, h=0.3)
+
+
+def test_svip_policy_stops_just_above_0_6_nats():
+    policy = make_stop_policy("svip")
+    below, above = logits_with_entropy(0.599), logits_with_entropy(0.601)
+    assert not policy.should_stop(DraftStep(0, below, 0))
+    assert policy.should_stop(DraftStep(0, above, 0))
+    assert policy.should_stop(DraftStep(0, torch.zeros(2), 0))  # uniform over 2: ln 2 = 0.693
+    assert not policy.should_stop(DraftStep(0, torch.tensor([50.0, 0.0, NEG_INF]), 0))  # H ~ 1e-20
+
+
+def test_svip_keeps_the_uncertain_token():
+    """The module docstring's example: entropies 0.10, 0.35, ln 2, 0.20 -> 3 tokens, the third kept."""
+    spine = [logits_with_entropy(0.10), logits_with_entropy(0.35), torch.zeros(2), logits_with_entropy(0.20)]
+    assert draft_round(make_stop_policy(StopPolicyName.SVIP), spine) == 3
+
+
+def test_svip_drafts_to_its_cap_when_sure():
+    assert draft_round(make_stop_policy("svip"), [logits_with_entropy(0.1)]) == 40
+    assert draft_round(make_stop_policy("svip", StopSettings(max_depth=7)), [logits_with_entropy(0.1)]) == 7
+
+
+# --- fixed and heuristic -------------------------------------------------------------------------
+
+
+def test_fixed_stops_at_its_depth_whatever_the_distribution():
+    uncertain = [torch.zeros(1000)]  # H = ln 1000: SVIP would stop at once
+    assert draft_round(make_stop_policy("fixed"), uncertain) == 4
+    assert draft_round(make_stop_policy("fixed", StopSettings(fixed_depth=3)), uncertain) == 3
+    assert draft_round(make_stop_policy("fixed", StopSettings(fixed_depth=6, max_depth=2)), uncertain) == 2
+
+
+def test_heuristic_schedule():
+    policy = make_stop_policy("heuristic")
+    history = []
+    for accepted_all, num_accepted in [(True, None), (True, None), (False, 3), (False, 0), (True, None)]:
+        drafted = draft_round(policy, [torch.zeros(1000)])  # should_stop never ends a round early
+        assert drafted == policy.max_depth
+        policy.observe(drafted, drafted if accepted_all else num_accepted)
+        history.append(policy.max_depth)
+    assert history == [7, 9, 8, 7, 9]
+
+
+def test_heuristic_floor_and_cap():
+    policy = make_stop_policy("heuristic", StopSettings(heuristic_initial_depth=2, max_depth=6))
+    depths = []
+    for drafted, accepted in [(2, 0), (1, 0), (1, 0), (1, 1), (3, 3), (5, 5), (6, 6), (0, 0)]:
+        policy.observe(drafted, accepted)
+        depths.append(policy.max_depth)
+    assert depths == [1, 1, 1, 3, 5, 6, 6, 6]  # min 1; +2 clamped at the cap; an empty round changes nothing
+    assert make_stop_policy("heuristic", StopSettings(max_depth=3)).max_depth == 3  # initial 5 capped
+    assert heuristic_depth(5, 5, 5, cap=40) == 7 and heuristic_depth(5, 5, 4, cap=40) == 4
+
+
+# --- confidence ----------------------------------------------------------------------------------
+
+
+def test_confidence_stops_below_the_threshold():
+    policy = make_stop_policy("confidence")
+    assert policy.max_depth == 20
+    assert policy.should_stop(DraftStep(0, logits_with_top_probability(0.39), 0))
+    assert not policy.should_stop(DraftStep(1, logits_with_top_probability(0.41), 0))
+    assert policy.should_stop(DraftStep(2, logits_with_top_probability(0.9), 1))  # the kept token's p = 1/30
+
+
+def run_confidence_round(policy: StopPolicy, probs: list[float], num_accepted: int) -> int:
+    drafted = draft_round(policy, [logits_with_top_probability(p) for p in probs])
+    policy.observe(drafted, num_accepted)
+    return drafted
+
+
+def test_confidence_threshold_rises_after_confident_rejections():
+    policy = make_stop_policy("confidence")
+    assert run_confidence_round(policy, [0.9, 0.8, 0.3], num_accepted=2) == 3  # 0.3 < 0.4 stops, kept
+    assert policy.threshold == 0.4  # 3 samples: too few to fit
+    assert run_confidence_round(policy, [0.95, 0.7, 0.5, 0.2], num_accepted=2) == 4
+    # history: 0.9 0.8 0.3 | 0.95 0.7 0.5 (0.2 came after a rejection: never judged, dropped)
+    assert policy.accepted == [True, True, False, True, True, False]
+    assert policy.probs == pytest.approx([0.9, 0.8, 0.3, 0.95, 0.7, 0.5])
+    # p >= 0.7 separates the accepted from the rejected: cost 0
+    assert policy.threshold == pytest.approx(0.7)
+    assert policy.should_stop(DraftStep(0, logits_with_top_probability(0.6), 0))
+
+
+def test_confidence_threshold_falls_after_unsure_acceptances():
+    policy = make_stop_policy("confidence")
+    for _ in range(3):
+        assert run_confidence_round(policy, [0.9, 0.35], num_accepted=2) == 2
+    assert policy.threshold == 0.4  # 6 samples but no rejection yet: nothing to fit
+    assert run_confidence_round(policy, [0.8, 0.6, 0.3], num_accepted=1) == 3
+    # accepted 0.9 x3, 0.8, 0.35 x3; rejected 0.6. Costs fpr + 3 fnr: 0.9 -> 12/7, 0.8 -> 9/7,
+    # 0.6 -> 1 + 9/7, 0.35 -> 1. Best: 0.35
+    assert policy.threshold == pytest.approx(0.35)
+    assert not policy.should_stop(DraftStep(0, logits_with_top_probability(0.37), 0))
+
+
+def test_confidence_threshold_stays_fixed_when_not_adaptive():
+    policy = make_stop_policy("confidence", StopSettings(confidence_adaptive=False))
+    run_confidence_round(policy, [0.9, 0.8, 0.3], 2)
+    run_confidence_round(policy, [0.95, 0.7, 0.5, 0.2], 2)
+    assert policy.threshold == 0.4
+
+
+def test_confidence_history_window_keeps_the_latest():
+    policy = make_stop_policy("confidence", StopSettings(confidence_history=6))
+    for _ in range(4):
+        run_confidence_round(policy, [0.9, 0.35], num_accepted=2)
+    assert len(policy.probs) == 6
+
+
+def test_roc_threshold_by_hand():
+    assert roc_confidence_threshold([0.9, 0.5], [True, False]) == 0.9
+    assert roc_confidence_threshold([0.8, 0.6, 0.4], [True, False, True]) == 0.4  # costs 1.5, 2.5, 1
+    # sorted: 0.9+ 0.8+ 0.7+ 0.6- 0.5- 0.4- 0.3+ 0.2-; costs 2.25 1.5 0.75 1 1.25 1.5 0.75 1 (exact in
+    # binary): the tie goes to the highest threshold, as Hugging Face's argmin does
+    probs = [0.3, 0.9, 0.6, 0.8, 0.2, 0.7, 0.5, 0.4]
+    accepted = [True, True, False, True, False, True, False, False]
+    assert roc_confidence_threshold(probs, accepted) == 0.7
+    # equal scores are one threshold: 0.5 cannot split the accepted 0.5 from the rejected one
+    assert roc_confidence_threshold([0.5, 0.5, 0.9], [True, False, True]) == 0.5
+    assert roc_confidence_threshold([0.9, 0.8], [True, True]) is None
+
+
+# --- AdaEDL --------------------------------------------------------------------------------------
+
+
+def test_adaedl_formula_and_svip_special_case():
+    assert math.isclose(0.3**2 / 0.2, 0.45)  # factor 0.2, lambda 0.7: stop once H > 0.45
+    assert not adaedl_stops(0.449, factor=0.2, lam=0.7)
+    assert adaedl_stops(0.451, factor=0.2, lam=0.7)
+    for entropy in [0.0, 0.1, 0.5, 0.59, 0.61, 0.7, 2.0, 10.0]:
+        assert adaedl_stops(entropy, factor=0.15, lam=0.7) == svip_stops(entropy, c=0.15, h=0.3)
+
+
+def test_adaedl_lambda_rises_while_acceptance_is_below_target():
+    policy = make_stop_policy("adaedl")
+    assert policy.max_depth == 40 and policy.lam == 0.7
+    nearly_boundary = DraftStep(0, logits_with_entropy(0.448), 0)
+    assert not policy.should_stop(nearly_boundary)
+    policy.observe(4, 1)  # rate 0.25 (first round taken as is) <= 0.9
+    assert policy.acceptance_rate == pytest.approx(0.25)
+    assert policy.lam == pytest.approx(0.9 * 0.7 + 0.1 * 0.71)  # 0.701
+    assert policy.should_stop(nearly_boundary)  # the boundary moved to 0.299^2 / 0.2 = 0.447
+    policy.observe(4, 4)  # rate 0.5 * 0.25 + 0.5 * 1 = 0.625, still below 0.9
+    assert policy.acceptance_rate == pytest.approx(0.625)
+    assert policy.lam == pytest.approx(0.702)
+
+
+def test_adaedl_lambda_falls_above_target_and_stays_in_unit_range():
+    policy = make_stop_policy("adaedl", StopSettings(adaedl_target_acceptance=0.5))
+    policy.observe(5, 5)
+    assert policy.lam == pytest.approx(0.699)
+    policy.observe(0, 0)  # nothing drafted: no change
+    assert policy.lam == pytest.approx(0.699)
+    saturated = make_stop_policy("adaedl", StopSettings(adaedl_initial_lambda=1.0))
+    saturated.observe(4, 0)
+    assert saturated.lam == 1.0
+
+
+# --- registry and settings -----------------------------------------------------------------------
+
+
+def test_every_name_is_registered_and_constructs():
+    assert set(STOP_POLICIES) == set(StopPolicyName)
+    expected_caps = {"fixed": 4, "svip": 40, "adaedl": 40, "confidence": 20, "heuristic": 5}
+    for name in StopPolicyName:
+        for key in (name, name.value):
+            policy = make_stop_policy(key)
+            assert policy.max_depth == expected_caps[name.value]
+            assert isinstance(policy.should_stop(DraftStep(0, torch.zeros(3), 0)), bool)
+            policy.observe(2, 1)
+        assert make_stop_policy(name, StopSettings(max_depth=3)).max_depth == 3
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(InvalidArgument, match="fixed, svip, adaedl, confidence, heuristic"):
+        make_stop_policy("decision")
+
+
+@pytest.mark.parametrize("name", list(StopPolicyName))
+def test_observe_rejects_impossible_rounds(name):
+    with pytest.raises(InvalidArgument):
+        make_stop_policy(name).observe(2, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_depth": 0},
+        {"fixed_depth": 0},
+        {"heuristic_initial_depth": 0},
+        {"svip_c": 0.0},
+        {"svip_h": -0.1},
+        {"adaedl_factor": 0.0},
+        {"adaedl_initial_lambda": 1.1},
+        {"adaedl_target_acceptance": -0.1},
+        {"adaedl_lambda_smoothing": 1.0},
+        {"adaedl_acceptance_smoothing": -0.5},
+        {"adaedl_step": -0.01},
+        {"confidence_threshold": 1.5},
+        {"confidence_history": 5},
+    ],
+)
+def test_settings_are_validated(kwargs):
+    with pytest.raises(InvalidArgument):
+        StopSettings(**kwargs)
