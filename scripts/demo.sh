@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PROMPT=${1:-"Write a short Python function that checks whether a number is prime, and explain it."}
-exec .venv/bin/specserve generate "$PROMPT" --method "${METHOD:-vanilla-tree}" --max-new-tokens "${MAX_NEW_TOKENS:-128}"
+exec .venv/bin/specserve generate "$PROMPT" --method "${METHOD:-glide}" --max-new-tokens "${MAX_NEW_TOKENS:-128}"

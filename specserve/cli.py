@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a reply to one chat prompt, streamed")
     gen.add_argument("prompt")
-    gen.add_argument("--method", default="vanilla", help="draft method (see `specserve methods`)")
+    gen.add_argument("--method", default="glide", help="draft method (see `specserve methods`)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_sampling_options(gen, default_seed=None)

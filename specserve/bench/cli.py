@@ -29,6 +29,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=int, metavar="N", help="use only the first N prompts")
     p.add_argument(
+        "--per-category", type=int, metavar="N", help="use only the first N prompts of each category"
+    )
+    p.add_argument(
         "--methods",
         default=DEFAULT_METHODS,
         metavar="M1,M2",
@@ -56,7 +59,7 @@ def run_bench_command(
     `engine_factory` exists for tests; by default it is specserve.engine.Engine.
     """
     # Imported here: they pull in tqdm/matplotlib, which `specserve --help` should not pay for.
-    from specserve.bench.prompts import default_prompts_path, load_prompts
+    from specserve.bench.prompts import default_prompts_path, load_prompts, per_category
     from specserve.bench.report import format_table, plot
     from specserve.bench.runner import run_bench
 
@@ -73,6 +76,8 @@ def run_bench_command(
     ).validate(settings.max_new_tokens_limit)
     prompts_path = args.prompts if args.prompts is not None else default_prompts_path()
     prompts = load_prompts(prompts_path, args.limit)
+    if args.per_category is not None:
+        prompts = per_category(prompts, args.per_category)
     # A run can take hours; find an unwritable output path before it, not after.
     for path in (args.out, args.plot):
         if path is not None:

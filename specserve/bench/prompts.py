@@ -101,3 +101,16 @@ def _one_line(e: BaseException) -> str:
     # OSError's str() repeats the path we already name; its strerror is the useful part.
     text = getattr(e, "strerror", None) or str(e)
     return " ".join(text.split()) or type(e).__name__
+
+
+def per_category(prompts: list[Prompt], count: int) -> list[Prompt]:
+    """The first `count` prompts of every category, in file order: a short run that still covers all."""
+    if count < 1:
+        raise InvalidArgument(f"--per-category must be >= 1, got {count}")
+    seen: dict[str, int] = {}
+    kept = []
+    for prompt in prompts:
+        seen[prompt.category] = seen.get(prompt.category, 0) + 1
+        if seen[prompt.category] <= count:
+            kept.append(prompt)
+    return kept

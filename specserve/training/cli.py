@@ -52,6 +52,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     train.add_argument("--workers", type=int, default=1, help="Ray Train workers (data parallel)")
     train.add_argument("--threads", type=int, help="torch threads per worker (default: all cores)")
     train.add_argument("--fp32", action="store_true", help="train without bf16 autocast")
+    train.add_argument(
+        "--init-from-target-layer", action="store_true", help="start the block as the target layer it reads"
+    )
     train.add_argument("--export-dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     train.add_argument("--seed", type=int, default=0)
     return p
@@ -104,6 +107,7 @@ def run_train_command(args: argparse.Namespace) -> int:
             num_workers=args.workers,
             num_threads=args.threads,
             bf16=not args.fp32,
+            init_from_target_layer=args.init_from_target_layer,
             export_dtype=args.export_dtype,
             seed=args.seed,
         )

@@ -60,7 +60,17 @@ def build_training_data(settings: DataSettings, log: Log = print) -> Path:
     _stage(out / FEATURES, lambda path: _write_features(settings, path), "target features", log)
     if not (out / COUNTS).is_file():
         _write_counts(out / FEATURES, out / COUNTS)
-    manifest = {"settings": _jsonable(asdict(settings)), "seconds": round(time.monotonic() - started, 1)}
+    # Each stage's own time, read back from its marker: a rerun that skips stages keeps the real cost.
+    stage_seconds = {
+        stage: float((out / stage / DONE).read_text().split()[0])
+        for stage in (ANSWERS, FEATURES)
+        if (out / stage / DONE).is_file()
+    }
+    manifest = {
+        "settings": _jsonable(asdict(settings)),
+        "stage_seconds": stage_seconds,
+        "seconds_this_run": round(time.monotonic() - started, 1),
+    }
     manifest["rows"] = ray.data.read_parquet(str(out / FEATURES)).select_columns(["source"]).count()
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"training data ready in {out} ({manifest['rows']} rows of {settings.seq_len} tokens)")

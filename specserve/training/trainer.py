@@ -129,7 +129,39 @@ def new_draft(settings: TrainSettings, target: nn.Module, target_layer: int) -> 
         head = target.get_output_embeddings().weight  # [V, H]
         draft.lm_head.weight.copy_(head if ids is None else head[ids])
         draft.norm.weight.copy_(target.model.norm.weight)
+        if settings.init_from_target_layer:
+            copy_target_layer(draft, target.model.layers[target_layer])
     return draft.float().train().requires_grad_(True)
+
+
+def copy_target_layer(draft: GlideDraft, layer: nn.Module) -> bool:
+    """Starts the draft block as the target layer whose K/V it reads, when the geometry matches.
+
+    That layer's attention already turns a query into a read of exactly those cached K/V, so its q/o
+    projections are a far better start for cross-attention than noise (and its own attention and MLP
+    for the draft's). Returns False, changing nothing, when shapes differ (a narrower draft).
+    """
+    block = draft.layer
+    pairs = [
+        (block.input_layernorm.weight, layer.input_layernorm.weight),
+        (block.post_attention_layernorm.weight, layer.post_attention_layernorm.weight),
+        *[(getattr(block.self_attn, n).weight, getattr(layer.self_attn, n).weight) for n in _ATTN],
+        *[(getattr(block.mlp, n).weight, getattr(layer.mlp, n).weight) for n in _MLP],
+    ]
+    if block.cross_attn is not None:
+        pairs += [
+            (block.cross_attn.q_proj.weight, layer.self_attn.q_proj.weight),
+            (block.cross_attn.o_proj.weight, layer.self_attn.o_proj.weight),
+        ]
+    if any(mine.shape != theirs.shape for mine, theirs in pairs):
+        return False
+    for mine, theirs in pairs:
+        mine.copy_(theirs)
+    return True
+
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 # --- the Ray Train worker ------------------------------------------------------------------------

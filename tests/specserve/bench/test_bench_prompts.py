@@ -93,3 +93,12 @@ def test_bad_limit(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "q.jsonl", [question(1)])
     with pytest.raises(InvalidArgument, match="--limit"):
         load_prompts(path, limit=0)
+
+
+def test_per_category_keeps_the_first_n_of_each_category_in_order() -> None:
+    from specserve.bench.prompts import Prompt, per_category
+
+    prompts = [Prompt(i, cat, f"q{i}") for i, cat in enumerate("aabbbac")]
+    assert [p.question_id for p in per_category(prompts, 2)] == [0, 1, 2, 3, 6]
+    with pytest.raises(InvalidArgument):
+        per_category(prompts, 0)

@@ -43,9 +43,12 @@ def _settings(tmp_path, **overrides) -> TrainSettings:
 
 
 def test_head_and_norm_start_as_the_targets(tmp_path, target) -> None:
-    draft = new_draft(_settings(tmp_path), target, target_layer=-1)
+    draft = new_draft(_settings(tmp_path, init_from_target_layer=True), target, target_layer=-1)
     torch.testing.assert_close(draft.lm_head.weight, target.get_output_embeddings().weight)
     torch.testing.assert_close(draft.norm.weight, target.model.norm.weight)
+    layer = target.model.layers[-1]
+    torch.testing.assert_close(draft.layer.cross_attn.q_proj.weight, layer.self_attn.q_proj.weight)
+    torch.testing.assert_close(draft.layer.mlp.down_proj.weight, layer.mlp.down_proj.weight)
     assert all(p.requires_grad for p in draft.parameters())
     assert "embed_tokens.weight" not in dict(draft.named_parameters())  # shared and frozen
 

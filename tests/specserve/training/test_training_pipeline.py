@@ -14,7 +14,7 @@ import torch
 from specserve.glide import load_glide
 from specserve.models import load_causal_lm
 from specserve.training.corpus import Source
-from specserve.training.data import ANSWERS, DONE, FEATURES, build_training_data
+from specserve.training.data import ANSWERS, DONE, FEATURES, MANIFEST, build_training_data
 from specserve.training.settings import DataSettings, TrainSettings
 from specserve.training.trainer import CHECKPOINTS, LOG, SUMMARY, train_draft
 
@@ -48,6 +48,8 @@ def test_data_then_training_then_resume(ray_local, tiny_target_dir, tmp_path) ->
         log=lambda _: None,
     )
     assert (data / ANSWERS / DONE).is_file() and (data / FEATURES / DONE).is_file()
+    manifest = json.loads((data / MANIFEST).read_text())
+    assert set(manifest["stage_seconds"]) == {ANSWERS, FEATURES}
     rows = ray.data.read_parquet(str(data / FEATURES)).take_all()
     assert {row["source"] for row in rows} == {"self", "dummy", "stdlib"}
     assert all(row["target_k"].shape == (2, 32, 16) for row in rows)  # tiny target: 2 kv heads x 16

@@ -1,0 +1,99 @@
+"""The drafts shipped for the default model: they load, they are trained, and output stays lossless.
+
+Greedy: every shipped-draft method reproduces the target's own greedy tokens. Sampling: a real CaPE tree
+from the shipped GliDe draft, verified against the real target's logits under many seeds, emits its
+first token with exactly the target's distribution (chi-square).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specserve.core.accept import accept_draft
+from specserve.core.cape import CapeSettings
+from specserve.core.sampling import logits_to_probs
+from specserve.core.sampling_params import SamplingParams
+from specserve.drafts import DraftKind, shipped_draft_dir
+from specserve.engine import Engine
+from specserve.glide.drafter import GlideDrafter
+from specserve.runtime.drafter import DraftShape
+from specserve.runtime.target import LocalVerifier
+from specserve.settings import EngineSettings
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "Give me three tips for staying focused while studying.",
+    "Write a Python function that returns the largest of three numbers.",
+    "Explain why the sky is blue in two sentences.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine(EngineSettings.from_env(model_dir=None, glide_dir=None, vanilla_dir=None, draft_dir=None))
+
+
+def test_both_drafts_ship_with_their_training_record() -> None:
+    for kind in DraftKind:
+        directory = shipped_draft_dir(kind)
+        assert directory is not None, kind
+        record = json.loads((directory / "training.json").read_text())
+        assert record["settings"]["cross_attention"] is (kind is DraftKind.GLIDE)
+        assert (directory / "model.safetensors").stat().st_size < 25_000_000  # small enough for the repo
+
+
+def test_engine_uses_the_shipped_drafts_for_the_default_model(engine) -> None:
+    assert engine.glide_draft.config.cross_attention
+    assert engine.glide_draft.config.draft_vocab_size == 8192
+    vanilla = engine.vanilla_glide_draft
+    assert vanilla is not None and not vanilla.config.cross_attention
+
+
+@pytest.mark.parametrize("method", ["glide", "glide-cape", "vanilla"])
+def test_greedy_output_equals_the_target_and_drafts_are_accepted(engine, method) -> None:
+    params = SamplingParams(max_new_tokens=40)
+    accepted = 0
+    for prompt in PROMPTS:
+        expected = engine.generate(prompt, "target", params).token_ids
+        result = engine.generate(prompt, method, params)
+        assert result.token_ids == expected, prompt
+        accepted += result.stats.num_accepted_tokens
+    assert accepted > 0.2 * 3 * 40  # a trained draft: far above the untrained drafts' ~0.5% acceptance
+
+
+def test_sampled_verification_of_a_shipped_cape_tree_keeps_the_target_distribution(engine) -> None:
+    params = SamplingParams(temperature=0.7, max_new_tokens=8)
+    prompt_ids = engine.encode_prompt(PROMPTS[0])
+    verifier = LocalVerifier(engine.target_runner, capacity=len(prompt_ids) + 64)
+    root = verifier.prefill(prompt_ids, SamplingParams(), seed=0)
+    drafter = GlideDrafter(engine.glide_draft, verifier.cache, len(prompt_ids) + 64, DraftShape(4), CapeSettings())
+    draft = drafter.propose([*prompt_ids, root], params, seed=1)
+    tree = draft.tree
+    assert len(tree.children()[0]) > 1  # a real tree: several candidates for the first token
+    start = verifier.cache.length
+    with torch.inference_mode():
+        logits = engine.target_runner.forward(verifier.cache, tree.token_ids, tree.parent_ids)  # [N, V]
+    verifier.cache.truncate(start)
+    p = logits_to_probs(logits[0].float(), params)  # target's distribution of the first emitted token
+
+    samples = 4000
+    counts: Counter[int] = Counter()
+    for seed in range(samples):
+        outcome = accept_draft(logits, draft, params, seed)
+        nodes = outcome.accepted_nodes
+        counts[tree.token_ids[nodes[1]] if len(nodes) > 1 else outcome.next_token] += 1
+    frequent = [t for t in torch.argsort(p, descending=True).tolist() if p[t] * samples >= 10]
+    observed = [counts[t] for t in frequent] + [samples - sum(counts[t] for t in frequent)]
+    expected = [float(p[t]) * samples for t in frequent]
+    expected.append(samples - sum(expected))
+    if expected[-1] < 5:  # too rare a remainder for chi-square: fold it into the last bucket
+        observed[-2:] = [sum(observed[-2:])]
+        expected[-2:] = [sum(expected[-2:])]
+    assert len(frequent) >= 2
+    assert chisquare(observed, expected).pvalue > 1e-3
