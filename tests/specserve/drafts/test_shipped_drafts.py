@@ -72,7 +72,8 @@ def test_sampled_verification_of_a_shipped_cape_tree_keeps_the_target_distributi
     prompt_ids = engine.encode_prompt(PROMPTS[0])
     verifier = LocalVerifier(engine.target_runner, capacity=len(prompt_ids) + 64)
     root = verifier.prefill(prompt_ids, SamplingParams(), seed=0)
-    drafter = GlideDrafter(engine.glide_draft, verifier.cache, len(prompt_ids) + 64, DraftShape(4), CapeSettings())
+    capacity = len(prompt_ids) + 64
+    drafter = GlideDrafter(engine.glide_draft, verifier.cache, capacity, DraftShape(4), CapeSettings())
     draft = drafter.propose([*prompt_ids, root], params, seed=1)
     tree = draft.tree
     assert len(tree.children()[0]) > 1  # a real tree: several candidates for the first token
