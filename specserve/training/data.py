@@ -67,7 +67,7 @@ def build_training_data(settings: DataSettings, log: Log = print) -> Path:
         if (out / stage / DONE).is_file()
     }
     manifest = {
-        "settings": _jsonable(asdict(settings)),
+        "settings": jsonable(asdict(settings)),
         "stage_seconds": stage_seconds,
         "seconds_this_run": round(time.monotonic() - started, 1),
     }
@@ -233,9 +233,9 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.pad(a, (0, size - len(a))) + np.pad(b, (0, size - len(b)))
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return str(value) if isinstance(value, Path) else value

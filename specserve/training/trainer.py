@@ -29,7 +29,7 @@ from specserve.glide.model import (
     save_glide,
 )
 from specserve.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from specserve.training.data import COUNTS, FEATURES, MANIFEST, _jsonable, init_ray
+from specserve.training.data import COUNTS, FEATURES, MANIFEST, init_ray, jsonable
 from specserve.training.features import IGNORE
 from specserve.training.settings import TrainSettings
 
@@ -299,7 +299,7 @@ def train_draft(settings: TrainSettings, log: Callable[[str], None] = print) -> 
     )
     trainer.fit()
     summary = {
-        "settings": _jsonable(asdict(settings)),
+        "settings": jsonable(asdict(settings)),
         "data": manifest,
         "seconds_this_run": round(time.monotonic() - started, 1),
         "parameters_stored": _stored_parameters(out),
