@@ -18,13 +18,17 @@ def encode_chat(tokenizer: Any, user_message: str, system_prompt: str | None = N
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": user_message})
     if getattr(tokenizer, "chat_template", None):
-        # transformers 5.x returns a BatchEncoding unless return_dict=False.
-        ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
-    else:
-        text = user_message if not system_prompt else f"{system_prompt}\n\n{user_message}"
-        ids = tokenizer.encode(text)
+        return encode_messages(tokenizer, messages, add_generation_prompt=True)
+    text = user_message if not system_prompt else f"{system_prompt}\n\n{user_message}"
+    return [int(t) for t in tokenizer.encode(text)]
+
+
+def encode_messages(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    """Token ids of whole chat messages in the tokenizer's chat template (training renders conversations)."""
+    # transformers 5.x returns a BatchEncoding unless return_dict=False.
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+    )
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
     return [int(t) for t in ids]

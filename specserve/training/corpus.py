@@ -17,7 +17,6 @@ import sysconfig
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from specserve.errors import InvalidArgument
 
@@ -78,11 +77,3 @@ def read_documents(source: Source, max_chars: int, seed: int = 0) -> Iterator[st
         text = text[: max_chars - total]
         total += len(text)
         yield text
-
-
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """A whole conversation in the target's chat template, as token ids."""
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]

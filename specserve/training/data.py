@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specserve.training.corpus import Source, dummy_conversations, read_documents, render_chat
+from specserve.training.corpus import Source, dummy_conversations, read_documents
 from specserve.training.prompts import written_prompts
 from specserve.training.settings import DataSettings
 
@@ -124,18 +124,24 @@ def _write_answers(settings: DataSettings, path: Path) -> None:
 
     prompts = written_prompts(settings.self_prompts, settings.seed)
     ds = ray.data.from_items([{"prompt": p} for p in prompts])
-    ds = ds.map_batches(
-        AnswerWriter,
-        fn_constructor_kwargs={
-            "model_dir": str(settings.model_dir),
-            "max_new_tokens": settings.answer_tokens,
-            "num_threads": os.cpu_count() or 1,
-        },
-        batch_size=settings.answer_batch,
+    kwargs = {"model_dir": str(settings.model_dir), "max_new_tokens": settings.answer_tokens}
+    _with_target(ds, AnswerWriter, kwargs, settings.answer_batch).write_parquet(str(path))
+
+
+def _with_target(ds: Any, actor: type, kwargs: dict[str, Any], batch_size: int) -> Any:
+    """Maps batches through one actor that loads the target once; it may use all of this node's cores.
+
+    On a cluster, raise the pool size to run several copies of the target side by side.
+    """
+    import ray.data
+
+    return ds.map_batches(
+        actor,
+        fn_constructor_kwargs={**kwargs, "num_threads": os.cpu_count() or 1},
+        batch_size=batch_size,
         compute=ray.data.ActorPoolStrategy(size=1),
         num_cpus=1,
     )
-    ds.write_parquet(str(path))
 
 
 # --- stage 2: documents -> packed rows -> target features --------------------------------------
@@ -145,6 +151,8 @@ def _documents(settings: DataSettings, tokenizer: Any) -> dict[Source, list[list
     """Token ids of every document, per source (the self answers are read from stage 1)."""
     import ray.data
 
+    from specserve.models import encode_messages
+
     docs: dict[Source, list[list[int]]] = {}
     for source in settings.sources:
         if source is Source.SELF:
@@ -152,7 +160,7 @@ def _documents(settings: DataSettings, tokenizer: Any) -> dict[Source, list[list
             docs[source] = [list(map(int, row["token_ids"])) for row in table]
         elif source is Source.DUMMY:
             conversations = dummy_conversations()[: settings.dummy_conversations]
-            docs[source] = [render_chat(tokenizer, c) for c in conversations]
+            docs[source] = [encode_messages(tokenizer, c, add_generation_prompt=False) for c in conversations]
         else:
             limit = settings.pydoc_chars if source is Source.PYDOC else settings.stdlib_chars
             texts = read_documents(source, limit, settings.seed)
@@ -197,19 +205,12 @@ def _write_features(settings: DataSettings, path: Path) -> None:
         packed = pack_tokens(documents, settings.seq_len)
         rows += [{"source": str(source), "input_ids": r} for r in packed]
     random.Random(settings.seed).shuffle(rows)  # mixed sources in every shard and every batch
-    ds = ray.data.from_items(rows)
-    ds = ds.map_batches(
-        FeatureWriter,
-        fn_constructor_kwargs={
-            "model_dir": str(settings.model_dir),
-            "layer": settings.target_layer,
-            "seq_len": settings.seq_len,
-            "num_threads": os.cpu_count() or 1,
-        },
-        batch_size=settings.feature_batch,
-        compute=ray.data.ActorPoolStrategy(size=1),
-        num_cpus=1,
-    )
+    kwargs = {
+        "model_dir": str(settings.model_dir),
+        "layer": settings.target_layer,
+        "seq_len": settings.seq_len,
+    }
+    ds = _with_target(ray.data.from_items(rows), FeatureWriter, kwargs, settings.feature_batch)
     ds.write_parquet(str(path))
 
 

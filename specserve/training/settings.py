@@ -51,7 +51,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     warmup_fraction: float = 0.025
     grad_clip: float = 1.0
-    # bf16 autocast for the forward (fp32 master weights and optimizer): ~1.25x faster on CPUs with
+    # bf16 autocast for the forward (fp32 master weights and optimizer): faster on CPUs with
     # AVX512-BF16, and the usual choice on GPUs.
     bf16: bool = True
     export_dtype: str = "bfloat16"  # the final draft's stored weights (checkpoints stay fp32)
