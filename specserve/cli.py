@@ -1,4 +1,7 @@
-"""`specserve` command line: generate, bench and train-draft. Errors print one line and exit non-zero."""
+"""`specserve` command line: generate, bench, calibrate, train-draft, train-stopper.
+
+Errors print one line and exit non-zero.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +33,11 @@ def _add_sampling_options(parser: argparse.ArgumentParser, default_seed: int | N
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--seed", type=int, default=default_seed)
+    parser.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="let a lossy method (see `specserve methods`) sample at T > 0, where its output is biased",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,17 +52,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", default="glide", help="draft method (see `specserve methods`)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.add_argument("--remote", metavar="HOST:PORT", help="generate through a router (client SDK)")
     _add_sampling_options(gen, default_seed=None)
     _add_engine_options(gen)
 
     sub.add_parser("methods", help="list the draft methods")
 
+    calibrate = sub.add_parser("calibrate", help="measure target verify and draft step costs (cost policy)")
+    calibrate.add_argument("--out", type=Path, help="json path (default: the engine's calibration_path)")
+    _add_engine_options(calibrate)
+
     bench = add_bench_parser(sub)
     _add_engine_options(bench)
 
-    from specserve.training.cli import add_train_parser
+    from specserve.training.cli import add_train_parser, add_train_stopper_parser
 
     add_train_parser(sub)
+    add_train_stopper_parser(sub)
+
+    from specserve.serving.cli import add_serve_parsers
+
+    add_serve_parsers(sub)
     return parser
 
 
@@ -68,6 +86,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    if args.remote:
+        return _run_remote_generate(args)
     from specserve.engine import Engine
     from specserve.methods import method_spec
 
@@ -78,6 +98,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         stop=tuple(args.stop),
+        allow_lossy=args.allow_lossy,
     )
     settings = _settings(args)
     params.validate(settings.max_new_tokens_limit)
@@ -111,6 +132,49 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_remote_generate(args: argparse.Namespace) -> int:
+    from specserve.client import Client
+
+    options = {
+        "method": args.method,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": tuple(args.stop),
+    }
+    with Client(args.remote) as client:
+        if args.json:
+            done = client.generate(args.prompt, **options)
+            print(
+                json.dumps(
+                    {
+                        "text": done.text,
+                        "token_ids": done.token_ids,
+                        "finish_reason": done.finish_reason,
+                        "method": args.method,
+                        "session_id": done.session_id,
+                        "stats": done.stats,
+                    }
+                )
+            )
+            return 0
+        last = None
+        for chunk in client.stream(args.prompt, **options):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            last = chunk
+    stats = last.stats if last is not None else {}
+    print(
+        f"\n[{args.method} via {args.remote}] {int(stats.get('num_generated_tokens', 0))} tokens, "
+        f"{stats.get('tokens_per_second', 0.0):.1f} tok/s, {stats.get('mean_accepted_length', 0.0):.2f} "
+        f"tokens/round, finish: {last.finish_reason if last else '-'}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 class _StreamPrinter:
     """Prints decoded text as tokens arrive, never a half UTF-8 character or a possible stop string."""
 
@@ -136,6 +200,17 @@ class _StreamPrinter:
         sys.stdout.flush()
 
 
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from specserve.engine import Engine
+    from specserve.runtime.calibrate import calibrate_engine, save_calibration
+
+    engine = Engine(_settings(args))
+    cost = calibrate_engine(engine)
+    path = save_calibration(cost, args.out or engine.calibration_path, {"model": str(engine.model_dir)})
+    print(json.dumps({"path": str(path), **cost.to_json()}))
+    return 0
+
+
 def _run_methods() -> int:
     from specserve.methods import METHODS
 
@@ -153,10 +228,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_generate(args)
         if args.command == "methods":
             return _run_methods()
+        if args.command == "calibrate":
+            return _run_calibrate(args)
+        if args.command in ("serve", "stack"):
+            from specserve.serving.cli import run_serve, run_stack
+
+            return run_serve(args) if args.command == "serve" else run_stack(args)
         if args.command == "train-draft":
             from specserve.training.cli import run_train_command
 
             return run_train_command(args)
+        if args.command == "train-stopper":
+            from specserve.training.stopper import run_train_stopper_command
+
+            return run_train_stopper_command(args)
         from specserve.bench.cli import run_bench_command
 
         return run_bench_command(args, _settings(args))

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from specserve.core.cost import CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.rng import fresh_seed
@@ -90,6 +91,24 @@ class Engine:
         )
         return build_glide(self.target_model, seed=0, share_target_embeddings=True)
 
+    @property
+    def calibration_path(self) -> Path:
+        default = self.settings.cache_dir / f"calibration-{Path(self.model_dir).name}.json"
+        return self.settings.calibration_path or default
+
+    @functools.cached_property
+    def cost_model(self) -> CostModel:
+        """The cost policy's costs for this machine: loaded, or measured once and saved (a few seconds)."""
+        path = self.calibration_path
+        if path.is_file():
+            return CostModel.load(path)
+        from specserve.runtime.calibrate import calibrate_engine, save_calibration
+
+        logger.warning("no cost calibration at %s: measuring this machine's costs once", path)
+        cost = calibrate_engine(self)
+        save_calibration(cost, path, {"model": str(self.model_dir)})
+        return cost
+
     def _shipped(self, kind: DraftKind) -> Path | None:
         """Shipped drafts were trained for the default target only."""
         return shipped_draft_dir(kind) if self.settings.model_dir is None else None
@@ -132,6 +151,11 @@ class Engine:
         params: SamplingParams,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult:
+        if not spec.lossless and not params.greedy and not params.allow_lossy:
+            raise InvalidArgument(
+                f"method {spec.method.value} is lossy at temperature > 0 (its output does not follow the "
+                "target's distribution); set allow_lossy (--allow-lossy) to use it anyway"
+            )
         capacity = len(prompt_ids) + params.max_new_tokens + self.settings.max_tree_nodes + 1
         if capacity > self.settings.max_context:
             raise InvalidArgument(
@@ -149,7 +173,7 @@ class Engine:
             stats = self._hf_generate(prompt_ids, params, seed, finish, on_tokens)
         else:
             verifier = LocalVerifier(self.target_runner, capacity)
-            drafter = spec.make_drafter(self, capacity, verifier)
+            drafter = spec.make_drafter(self, capacity, verifier.cache)
             try:
                 stats = speculative_generate(prompt_ids, verifier, drafter, params, seed, finish, on_tokens)
             finally:

@@ -1,39 +1,35 @@
 """Draft methods: a string enum whose values are the CLI names, plus a registry with one signature.
 
 Each entry says how to build the drafter for one sequence (None = plain decoding on our engine) and
-whether the method is lossless. `hf` is the only entry that bypasses our loop: it is the reference.
+whether the method is lossless. A lossy method (lossless False) is exact at T = 0 only; the engine refuses
+it at T > 0 unless the request sets allow_lossy.
+`hf` is the only entry that bypasses our loop: it is the reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from specserve.catalog import ADAPTIVE_DEPTH, CATALOG, Method
 from specserve.core.cape import CapeSettings
 from specserve.core.protocols import Drafter
+from specserve.core.stopping import StopPolicyName, StopSettings
 from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter
 from specserve.runtime.drafter import DraftShape, ModelDrafter
+from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
 
 if TYPE_CHECKING:
     from specserve.engine import Engine
-    from specserve.runtime.target import LocalVerifier
+    from specserve.glide.drafter import TargetKVSource
 
 
-class Method(StrEnum):
-    TARGET = "target"  # the target alone on our engine: the speedup baseline
-    HF = "hf"  # transformers `generate`: the reference implementation
-    VANILLA = "vanilla"  # a separate small causal LM drafting a chain
-    VANILLA_TREE = "vanilla-tree"  # the same draft, top-2 leaves at the first two depths
-    GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
-    GLIDE_CAPE = "glide-cape"  # the same draft, CaPE: top-k leaves by the draft's confidence
-
-
-# (engine, capacity of the sequence's caches, the sequence's verifier) -> its drafter, or None.
-# The verifier is there for drafters that read the target's KV cache (GliDe).
-DrafterFactory = Callable[["Engine", int, "LocalVerifier"], Drafter | None]
+# (engine, capacity of the sequence's caches, the target's committed KV of the sequence) -> its drafter,
+# or None. In-process the KV source is the verifier's own cache; in the draft service it is the mirror
+# of the target's KV feed. Only GliDe drafters read it.
+DrafterFactory = Callable[["Engine", int, "TargetKVSource"], Drafter | None]
 
 
 @dataclass(frozen=True)
@@ -45,50 +41,73 @@ class MethodSpec:
     uses_hf_generate: bool = False
 
 
-def _no_drafter(engine: Engine, capacity: int, verifier: LocalVerifier) -> None:
+def _no_drafter(engine: Engine, capacity: int, target_kv: TargetKVSource) -> None:
     return None
 
 
 def _vanilla(shape: DraftShape) -> DrafterFactory:
-    def make(engine: Engine, capacity: int, verifier: LocalVerifier) -> Drafter:
+    def make(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
         trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
         if trained is not None:
-            return GlideDrafter(trained, verifier.cache, capacity, shape)
+            return GlideDrafter(trained, target_kv, capacity, shape)
         return ModelDrafter(engine.vanilla_draft_runner, capacity, shape)
 
     return make
 
 
 def _glide(shape: DraftShape, cape: bool) -> DrafterFactory:
-    def make(engine: Engine, capacity: int, verifier: LocalVerifier) -> Drafter:
+    def make(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
         settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
-        return GlideDrafter(engine.glide_draft, verifier.cache, capacity, shape, settings)
+        return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, settings)
 
     return make
 
 
+# Adaptive GliDe + CaPE: the policy decides each round's spine length within ADAPTIVE_DEPTH (catalog.py).
+
+
+def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
+    return _glide(DraftShape(depth=ADAPTIVE_DEPTH, stop=stop), cape=True)
+
+
+def _glide_cape_cost(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    """The cost policy needs this machine's calibration, which only the engine knows."""
+    settings = StopSettings(cost_model=engine.cost_model)
+    shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
+    return _glide(shape, cape=True)(engine, capacity, target_kv)
+
+
+def _mcsd(shape: McsdShape) -> DrafterFactory:
+    def make(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
+        # Trees are drafted level by level with tree attention, which the causal-LM runner supports; the
+        # draft is the vanilla methods' causal LM (draft_dir, else the target's first layers).
+        return MultiCandidateDrafter(engine.vanilla_draft_runner, capacity, shape)
+
+    return make
+
+
+# Names, descriptions and lossless flags live in specserve.catalog (torch-free, for the router); this
+# registry binds each name to its drafter factory.
+_FACTORIES: dict[Method, DrafterFactory] = {
+    Method.TARGET: _no_drafter,
+    Method.HF: _no_drafter,
+    Method.VANILLA: _vanilla(DraftShape(depth=4)),
+    Method.VANILLA_TREE: _vanilla(DraftShape(depth=4, widths=(2, 2))),
+    Method.GLIDE: _glide(DraftShape(depth=4), cape=False),
+    Method.GLIDE_CAPE: _glide(DraftShape(depth=4), cape=True),
+    Method.GLIDE_CAPE_SVIP: _glide_cape_stop(StopPolicyName.SVIP),
+    Method.GLIDE_CAPE_ADAEDL: _glide_cape_stop(StopPolicyName.ADAEDL),
+    Method.GLIDE_CAPE_DECISION: _glide_cape_stop(StopPolicyName.DECISION),
+    Method.GLIDE_CAPE_COST: _glide_cape_cost,
+    Method.MCSD: _mcsd(McsdShape(k_config=(2, 2, 1))),
+    Method.MCSD_TARGET_INIT: _mcsd(McsdShape(k_config=(2, 2, 1, 1), target_roots=True)),
+}
+
 METHODS: dict[Method, MethodSpec] = {
-    spec.method: spec
-    for spec in (
-        MethodSpec(Method.TARGET, "target alone, plain decoding on the specserve engine", _no_drafter),
-        MethodSpec(Method.HF, "transformers generate (reference)", _no_drafter, uses_hf_generate=True),
-        MethodSpec(Method.VANILLA, "separate draft model, chain of 4", _vanilla(DraftShape(depth=4))),
-        MethodSpec(
-            Method.VANILLA_TREE,
-            "separate draft model, chain of 4 with top-2 leaves at depths 1-2",
-            _vanilla(DraftShape(depth=4, widths=(2, 2))),
-        ),
-        MethodSpec(
-            Method.GLIDE,
-            "GliDe draft glimpsing the target's KV cache, chain of 4",
-            _glide(DraftShape(depth=4), cape=False),
-        ),
-        MethodSpec(
-            Method.GLIDE_CAPE,
-            "GliDe draft, depth 4, CaPE top-k leaves by confidence (<= max_tree_nodes nodes)",
-            _glide(DraftShape(depth=4), cape=True),
-        ),
+    method: MethodSpec(
+        info.method, info.description, _FACTORIES[method], info.lossless, info.uses_hf_generate
     )
+    for method, info in CATALOG.items()
 }
 
 

@@ -27,6 +27,8 @@ class EngineSettings:
     glide_dir: a GliDe draft saved by `specserve.glide.save_glide` (or `specserve train-draft`), used by
       the glide methods; None means the draft shipped in `specserve/drafts` when the target is the
       default model, else a randomly initialised (untrained) draft with a warning.
+    calibration_path: the `cost` stop policy's measured costs (`specserve calibrate` writes them); when
+      the file is missing the engine measures them once at start-up and saves them there.
     vanilla_dir: a one-layer draft without cross-attention from `specserve train-draft --kind vanilla`,
       used by the vanilla methods when `draft_dir` is not set; None means the shipped one for the
       default model, else the early-exit draft above.
@@ -45,6 +47,7 @@ class EngineSettings:
     max_prompt_tokens: int = 1536
     max_new_tokens_limit: int = 4096
     max_tree_nodes: int = 64
+    calibration_path: Path | None = None  # None = <cache_dir>/calibration-<model dir name>.json
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> EngineSettings:

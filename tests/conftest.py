@@ -46,3 +46,11 @@ def tiny_draft_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
 @pytest.fixture(scope="session")
 def tiny_vocab_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny_vocab_target"), vocab_size=16, seed=3)
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    """The in-process engine on the default model and shipped drafts: the reference output."""
+    from specserve.engine import Engine
+
+    return Engine(EngineSettings.from_env())

@@ -46,6 +46,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, metavar="results.json", help="write the full result as JSON")
     p.add_argument("--plot", type=Path, metavar="results.png", help="write a PNG figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--remote",
+        metavar="HOST:PORT",
+        help="also offer the router's methods as remote:<method> (e.g. --methods glide,remote:glide)",
+    )
     return p
 
 
@@ -88,6 +93,11 @@ def run_bench_command(
 
         engine_factory = Engine
     engine = engine_factory(settings)
+    remote = None
+    if getattr(args, "remote", None):
+        from specserve.bench.remote import WithRemote
+
+        engine = remote = WithRemote(engine, args.remote)
     result = run_bench(
         engine,
         prompts,
@@ -98,7 +108,11 @@ def run_bench_command(
         prompts_file=prompts_path,
         limit=args.limit,
     )
+    if remote is not None:
+        result["remote_breakdown"] = remote.breakdown()
     print(format_table(result))
+    if remote is not None:
+        print(remote.format_breakdown())
     if args.out is not None:
         # Written before the plot, so a plotting failure cannot lose the measurements.
         _write(args.out, lambda p: p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from specserve.core.protocols import DraftTree
-from specserve.core.rng import make_generator
-from specserve.core.sampling import logits_to_probs, sample_token
+from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.sampling import logits_to_probs, make_generator, sample_token
 from specserve.core.sampling_params import SamplingParams
-from specserve.core.verify import VerifyOutcome, verify_greedy, verify_sampled
+from specserve.core.verify import verify_greedy, verify_sampled, verify_target_rooted
 
 
 def accept_draft(
@@ -19,10 +18,27 @@ def accept_draft(
 ) -> VerifyOutcome:
     tree = draft.tree
     if params.greedy:
-        return verify_greedy(target_logits.argmax(-1).tolist(), tree.parent_ids, tree.token_ids)
+        outcome = verify_greedy(target_logits.argmax(-1).tolist(), tree.parent_ids, tree.token_ids)
+        if not draft.target_roots:
+            return outcome
+        # Exact at T = 0: the greedy path is the same, and the target's top-W starts with the argmax that
+        # would have been the next token; the next round can only accept that one among them.
+        last = target_logits[outcome.accepted_nodes[-1]]  # [V]
+        candidates = torch.topk(last, min(draft.target_roots, last.shape[-1])).indices.tolist()
+        return VerifyOutcome(outcome.accepted_nodes, None, tuple(candidates))
     generator = make_generator(seed)
     # Seeded generators live on the CPU, so sampling happens there: a seed gives the same tokens on any
     # device, and only the rows verification visits are copied.
+    if draft.target_roots:
+        return verify_target_rooted(
+            lambda node: logits_to_probs(target_logits[node].cpu(), params),
+            tree.parent_ids,
+            tree.token_ids,
+            draft.draft_probs,
+            draft.kind,
+            generator,
+            draft.target_roots,
+        )
     return verify_sampled(
         lambda node: logits_to_probs(target_logits[node].cpu(), params),
         tree.parent_ids,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from specserve.core.finish import FinishChecker
-from specserve.core.protocols import Drafter, DraftTree, Verifier
+from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, Verifier
 from specserve.core.rng import Stream, round_seed
 from specserve.core.sampling_params import SamplingParams
+from specserve.errors import FailedPrecondition
 from specserve.results import GenerationStats
 
 
@@ -20,11 +22,16 @@ def speculative_generate(
     seed: int,
     finish: FinishChecker,
     on_tokens: Callable[[list[int]], None] | None = None,
+    generated_ids: Sequence[int] = (),
+    round_scope: Callable[[int], AbstractContextManager[object]] | None = None,
 ) -> GenerationStats:
     """Generates until `finish` says so; new tokens go to `on_tokens` as soon as they are accepted.
 
     With drafter None this is plain decoding on the same engine (the `target` baseline).
-    Randomness of a round depends only on (seed, position), so a run is reproducible and resumable.
+    Randomness of a round depends only on (seed, position), so a run is reproducible and resumable:
+    `generated_ids` are tokens an earlier run already emitted (a resumed session); they are not emitted
+    again, and the result is the same as if the run had never stopped. `round_scope(position)`, if
+    given, wraps each round (the router opens a tracing span there).
     """
     stats = GenerationStats()
     start = time.perf_counter()
@@ -38,28 +45,41 @@ def speculative_generate(
             on_tokens(kept)
 
     t0 = time.perf_counter()
-    first = verifier.prefill(prompt_ids, params, round_seed(seed, len(token_ids), Stream.VERIFY))
+    if generated_ids:
+        token_ids.extend(finish.extend(list(generated_ids)))
+        verifier.resume(token_ids)
+    else:
+        first = verifier.prefill(prompt_ids, params, round_seed(seed, len(token_ids), Stream.VERIFY))
+        stats.num_target_forwards += 1
+        emit([first])
     stats.verify_s += time.perf_counter() - t0
-    stats.num_target_forwards += 1
-    emit([first])
 
+    root_candidates: tuple[int, ...] = ()  # the target's candidates after a target-rooted round
     while not finish.done:
         position = len(token_ids)
-        t0 = time.perf_counter()
-        if drafter is None:
-            draft = DraftTree.root_only(token_ids[-1])
-        else:
-            draft = drafter.propose(token_ids, params, round_seed(seed, position, Stream.DRAFT))
-        t1 = time.perf_counter()
-        outcome = verifier.verify(draft, params, round_seed(seed, position, Stream.VERIFY))
-        t2 = time.perf_counter()
-        stats.draft_s += t1 - t0
-        stats.verify_s += t2 - t1
-        stats.num_target_forwards += 1
-        stats.num_draft_tokens += draft.num_draft_tokens
-        stats.num_accepted_tokens += len(outcome.accepted_nodes) - 1
-        accepted = [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
-        emit([*accepted, outcome.next_token])
+        with round_scope(position) if round_scope is not None else nullcontext():
+            t0 = time.perf_counter()
+            draft_seed = round_seed(seed, position, Stream.DRAFT)
+            if drafter is None:
+                draft = DraftTree.root_only(token_ids[-1])
+            elif root_candidates:
+                if not isinstance(drafter, RootSeededDrafter):
+                    raise FailedPrecondition("root candidates came back to a drafter that cannot use them")
+                draft = drafter.propose_from_roots(token_ids, root_candidates, params, draft_seed)
+            else:
+                draft = drafter.propose(token_ids, params, draft_seed)
+            t1 = time.perf_counter()
+            outcome = verifier.verify(draft, params, round_seed(seed, position, Stream.VERIFY))
+            t2 = time.perf_counter()
+            stats.draft_s += t1 - t0
+            stats.verify_s += t2 - t1
+            stats.num_target_forwards += 1
+            stats.num_draft_tokens += draft.num_draft_tokens
+            # a target-rooted path starts with the target's own candidate: not a drafted token
+            stats.num_accepted_tokens += max(0, len(outcome.accepted_nodes) - 1 - min(1, draft.num_seeded))
+            accepted = [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
+            root_candidates = outcome.root_candidates
+            emit(accepted if outcome.next_token is None else [*accepted, outcome.next_token])
 
     stats.elapsed_s = time.perf_counter() - start
     return stats

@@ -4,13 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import torch
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
-from specserve.core.verify import CandidateKind, VerifyOutcome
+
+if TYPE_CHECKING:  # torch stays out of the router, which runs the loop without it
+    import torch
+
+
+class CandidateKind(StrEnum):
+    """How the draft chose the children of each node; decides the acceptance rule at T > 0."""
+
+    FIXED = "fixed"
+    SAMPLED = "sampled"
+    SAMPLED_WITHOUT_REPLACEMENT = "sampled-without-replacement"
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """accepted_nodes: root first, the path whose KV is kept. next_token: the bonus (at a leaf) or
+    recovered (after rejections) token.
+
+    Target-initialised rounds (DraftTree.target_roots > 0) commit no next token: next_token is None and
+    root_candidates holds the target's own candidates for that position (its top-W at T = 0, W samples
+    without replacement from what it would have sampled at T > 0); the next round drafts under them.
+    """
+
+    accepted_nodes: list[int]
+    next_token: int | None
+    root_candidates: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -19,19 +43,30 @@ class DraftTree:
 
     draft_probs is only needed for sampled candidates (q of each internal node); fixed candidates
     (greedy drafts, top-k expansions) verify without it, so nothing vocabulary-sized has to travel.
+    In-process each q is a [V] tensor; the router, which has no torch, carries q in its wire form
+    (specserve.v1.SparseProbs) from the draft service to the target service untouched.
     """
 
     tree: TokenTree
     kind: CandidateKind = CandidateKind.FIXED
-    draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)  # node -> q [V]
+    draft_probs: Mapping[int, torch.Tensor | Any] = field(default_factory=dict)  # node -> q [V]
+    # Target-initialised MCSD (lossy at T > 0): W > 0 means node 0's children, if any, are the target's
+    # root candidates from the previous round, judged by the longest-accepted-branch rule, and the
+    # verifier answers with W candidates for the next position instead of a bonus token.
+    target_roots: int = 0
 
     @classmethod
     def root_only(cls, root_token: int) -> DraftTree:
         return cls(TokenTree((root_token,), (-1,)))
 
     @property
+    def num_seeded(self) -> int:
+        """Nodes the target chose rather than the draft: the root candidates of a target-rooted tree."""
+        return sum(1 for p in self.tree.parent_ids if p == 0) if self.target_roots else 0
+
+    @property
     def num_draft_tokens(self) -> int:
-        return self.tree.num_nodes - 1
+        return self.tree.num_nodes - 1 - self.num_seeded
 
 
 class Drafter(Protocol):
@@ -42,9 +77,24 @@ class Drafter(Protocol):
     def release(self) -> None: ...
 
 
+@runtime_checkable
+class RootSeededDrafter(Drafter, Protocol):
+    """A drafter of target-initialised MCSD: grows its tree under the target's root candidates."""
+
+    def propose_from_roots(
+        self, token_ids: Sequence[int], root_candidates: Sequence[int], params: SamplingParams, seed: int
+    ) -> DraftTree:
+        """root_candidates: the last VerifyOutcome's, for the position after token_ids."""
+        ...
+
+
 class Verifier(Protocol):
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
         """Computes the prompt's KV and returns the first generated token."""
+        ...
+
+    def resume(self, token_ids: Sequence[int]) -> None:
+        """Continues a sequence whose tokens are already committed (the last one is the root)."""
         ...
 
     def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:

@@ -10,8 +10,6 @@ import hashlib
 import secrets
 from enum import IntEnum
 
-import torch
-
 
 class Stream(IntEnum):
     VERIFY = 1
@@ -25,7 +23,3 @@ def fresh_seed() -> int:
 def round_seed(seed: int, position: int, stream: Stream) -> int:
     digest = hashlib.blake2b(f"{seed}:{position}:{int(stream)}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)

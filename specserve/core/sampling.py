@@ -43,3 +43,7 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 def uniform(generator: torch.Generator) -> float:
     return float(torch.rand((), generator=generator).item())
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)

@@ -27,6 +27,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    allow_lossy: bool = False  # opt in to a lossy method (MethodSpec.lossless False) at T > 0
 
     @property
     def greedy(self) -> bool:

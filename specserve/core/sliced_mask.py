@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from specserve.core.tree import tree_attention_mask
+from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import InvalidArgument
 
 MAX_SLICED_NODES = 4096  # the full mask is N x N bools: 16 MB here, and far beyond any useful verify

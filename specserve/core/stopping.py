@@ -14,6 +14,11 @@ Policies:
 - confidence (Hugging Face assisted generation): stop once the drafted token's probability is below a
   threshold, re-fitted after every round on the history of (probability, accepted) pairs.
 - heuristic (Hugging Face): draft `gamma` tokens; gamma += 2 if all were accepted, else gamma -= 1.
+- decision (improved MCSD, arXiv 2409.10644): a small MLP (core/decision.py) predicts from the draft
+  distribution whether the token will be accepted; stop once the prediction is <= 0.4. Weights come from
+  `specserve train-stopper` (shipped for the default model).
+- cost (ours, core/cost.py): keep drafting, and with CaPE keep adding leaves, only while the expected
+  tokens per second of the round rise, given this machine's calibrated costs and predicted acceptances.
 
 Worked example, SVIP with the official settings. Spine distributions with entropies 0.10, 0.35, 0.69
 (uniform over two tokens: ln 2) and 0.20 nats: the first two continue, the third is kept and stops
@@ -30,10 +35,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from specserve.core.cost import NOMINAL_CPU_COST, CostModel, worth_extending, worth_leaf
+from specserve.core.decision import DecisionModel, load_decision_model
 from specserve.errors import InvalidArgument
 
 
@@ -43,12 +51,23 @@ class StopPolicyName(StrEnum):
     ADAEDL = "adaedl"
     CONFIDENCE = "confidence"
     HEURISTIC = "heuristic"
+    DECISION = "decision"
+    COST = "cost"
+
+
+class AcceptanceEstimate(StrEnum):
+    """Where the cost policy's per-token acceptance a_i comes from."""
+
+    DECISION = "decision"  # the learned stopper's prediction, corrected to the real acceptance rate
+    CONFIDENCE = "confidence"  # the draft's own probability of the token (T = 1)
 
 
 SVIP_MAX_DEPTH = 40  # official SVIP cap; no minimum
 ADAEDL_MAX_DEPTH = 40  # no official value: SVIP's, since SVIP is AdaEDL with a fixed lambda
 CONFIDENCE_MAX_DEPTH = 20  # Hugging Face's num_assistant_tokens default
 HEURISTIC_MAX_DEPTH = 40  # Hugging Face has none; a cap keeps a long all-accepted streak from growing forever
+DECISION_MAX_DEPTH = 20  # SpecDec++'s upper bound for its learned stopper
+COST_MAX_DEPTH = 16  # the cost curve decides; a cap keeps a mis-predicted streak bounded
 
 # Hugging Face's threshold fit: at least 6 samples, a missed acceptance costs 3x a wasted draft token.
 ROC_MIN_SAMPLES = 6
@@ -77,6 +96,10 @@ class StopSettings:
     confidence_adaptive: bool = True  # re-fit the threshold after each round, as Hugging Face does
     confidence_history: int | None = None  # most recent samples the fit uses; None = all (Hugging Face)
     heuristic_initial_depth: int = 5  # Hugging Face's num_assistant_tokens when "heuristic" was the default
+    decision_threshold: float = 0.4  # the paper's: stop once the predicted acceptance is <= 0.4
+    decision_dir: Path | None = None  # the stopper's weights; None = the one shipped for the default model
+    cost_model: CostModel | None = None  # calibrated costs; None = NOMINAL_CPU_COST (ratios only)
+    cost_acceptance: AcceptanceEstimate = AcceptanceEstimate.DECISION
 
     def __post_init__(self) -> None:
         if self.max_depth is not None and self.max_depth < 1:
@@ -85,7 +108,12 @@ class StopSettings:
             raise InvalidArgument("fixed_depth and heuristic_initial_depth must be >= 1")
         if self.svip_c <= 0 or self.svip_h < 0 or self.adaedl_factor <= 0:
             raise InvalidArgument("svip_c and adaedl_factor must be > 0, svip_h >= 0")
-        for name in ("adaedl_initial_lambda", "adaedl_target_acceptance", "confidence_threshold"):
+        for name in (
+            "adaedl_initial_lambda",
+            "adaedl_target_acceptance",
+            "confidence_threshold",
+            "decision_threshold",
+        ):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise InvalidArgument(f"{name} must be in [0, 1], got {getattr(self, name)}")
         for name in ("adaedl_lambda_smoothing", "adaedl_acceptance_smoothing"):  # 1 would never move
@@ -96,9 +124,17 @@ class StopSettings:
         if self.confidence_history is not None and self.confidence_history < ROC_MIN_SAMPLES:
             raise InvalidArgument(f"confidence_history must be >= {ROC_MIN_SAMPLES} or None")
 
+        if self.cost_acceptance not in tuple(AcceptanceEstimate):
+            raise InvalidArgument(f"cost_acceptance must be one of {', '.join(AcceptanceEstimate)}")
+
     def cap(self, default: int) -> int:
         """The round's token cap: max_depth when set, else the policy's default."""
         return default if self.max_depth is None else self.max_depth
+
+    def decision_model(self) -> DecisionModel:
+        from specserve.drafts import STOPPER_DIR  # a path constant; imported here to keep core's imports lean
+
+        return load_decision_model(self.decision_dir if self.decision_dir is not None else STOPPER_DIR)
 
 
 # A drafted token carries tensors, which have no single truth value: compare steps by identity.
@@ -207,6 +243,16 @@ class StopPolicy(Protocol):
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """After verification: spine tokens drafted this round and how many of them were accepted
         (the bonus token not counted)."""
+        ...
+
+
+@runtime_checkable
+class WidthPolicy(Protocol):
+    """A stop policy that also trims the candidates at each depth (the cost policy with CaPE)."""
+
+    def choose_width(self, depth_index: int, logits: torch.Tensor, width: int) -> int:
+        """Called before the candidates at `depth_index` are picked, with the drafter's width (>= 1);
+        returns a width in 1..width. `should_stop` for the same depth follows."""
         ...
 
 
@@ -341,12 +387,120 @@ class HeuristicPolicy:
             self.depth = heuristic_depth(self.depth, num_drafted, num_accepted, self.cap)
 
 
+class DecisionPolicy:
+    """Stops once the learned stopper's predicted acceptance of the drafted token is <= the threshold."""
+
+    def __init__(self, settings: StopSettings) -> None:
+        self._max_depth = settings.cap(DECISION_MAX_DEPTH)
+        self.threshold = settings.decision_threshold
+        self.model = settings.decision_model()
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return self.model.acceptance(step.logits) <= self.threshold
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+
+
+def prior_corrected(probability: float, positive_rate: float) -> float:
+    """A prediction of a model trained on balanced classes, moved to the real base rate: the odds are
+    multiplied by positive_rate / (1 - positive_rate). A rate of 0.5 leaves it unchanged."""
+    if probability >= 1.0 or positive_rate >= 1.0:
+        return 1.0
+    if probability <= 0.0 or positive_rate <= 0.0:
+        return 0.0
+    odds = probability / (1.0 - probability) * positive_rate / (1.0 - positive_rate)
+    return odds / (1.0 + odds)
+
+
+class CostPolicy:
+    """Grows a round while it raises the expected tokens per second (core/cost.py has the model).
+
+    Round state is reset at depth 0. Each spine token adds P a to E and one node; with CaPE,
+    `choose_width` keeps the top leaves whose expected gain per second of verification beats the
+    current rate. A leaf's acceptance is its draft probability scaled like the spine token's
+    (a_leaf = q_leaf a_spine / q_spine): the predictor judges the spine token, the draft ranks the rest.
+    """
+
+    def __init__(self, settings: StopSettings) -> None:
+        self._max_depth = settings.cap(COST_MAX_DEPTH)
+        self.cost = settings.cost_model if settings.cost_model is not None else NOMINAL_CPU_COST
+        self.estimate = AcceptanceEstimate(settings.cost_acceptance)
+        self.model = settings.decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.expected, self.reach = 1.0, 1.0  # E so far, P_d
+        self.num_spine, self.num_nodes = 0, 1  # the root is node 0
+        self.last_acceptance = 0.0
+        self._width_depth = -1  # the depth `choose_width` already accounted for
+
+    @property
+    def max_depth(self) -> int:
+        return self._max_depth
+
+    def acceptance(self, logits: torch.Tensor, token: int | None) -> float:
+        """Predicted a of a drafted token (None = the draft's top token)."""
+        if self.model is not None:
+            return prior_corrected(self.model.acceptance(logits), self.model.positive_rate)
+        probs = torch.softmax(logits.double(), dim=-1)  # [V]
+        return float(probs.max() if token is None else probs[token])
+
+    def _add_spine(self, depth_index: int, acceptance: float) -> None:
+        if depth_index == 0:
+            self._reset()
+        self.expected += self.reach * acceptance
+        self.num_spine += 1
+        self.num_nodes += 1
+        self.last_acceptance = acceptance
+
+    def choose_width(self, depth_index: int, logits: torch.Tensor, width: int) -> int:
+        spine = self.acceptance(logits, None)
+        reach_before = 1.0 if depth_index == 0 else self.reach
+        self._add_spine(depth_index, spine)
+        self._width_depth = depth_index
+        kept = 1
+        if width > 1:
+            top = torch.topk(torch.softmax(logits.double(), dim=-1), width).values.tolist()  # [width]
+            scale = spine / top[0] if top[0] > 0 else 0.0
+            for q in top[1:]:
+                gain = reach_before * min(1.0, q * scale)
+                if not worth_leaf(self.cost, self.expected, gain, self.num_spine, self.num_nodes):
+                    break
+                self.expected += gain
+                self.num_nodes += 1
+                kept += 1
+        self.reach = reach_before * spine
+        return kept
+
+    def should_stop(self, step: DraftStep) -> bool:
+        if self._width_depth != step.depth_index:  # no choose_width call (a chain): account for it here
+            reach_before = 1.0 if step.depth_index == 0 else self.reach
+            acceptance = self.acceptance(step.logits, step.token)
+            self._add_spine(step.depth_index, acceptance)
+            self.reach = reach_before * acceptance
+        self._width_depth = -1
+        more = self._max_depth - self.num_spine
+        return not worth_extending(
+            self.cost, self.expected, self.reach, self.last_acceptance, self.num_spine, self.num_nodes, more
+        )
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        check_round(num_drafted, num_accepted)
+
+
 STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {
     StopPolicyName.FIXED: FixedPolicy,
     StopPolicyName.SVIP: SvipPolicy,
     StopPolicyName.ADAEDL: AdaEdlPolicy,
     StopPolicyName.CONFIDENCE: ConfidencePolicy,
     StopPolicyName.HEURISTIC: HeuristicPolicy,
+    StopPolicyName.DECISION: DecisionPolicy,
+    StopPolicyName.COST: CostPolicy,
 }
 
 

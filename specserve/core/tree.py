@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from specserve.errors import InvalidArgument
 
 
@@ -77,15 +75,3 @@ def path_to_node(parent_ids: Sequence[int], node: int) -> list[int]:
     while parent_ids[path[-1]] != -1:
         path.append(parent_ids[path[-1]])
     return path[::-1]
-
-
-def tree_attention_mask(parent_ids: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """[N, N] bool, True where row node may attend column node: its ancestors and itself.
-
-    Row i is its parent's row OR itself (EAGLE's construction); valid because parents precede children.
-    """
-    n = len(parent_ids)
-    mask = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        mask[i] |= mask[parent_ids[i]]
-    return mask.to(device)

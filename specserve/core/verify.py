@@ -14,27 +14,12 @@ it is drawn from p itself (bonus token).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
+from specserve.core.protocols import CandidateKind, VerifyOutcome
 from specserve.core.sampling import sample_token, uniform
 from specserve.core.tree import tree_children
-
-
-class CandidateKind(StrEnum):
-    """How the draft chose the children of each node; decides the acceptance rule at T > 0."""
-
-    FIXED = "fixed"
-    SAMPLED = "sampled"
-    SAMPLED_WITHOUT_REPLACEMENT = "sampled-without-replacement"
-
-
-@dataclass(frozen=True)
-class VerifyOutcome:
-    accepted_nodes: list[int]  # root first; the path whose KV is kept
-    next_token: int  # bonus (at a leaf) or recovered (after rejections) token
 
 
 def verify_greedy(
@@ -61,12 +46,57 @@ def verify_sampled(
     kind: CandidateKind,
     generator: torch.Generator,
 ) -> VerifyOutcome:
+    path, p = _walk(target_probs, tree_children(parent_ids), token_ids, draft_probs, kind, generator, 0)
+    return VerifyOutcome(path, sample_token(p, generator))
+
+
+def verify_target_rooted(
+    target_probs: Callable[[int], torch.Tensor],  # node -> p [V] at that node
+    parent_ids: tuple[int, ...] | list[int],
+    token_ids: tuple[int, ...] | list[int],
+    draft_probs: Mapping[int, torch.Tensor],  # internal node below the roots -> q [V]
+    kind: CandidateKind,
+    generator: torch.Generator,
+    num_candidates: int,
+) -> VerifyOutcome:
+    """Target-initialised MCSD at T > 0 (Lu et al. 4.2a). LOSSY: biased toward roots whose drafts go far.
+
+    Node 0's children are the target's own root candidates (W samples without replacement from its
+    distribution there, drawn last round). Each root's subtree is verified with the lossless rule on its
+    own, and the root whose accepted path is longest wins (the first in sampling order on ties), so the
+    root token follows p(t) * P(its continuation is accepted | t) rather than p: section 5.3's "never".
+    Instead of a bonus token, W candidates for the next position are drawn without replacement from the
+    distribution the lossless rule would sample it from. Without root candidates (the first round) node 0
+    itself is that position.
+    """
     children = tree_children(parent_ids)
-    node, path = 0, [0]
+    path, p = [0], target_probs(0)
+    best = -1
+    for root in children[0]:
+        branch, branch_p = _walk(target_probs, children, token_ids, draft_probs, kind, generator, root)
+        if len(branch) > best:
+            best, path, p = len(branch), [0, *branch], branch_p
+    count = min(num_candidates, int((p > 0).sum()))
+    candidates = torch.multinomial(p, count, replacement=False, generator=generator).tolist()
+    return VerifyOutcome(path, None, tuple(candidates))
+
+
+def _walk(
+    target_probs: Callable[[int], torch.Tensor],
+    children: list[list[int]],
+    token_ids: tuple[int, ...] | list[int],
+    draft_probs: Mapping[int, torch.Tensor],
+    kind: CandidateKind,
+    generator: torch.Generator,
+    start: int,
+) -> tuple[list[int], torch.Tensor]:
+    """The lossless rule from `start` down: (accepted path from `start`, the distribution [V] the next
+    token is to be drawn from: p at a leaf, what is left of it after rejections)."""
+    node, path = start, [start]
     while True:
         p = target_probs(node)
         if not children[node]:
-            return VerifyOutcome(path, sample_token(p, generator))
+            return path, p
         if kind is CandidateKind.FIXED:
             accepted, p = _try_fixed(p, [token_ids[c] for c in children[node]], generator)
         else:
@@ -78,7 +108,7 @@ def verify_sampled(
                 generator,
             )
         if accepted is None:
-            return VerifyOutcome(path, sample_token(p, generator))
+            return path, p
         node = children[node][accepted]
         path.append(node)
 

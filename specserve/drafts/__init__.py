@@ -3,6 +3,7 @@
 Each subdirectory is a draft saved by `specserve.glide.save_glide` (config.json + model.safetensors,
 bf16), with training.json (the exact settings, data manifest and time) and training.png beside it.
 They are used only when the target is the default model: a draft is trained for one target.
+The stopper directory holds the `decision` policy's small MLP (model.safetensors + stopper.json).
 """
 
 from __future__ import annotations
@@ -23,3 +24,8 @@ def shipped_draft_dir(kind: DraftKind) -> Path | None:
     """The shipped draft for the default target, or None when this build has none."""
     path = SHIPPED_DIR / f"{DEFAULT_TARGET}-{kind.value}"
     return path if (path / "model.safetensors").is_file() else None
+
+
+# The learned stopper of the `decision` and `cost` policies (`specserve train-stopper`), trained on the
+# shipped GliDe draft's own runs for the default target; not a DraftKind because it drafts nothing.
+STOPPER_DIR = SHIPPED_DIR / f"{DEFAULT_TARGET}-stopper"

@@ -23,11 +23,10 @@ from typing import Protocol
 import torch
 
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
-from specserve.core.protocols import DraftTree
-from specserve.core.rng import make_generator
+from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.sampling import make_generator
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import StopPolicy
-from specserve.core.verify import CandidateKind
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
 from specserve.runtime.drafter import (

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.core.rng import make_generator
+from specserve.core.sampling import make_generator
 from specserve.errors import InvalidArgument, NotFound
 from specserve.glide.config import GlideConfig
 from specserve.runtime.kv_cache import PositionalKVCache

@@ -14,9 +14,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specserve.core.protocols import DraftTree
-from specserve.core.rng import make_generator
-from specserve.core.sampling import logits_to_probs
+from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
@@ -24,10 +23,10 @@ from specserve.core.stopping import (
     StopPolicy,
     StopPolicyName,
     StopSettings,
+    WidthPolicy,
     make_stop_policy,
 )
 from specserve.core.tree import TokenTree, tree_children
-from specserve.core.verify import CandidateKind
 from specserve.errors import InvalidArgument
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
@@ -145,7 +144,9 @@ def grow_spine_tree(
     """Drafts a spine of up to spine_cap(depth, stop) tokens; each depth's extra candidates hang beside
     the spine token as leaves. Shared by every autoregressive drafter.
 
-    The spine ends early when a width is 0 or when `stop` says so. `stop.should_stop` is asked once per
+    The spine ends early when a width is 0 or when `stop` says so; a `WidthPolicy` may also narrow each
+    depth's width (asked before the candidates are picked, then `should_stop` for the same depth).
+    `stop.should_stop` is asked once per
     spine token, right after it is chosen and before any forward on it (SVIP: the token is kept with its
     leaves, and no draft forward is wasted). It is asked for the last token at the cap too, so a policy
     that records every drafted token (ConfidencePolicy) sees as many steps as `observe` will count.
@@ -159,6 +160,8 @@ def grow_spine_tree(
         width = width_at(d, logits, len(nodes))
         if width == 0:
             break
+        if isinstance(stop, WidthPolicy):  # the cost policy may keep fewer candidates than offered
+            width = stop.choose_width(d, logits, width)
         candidates, q = pick_candidates(logits, params, kind, width, generator)
         if q is not None:
             draft_probs[parent] = q

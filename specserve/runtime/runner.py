@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specserve.core.tree import tree_attention_mask, tree_depths
+from specserve.core.tree import tree_depths
+from specserve.core.tree_mask import tree_attention_mask
 from specserve.runtime.kv_cache import PositionalKVCache
 
 
@@ -47,6 +48,34 @@ class ModelRunner:
             tree = tree_attention_mask(parent_ids, self.device)  # [n, n]
             seen = torch.ones(n, prefix, dtype=torch.bool, device=self.device)  # [n, prefix]
             mask = torch.cat([seen, tree], dim=1)[None, None]  # [1, 1, n, prefix + n]
+        return self._run(cache, input_ids, positions, mask, last_only)
+
+    @torch.inference_mode()
+    def forward_masked(
+        self,
+        cache: PositionalKVCache,
+        token_ids: Sequence[int],
+        positions: torch.Tensor,  # [n] position ids
+        attend: torch.Tensor,  # [n, cache.length + n] bool, True = may attend that cache slot
+    ) -> torch.Tensor:
+        """Appends `token_ids` with an explicit mask over every cache slot; returns logits [n, V].
+
+        For trees grown level by level (MCSD): earlier levels already sit in the cache, and each new node
+        may see only the committed prefix and its own ancestors among them.
+        """
+        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
+        return self._run(
+            cache, input_ids, positions.to(self.device), attend.to(self.device)[None, None], False
+        )
+
+    def _run(
+        self,
+        cache: PositionalKVCache,
+        input_ids: torch.Tensor,  # [1, n]
+        positions: torch.Tensor,  # [n]
+        mask: torch.Tensor | None,  # [1, 1, n, cache.length + n] or None (causal)
+        last_only: bool,
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

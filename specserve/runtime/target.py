@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specserve.core.accept import accept_draft, choose_token
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
-from specserve.core.verify import VerifyOutcome
 from specserve.errors import FailedPrecondition
 from specserve.runtime.runner import ModelRunner
 
@@ -26,6 +25,14 @@ class LocalVerifier:
         self.root_token = choose_token(logits, params, seed)
         return self.root_token
 
+    def resume(self, token_ids: Sequence[int]) -> None:
+        """Rebuilds the state after committed `token_ids` (the last is the root) without choosing anything:
+        a target that lost a session's KV continues it exactly where it was."""
+        self.cache.truncate(0)
+        if len(token_ids) > 1:
+            self.runner.forward(self.cache, token_ids[:-1], last_only=True)
+        self.root_token = token_ids[-1]
+
     def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
         tree = draft.tree
         if tree.token_ids[0] != self.root_token:
@@ -38,7 +45,13 @@ class LocalVerifier:
         )  # [N, V]
         outcome = accept_draft(logits, draft, params, seed)
         self.cache.commit_path(start, outcome.accepted_nodes)
-        self.root_token = outcome.next_token
+        if outcome.next_token is None:
+            # Target-rooted: no token after the path is committed, so the path's last token becomes the
+            # next root, and a root's KV is computed by the round that verifies it (once more, cheaply).
+            self.cache.truncate(start + len(outcome.accepted_nodes) - 1)
+            self.root_token = tree.token_ids[outcome.accepted_nodes[-1]]
+        else:
+            self.root_token = outcome.next_token
         return outcome
 
     def release(self) -> None:

@@ -60,6 +60,30 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     return p
 
 
+def add_train_stopper_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`specserve train-stopper`: see specserve/training/stopper.py."""
+    from specserve.drafts import STOPPER_DIR
+
+    p = sub.add_parser(
+        "train-stopper",
+        help="log drafted tokens from real GliDe runs and train the `decision` stop policy's MLP",
+    )
+    p.add_argument(
+        "--out", type=Path, default=STOPPER_DIR, help="where model.safetensors and stopper.json go"
+    )
+    p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--glide-dir", type=Path, help="the GliDe draft (default: the shipped one)")
+    p.add_argument("--prompts", type=int, default=60, help="written prompts to log (never benchmark ones)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--depth", type=int, default=6, help="chain length drafted per logged round")
+    p.add_argument("--prompt-seed", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
 def run_train_command(args: argparse.Namespace) -> int:
     from specserve.errors import InvalidArgument
     from specserve.models import resolve_model_dir

@@ -11,10 +11,9 @@ from tiny_llama import exact_joint_of_tokens_2_and_3, noisy_copy, tiny_llama
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
-from specserve.core.verify import CandidateKind
 from specserve.results import FinishReason
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.runner import ModelRunner

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specserve.core.sliced_mask import MAX_SLICED_NODES, multi_candidate_parents, sliced_tree_mask
-from specserve.core.tree import TokenTree, tree_attention_mask, tree_depths
+from specserve.core.tree import TokenTree, tree_depths
+from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import InvalidArgument
 
 SHAPES = [(4, 2, 2), (2, 4, 3, 1, 1), (3,), (1, 1, 1)]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from specserve.core.cost import CostModel, expected_tokens
+from specserve.core.decision import DecisionModel, save_decision_model
 from specserve.core.stopping import (
     STOP_POLICIES,
+    AcceptanceEstimate,
+    CostPolicy,
     DraftStep,
     StopPolicy,
     StopPolicyName,
@@ -17,6 +22,7 @@ from specserve.core.stopping import (
     entropy_nats,
     heuristic_depth,
     make_stop_policy,
+    prior_corrected,
     roc_confidence_threshold,
     svip_stops,
     token_probability,
@@ -260,7 +266,15 @@ def test_adaedl_lambda_falls_above_target_and_stays_in_unit_range():
 
 def test_every_name_is_registered_and_constructs():
     assert set(STOP_POLICIES) == set(StopPolicyName)
-    expected_caps = {"fixed": 4, "svip": 40, "adaedl": 40, "confidence": 20, "heuristic": 5}
+    expected_caps = {
+        "fixed": 4,
+        "svip": 40,
+        "adaedl": 40,
+        "confidence": 20,
+        "heuristic": 5,
+        "decision": 20,
+        "cost": 16,
+    }
     for name in StopPolicyName:
         for key in (name, name.value):
             policy = make_stop_policy(key)
@@ -271,8 +285,8 @@ def test_every_name_is_registered_and_constructs():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(InvalidArgument, match="fixed, svip, adaedl, confidence, heuristic"):
-        make_stop_policy("decision")
+    with pytest.raises(InvalidArgument, match="fixed, svip, adaedl, confidence, heuristic, decision, cost"):
+        make_stop_policy("oracle")
 
 
 @pytest.mark.parametrize("name", list(StopPolicyName))
@@ -297,8 +311,130 @@ def test_observe_rejects_impossible_rounds(name):
         {"adaedl_step": -0.01},
         {"confidence_threshold": 1.5},
         {"confidence_history": 5},
+        {"decision_threshold": 1.2},
+        {"cost_acceptance": "oracle"},
     ],
 )
 def test_settings_are_validated(kwargs):
     with pytest.raises(InvalidArgument):
         StopSettings(**kwargs)
+
+
+# --- decision: the learned stopper ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def entropy_stopper_dir(tmp_path_factory) -> Path:
+    """A hand-set stopper: P(accept) = sigmoid(2 - 10 H). With the 0.4 threshold it stops once
+    2 - 10 H <= logit(0.4), i.e. H >= (2 + ln 1.5) / 10 = 0.24055 nats."""
+    model = DecisionModel()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.net[0].weight[0, 0] = 1.0  # hidden 0 = relu(entropy)
+        model.net[2].weight[0, 0] = -10.0
+        model.net[2].bias[0] = 2.0
+    return save_decision_model(model, tmp_path_factory.mktemp("stopper"), {"train_positive_rate": 0.25})
+
+
+DECISION_BOUNDARY = (2 + math.log(1.5)) / 10
+
+
+@pytest.mark.parametrize("delta,stops", [(-0.002, False), (0.002, True)])
+def test_decision_stops_exactly_at_the_threshold(entropy_stopper_dir, delta, stops):
+    policy = make_stop_policy("decision", StopSettings(decision_dir=entropy_stopper_dir))
+    step = DraftStep(0, logits_with_entropy(DECISION_BOUNDARY + delta), 0)
+    assert policy.should_stop(step) is stops
+
+
+def test_decision_threshold_is_a_setting(entropy_stopper_dir):
+    # sigmoid(2 - 10 * 0.1) = 0.73: kept at 0.4, stopped at 0.8
+    logits = logits_with_entropy(0.1)
+    for threshold, stops in [(0.4, False), (0.8, True)]:
+        settings = StopSettings(decision_dir=entropy_stopper_dir, decision_threshold=threshold)
+        assert make_stop_policy("decision", settings).should_stop(DraftStep(0, logits, 0)) is stops
+
+
+def test_decision_round_drafts_until_the_first_doubtful_token(entropy_stopper_dir):
+    policy = make_stop_policy("decision", StopSettings(decision_dir=entropy_stopper_dir))
+    sure, unsure = logits_with_entropy(0.05), logits_with_entropy(0.5)
+    assert draft_round(policy, [sure, sure, sure, unsure, sure]) == 4
+
+
+def test_prior_correction():
+    assert prior_corrected(0.5, 0.5) == 0.5
+    assert prior_corrected(0.5, 0.2) == pytest.approx(0.2)  # balanced 50/50 -> the real base rate
+    assert prior_corrected(0.8, 0.2) == pytest.approx(4 * 0.25 / (1 + 4 * 0.25))
+    assert prior_corrected(1.0, 0.2) == 1.0 and prior_corrected(0.0, 0.9) == 0.0
+
+
+# --- cost: expected tokens per second --------------------------------------------------------------
+
+# docs/adaptive.md's example: 4 ms per draft step, 60 ms to verify one node, 3 ms per extra node
+LINEAR = CostModel(((1, 0.060), (64, 0.060 + 63 * 0.003)), draft_step_s=0.004)
+BY_CONFIDENCE = StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE)
+
+
+def rate_optimal_stop(acceptances: list[float], cap: int) -> int:
+    """The rule written out on whole rounds: stop at the first depth d whose rate E_d / T_d no longer
+    deepening round d + k (k = 1.., the next tokens predicted like token d) can beat."""
+
+    def rate(spine: list[float]) -> float:
+        return expected_tokens(spine) / LINEAR.round_s(len(spine), len(spine) + 1)
+
+    for d in range(1, cap + 1):
+        spine = acceptances[:d]
+        longer = [spine + [spine[-1]] * k for k in range(1, cap - d + 1)]
+        if all(rate(s) <= rate(spine) for s in longer):
+            return d
+    return cap
+
+
+@pytest.mark.parametrize(
+    "acceptances",
+    [[0.9, 0.9, 0.1, 0.9], [0.9] * 16, [0.6] * 16, [0.95, 0.95, 0.3, 0.95, 0.95], [0.2] * 16],
+    ids=str,
+)
+def test_cost_round_stops_where_the_rate_would_fall(acceptances):
+    policy = make_stop_policy("cost", BY_CONFIDENCE)
+    logits = [logits_with_top_probability(a) for a in acceptances]
+    assert draft_round(policy, logits) == rate_optimal_stop(acceptances, policy.max_depth)
+
+
+def test_cost_worked_example():
+    # a = .9, .9, .1: after the third token E = 2.791 in .081 s; a fourth (a = .1) adds .0081 for .007 s
+    policy = make_stop_policy("cost", BY_CONFIDENCE)
+    sure, unsure = logits_with_top_probability(0.9), logits_with_top_probability(0.1)
+    assert draft_round(policy, [sure, sure, unsure, sure]) == 3
+    assert 5 < draft_round(policy, [sure]) < policy.max_depth  # even sure tokens stop paying
+
+
+@pytest.mark.parametrize("delta,depth", [(-0.005, 1), (0.005, 2)])
+def test_cost_first_token_threshold_is_the_formulas(delta, depth):
+    """One more token with acceptance a pays iff .067 a^2 > .007 (1 + a): a > 0.3797 (and at such an a
+    a third does not: .074 a^3 < .007 (1 + a + a^2))."""
+    t, dt = 0.067, 0.007
+    threshold = (dt + math.sqrt(dt * dt + 4 * t * dt)) / (2 * t)
+    policy = make_stop_policy("cost", BY_CONFIDENCE)
+    assert draft_round(policy, [logits_with_top_probability(threshold + delta)]) == depth
+
+
+def test_cost_keeps_leaves_while_they_beat_the_rate():
+    """Draft probabilities .5, .3, .15, .05 and a CaPE width of 4: after the spine E = 1.5 in .067 s
+    (22.4 tok/s); leaf .3 adds 100 tok/s at the margin (kept, 25.7 tok/s), .15 adds 50 (kept, 26.7),
+    .05 adds 16.7 (dropped)."""
+    policy = make_stop_policy("cost", BY_CONFIDENCE)
+    assert isinstance(policy, CostPolicy)
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64))
+    assert policy.choose_width(0, logits, 4) == 3
+    assert policy.expected == pytest.approx(1.95) and policy.num_nodes == 4
+    assert policy.choose_width(0, logits, 1) == 1  # a new round starts at depth 0; width 1 stays 1
+    assert policy.num_nodes == 2
+
+
+def test_cost_with_the_learned_stopper_uses_corrected_predictions(entropy_stopper_dir):
+    settings = StopSettings(cost_model=LINEAR, decision_dir=entropy_stopper_dir)
+    policy = make_stop_policy("cost", settings)
+    logits = logits_with_entropy(0.1)  # model says .731; the base rate .25 corrects it to .475
+    expected = prior_corrected(1 / (1 + math.exp(-1.0)), 0.25)
+    assert policy.acceptance(logits, 0) == pytest.approx(expected, rel=1e-5)

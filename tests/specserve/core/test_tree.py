@@ -4,10 +4,10 @@ import torch
 from specserve.core.tree import (
     TokenTree,
     path_to_node,
-    tree_attention_mask,
     tree_children,
     tree_depths,
 )
+from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import InvalidArgument
 
 # root r with children a, b; a has child c (the worked example in tree.py)

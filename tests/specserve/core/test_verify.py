@@ -11,9 +11,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specserve.core.rng import make_generator
+from specserve.core.protocols import CandidateKind
+from specserve.core.sampling import make_generator
 from specserve.core.tree import TokenTree
-from specserve.core.verify import CandidateKind, verify_greedy, verify_sampled
+from specserve.core.verify import verify_greedy, verify_sampled
 
 V = 4  # vocabulary size of the statistical tests
 

@@ -16,9 +16,10 @@ from scipy.stats import chisquare
 
 from specserve.core.accept import accept_draft
 from specserve.core.cape import CapeSettings
+from specserve.core.decision import load_decision_model
 from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
-from specserve.drafts import DraftKind, shipped_draft_dir
+from specserve.drafts import STOPPER_DIR, DraftKind, shipped_draft_dir
 from specserve.engine import Engine
 from specserve.glide.drafter import GlideDrafter
 from specserve.runtime.drafter import DraftShape
@@ -48,6 +49,16 @@ def test_both_drafts_ship_with_their_training_record() -> None:
         assert (directory / "model.safetensors").stat().st_size < 25_000_000  # small enough for the repo
 
 
+def test_the_stopper_ships_trained_on_our_own_runs() -> None:
+    record = json.loads((STOPPER_DIR / "stopper.json").read_text())
+    assert record["held_out_auc"] > 0.7 and record["num_held_out"] >= 1000
+    assert record["prompts"] == "specserve.training.prompts.written_prompts"  # never benchmark prompts
+    model = load_decision_model(STOPPER_DIR)
+    sure = torch.tensor([20.0] + [0.0] * 99)  # nearly all mass on one token
+    unsure = torch.zeros(100)  # uniform
+    assert model.acceptance(sure) > 0.6 > 0.3 > model.acceptance(unsure)
+
+
 def test_engine_uses_the_shipped_drafts_for_the_default_model(engine) -> None:
     assert engine.glide_draft.config.cross_attention
     assert engine.glide_draft.config.draft_vocab_size == 8192
@@ -55,7 +66,18 @@ def test_engine_uses_the_shipped_drafts_for_the_default_model(engine) -> None:
     assert vanilla is not None and not vanilla.config.cross_attention
 
 
-@pytest.mark.parametrize("method", ["glide", "glide-cape", "vanilla"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "glide",
+        "glide-cape",
+        "vanilla",
+        "glide-cape-svip",
+        "glide-cape-adaedl",
+        "glide-cape-decision",
+        "glide-cape-cost",
+    ],
+)
 def test_greedy_output_equals_the_target_and_drafts_are_accepted(engine, method) -> None:
     params = SamplingParams(max_new_tokens=40)
     accepted = 0

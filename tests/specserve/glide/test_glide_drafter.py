@@ -14,10 +14,9 @@ from torch.utils._pytree import tree_leaves
 from specserve.core.cape import CapeSettings
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import tree_depths
-from specserve.core.verify import CandidateKind
 from specserve.errors import FailedPrecondition
 from specserve.glide import GlideDraft, GlideDrafter, build_glide
 from specserve.glide.model import cross_mask_from_lengths, trained_cross_lengths

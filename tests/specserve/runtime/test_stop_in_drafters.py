@@ -12,7 +12,7 @@ from tiny_llama import noisy_copy, tiny_llama
 from specserve.core.cape import CapeSettings
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
@@ -23,7 +23,6 @@ from specserve.core.stopping import (
     heuristic_depth,
 )
 from specserve.core.tree import TokenTree, tree_children
-from specserve.core.verify import CandidateKind, VerifyOutcome
 from specserve.errors import InvalidArgument
 from specserve.glide import GlideDraft, GlideDrafter, build_glide
 from specserve.runtime.drafter import (

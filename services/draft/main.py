@@ -1,0 +1,27 @@
+"""`specserve serve draft`: the draft service process."""
+
+from __future__ import annotations
+
+from services.draft.servicer import DraftServicer
+from specserve.engine import Engine
+from specserve.serving.metrics import DraftMetrics
+from specserve.serving.server import RunningServer, start_server
+from specserve.serving.settings import DraftServiceSettings
+from specserve.settings import EngineSettings
+from specserve.v1 import draft_pb2_grpc
+
+SERVICE_NAME = "specserve.v1.DraftService"
+
+
+def start_draft(settings: DraftServiceSettings, engine_settings: EngineSettings) -> RunningServer:
+    engine = Engine(engine_settings)
+    engine.glide_draft  # load the target's embedding and the draft before reporting SERVING  # noqa: B018
+    metrics = DraftMetrics.create()
+    servicer = DraftServicer(engine, settings, metrics)
+    return start_server(
+        settings,
+        lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
+        (SERVICE_NAME,),
+        metrics.registry,
+        on_stop=servicer.close,
+    )

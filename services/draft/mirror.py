@@ -1,0 +1,173 @@
+"""The draft's mirror of one session's target KV, filled by a KV-feed subscription.
+
+`KVMirror` satisfies GliDe's `TargetKVSource`: `layer_kv` returns views of the first `visible` positions
+(the committed tokens before this round's root), exactly what the in-process drafter reads from the
+target's own cache. `FeedSubscriber` keeps the mirror current on a daemon thread and resyncs on a gap,
+a dropped stream or a target restart, always from the first position it lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+import torch
+from opentelemetry import context as otel_context
+from opentelemetry.propagate import inject
+
+from specserve.errors import FailedPrecondition, Unavailable
+from specserve.serving import telemetry
+from specserve.serving.tensor_convert import DTYPE_FROM_PB, chunk_payload_bytes, kv_from_bytes
+from specserve.v1 import target_pb2, target_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+RETRY_SECONDS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)  # backoff between resubscriptions
+
+
+class KVMirror:
+    def __init__(self, layers: list[int], num_layers: int, capacity: int, device: torch.device) -> None:
+        self.num_layers = num_layers
+        self.layers = [layer % num_layers for layer in layers]  # -1 = the last layer, as in GliDe configs
+        self.capacity = capacity
+        self.device = device
+        self._keys: dict[int, torch.Tensor] = {}  # layer -> [1, H, capacity, D]
+        self._values: dict[int, torch.Tensor] = {}
+        self.length = 0  # positions [0, length) hold the target's committed KV
+        self.visible = 0  # positions the drafter may read this round
+        self.received_bytes = 0
+        self.changed = threading.Condition()
+
+    def write(self, chunk: target_pb2.KVChunk) -> None:
+        """Stores a chunk; start_position may be below `length` (a rebuilt target re-sending)."""
+        start, n = chunk.start_position, chunk.num_positions
+        if start > self.length:
+            raise FailedPrecondition(
+                f"gap in the KV feed: have {self.length} positions, chunk starts at {start}"
+            )
+        if start + n > self.capacity:
+            raise FailedPrecondition(f"KV feed exceeds the mirror's capacity {self.capacity}")
+        dtype = DTYPE_FROM_PB[chunk.dtype]
+        heads, dim = chunk.num_kv_heads, chunk.head_dim
+        for layer_kv in chunk.layers:
+            keys = kv_from_bytes(layer_kv.keys, dtype, heads, n, dim)  # [H, n, D]
+            values = kv_from_bytes(layer_kv.values, dtype, heads, n, dim)
+            if layer_kv.layer not in self._keys:
+                shape = (1, heads, self.capacity, dim)
+                self._keys[layer_kv.layer] = torch.zeros(shape, dtype=dtype, device=self.device)
+                self._values[layer_kv.layer] = torch.zeros(shape, dtype=dtype, device=self.device)
+            self._keys[layer_kv.layer][0, :, start : start + n] = keys.to(self.device)
+            self._values[layer_kv.layer][0, :, start : start + n] = values.to(self.device)
+        with self.changed:
+            self.length = start + n
+            self.received_bytes += chunk_payload_bytes(chunk)
+            self.changed.notify_all()
+
+    def wait_for(self, positions: int, timeout: float) -> float:
+        """Blocks until `positions` are mirrored; returns the seconds waited (Unavailable after timeout)."""
+        start = time.perf_counter()
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.length >= positions, timeout):
+                raise Unavailable(
+                    f"KV feed behind: {self.length} of {positions} positions after {timeout:.1f} s"
+                )
+        return time.perf_counter() - start
+
+    def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """([1, H, visible, D], same): views, no copy."""
+        layer_idx %= self.num_layers
+        if self.visible == 0 and layer_idx not in self._keys:
+            empty = torch.zeros((1, 1, 0, 1), device=self.device)
+            return empty, empty
+        return self._keys[layer_idx][:, :, : self.visible], self._values[layer_idx][:, :, : self.visible]
+
+
+class FeedSubscriber:
+    """Keeps one session's mirror current. `target_address` may change (the router moved the session)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        mirror: KVMirror,
+        target_address: str,
+        channel_for: Callable[[str], grpc.Channel],  # a plain channel: the call must stay cancellable
+        on_chunk: Callable[[target_pb2.KVChunk], None] = lambda chunk: None,
+        on_resync: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.session_id = session_id
+        self.mirror = mirror
+        self.target_address = target_address
+        self.channel_for = channel_for
+        self.on_chunk = on_chunk
+        self.on_resync = on_resync
+        self._closed = threading.Event()
+        self._call: grpc.Future | None = None
+        self._lock = threading.Lock()
+        self._trace_context = otel_context.get_current()
+        self._thread = threading.Thread(target=self._run, name=f"kv-feed-{session_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def retarget(self, target_address: str) -> None:
+        """Follows the session to another target: the current stream is dropped and resubscribed."""
+        if target_address and target_address != self.target_address:
+            self.target_address = target_address
+            self.reconnect()
+
+    def reconnect(self) -> None:
+        with self._lock:
+            if self._call is not None:
+                self._call.cancel()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.reconnect()
+
+    def _run(self) -> None:
+        otel_context.attach(self._trace_context)  # the feed's spans join the trace that opened the session
+        attempt = 0
+        while not self._closed.is_set():
+            stub = target_pb2_grpc.TargetServiceStub(self.channel_for(self.target_address))
+            request = target_pb2.StreamKVRequest(
+                session_id=self.session_id, from_position=self.mirror.length, layers=self.mirror.layers
+            )
+            call = None
+            try:
+                carrier: dict[str, str] = {}
+                inject(carrier)  # W3C traceparent: the target's feed spans join this trace
+                with self._lock:
+                    # wait_for_ready: ride out a target that is (re)starting instead of failing fast
+                    call = self._call = stub.StreamKV(
+                        request, metadata=tuple(carrier.items()), wait_for_ready=True
+                    )
+                for chunk in call:
+                    with telemetry.span(
+                        telemetry.SPAN_KV_RECEIVE,
+                        **{
+                            telemetry.ATTR_POSITIONS: chunk.num_positions,
+                            telemetry.ATTR_SESSION: self.session_id,
+                        },
+                    ):
+                        self.mirror.write(chunk)
+                    self.on_chunk(chunk)
+                    attempt = 0
+            except grpc.RpcError as e:
+                if self._closed.is_set():
+                    return
+                logger.info("KV feed of %s: %s", self.session_id, e)
+            except FailedPrecondition as e:  # a gap: resubscribe from what we have
+                logger.warning("KV feed of %s: %s", self.session_id, e)
+            except Exception:  # never let the feed thread die: resubscribe
+                logger.exception("KV feed of %s failed", self.session_id)
+            finally:
+                if call is not None:
+                    call.cancel()
+            if self._closed.is_set():
+                return
+            self.on_resync()
+            time.sleep(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
+            attempt += 1

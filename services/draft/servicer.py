@@ -1,0 +1,133 @@
+"""DraftService: a thin adapter from RPCs to draft sessions, the KV mirror and the method's drafter."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+
+from services.draft.mirror import FeedSubscriber, KVMirror
+from services.draft.sessions import DraftSession, DraftSessionStore
+from specserve.engine import Engine
+from specserve.errors import InvalidArgument, NotFound
+from specserve.methods import method_spec
+from specserve.serving import telemetry
+from specserve.serving.convert import check_session_id, sampling_from_pb
+from specserve.serving.metrics import DraftMetrics
+from specserve.serving.server import channel_options
+from specserve.serving.settings import DraftServiceSettings
+from specserve.serving.tensor_convert import draft_to_pb
+from specserve.v1 import draft_pb2, draft_pb2_grpc
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, engine: Engine, settings: DraftServiceSettings, metrics: DraftMetrics) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.store = DraftSessionStore(settings.max_sessions)
+        self.model_lock = threading.Lock()  # one draft forward at a time
+        self._channels: dict[str, grpc.Channel] = {}
+        self._channels_lock = threading.Lock()
+
+    def channel_for(self, address: str) -> grpc.Channel:
+        with self._channels_lock:
+            if address not in self._channels:
+                # Plain: the feed injects trace context itself (the tracing wrapper hides cancel()).
+                self._channels[address] = grpc.insecure_channel(
+                    address, options=channel_options(self.settings)
+                )
+            return self._channels[address]
+
+    def Prefill(self, request: draft_pb2.DraftPrefillRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        spec = method_spec(request.method)
+        limits = self.engine.settings
+        if not request.token_ids:
+            raise InvalidArgument("token_ids is empty")
+        if not request.target_address:
+            raise InvalidArgument("target_address is empty")
+        if not len(request.token_ids) < request.capacity <= limits.max_context:
+            raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
+        mirror = KVMirror(
+            [self.engine.glide_draft.config.target_layer],
+            self.engine.target_model.config.num_hidden_layers,
+            request.capacity,
+            self.engine.target_runner.device,
+        )
+        with self.model_lock:
+            drafter = spec.make_drafter(self.engine, request.capacity, mirror)
+        if drafter is None:
+            raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
+        subscriber = FeedSubscriber(
+            request.session_id,
+            mirror,
+            request.target_address,
+            self.channel_for,
+            on_chunk=self._observe_chunk,
+            on_resync=self.metrics.kv_feed_resyncs.inc,
+        )
+        self.store.put(
+            DraftSession(
+                request.session_id, request.method, list(request.token_ids), drafter, mirror, subscriber
+            )
+        )
+        subscriber.start()
+        self.metrics.sessions.set(len(self.store))
+        return draft_pb2.DraftPrefillResponse()
+
+    def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        start = time.perf_counter()
+        session = self.store.get(request.session_id)
+        if not 0 <= request.from_position <= len(session.token_ids):
+            raise NotFound(
+                f"draft session {request.session_id!r} knows {len(session.token_ids)} tokens, the call "
+                f"starts at {request.from_position}: prefill it again"
+            )
+        token_ids = [*session.token_ids[: request.from_position], *request.new_token_ids]
+        if (
+            not token_ids
+            or len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity
+        ):
+            raise InvalidArgument("the session's tokens do not fit its capacity")
+        session.token_ids = token_ids
+        session.subscriber.retarget(request.target_address)
+        params = sampling_from_pb(request.sampling).validate(self.engine.settings.max_new_tokens_limit)
+        root_position = len(token_ids) - 1
+        waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
+        self.metrics.kv_wait.observe(waited)
+        with (
+            self.model_lock,
+            telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span,
+        ):
+            session.mirror.visible = root_position
+            draft = session.drafter.propose(token_ids, params, request.step_seed)
+            span.set_attribute(telemetry.ATTR_TREE_SIZE, draft.tree.num_nodes)
+            span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, max(draft.tree.depths()))
+        self.metrics.propose_latency.observe(time.perf_counter() - start)
+        return draft_pb2.ProposeResponse(
+            tree=draft_to_pb(draft),
+            kv_wait_seconds=waited,
+            kv_feed_bytes=session.mirror.received_bytes,
+            handler_seconds=time.perf_counter() - start,
+        )
+
+    def Release(self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        released = self.store.release(request.session_id)
+        self.metrics.sessions.set(len(self.store))
+        return draft_pb2.DraftReleaseResponse(released=released)
+
+    def _observe_chunk(self, chunk) -> None:
+        self.metrics.kv_feed_bytes.inc(sum(len(layer.keys) + len(layer.values) for layer in chunk.layers))
+        if chunk.commit_unix_seconds:
+            self.metrics.kv_feed_lag.observe(max(0.0, time.time() - chunk.commit_unix_seconds))
+
+    def close(self) -> None:
+        self.store.clear()
+        with self._channels_lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()

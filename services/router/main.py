@@ -1,0 +1,26 @@
+"""`specserve serve router`: the router process. Imports no torch (a test checks)."""
+
+from __future__ import annotations
+
+from services.router.servicer import RouterServicer
+from services.router.state import SessionState
+from specserve.serving.metrics import RouterMetrics
+from specserve.serving.server import RunningServer, start_server
+from specserve.serving.settings import RouterServiceSettings
+from specserve.v1 import router_pb2_grpc
+
+SERVICE_NAME = "specserve.v1.RouterService"
+
+
+def start_router(settings: RouterServiceSettings) -> RunningServer:
+    state = SessionState(settings.redis_url, settings.session_ttl_seconds)
+    state.ping()
+    metrics = RouterMetrics.create()
+    servicer = RouterServicer(settings, metrics, state)
+    return start_server(
+        settings,
+        lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server),
+        (SERVICE_NAME,),
+        metrics.registry,
+        on_stop=servicer.close,
+    )

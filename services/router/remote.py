@@ -1,0 +1,223 @@
+"""The loop's Drafter and Verifier over gRPC: what the router plugs into `speculative_generate`.
+
+RemoteVerifier keeps the session's committed history, so a target that lost the session (restart,
+eviction, a retried commit) is rebuilt from it and the round is retried with the same seed: the output
+does not change. RemoteDrafter sends only the tokens committed since its last call; when the draft
+service fails or is too slow, the round verifies the root alone (lossless, just no speculation).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import FailedPrecondition, NotFound, SpecserveError, Unavailable
+from specserve.serving.convert import outcome_from_pb, sampling_to_pb, tree_from_pb, tree_to_pb
+from specserve.serving.status import Cancelled, error_from_rpc
+from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+RETRY_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class RoundCounters:
+    """Per-session numbers the loop's stats do not have."""
+
+    rpc_bytes: int = 0
+    kv_feed_bytes: int = 0
+    draft_fallbacks: int = 0
+    target_rebuilds: int = 0
+    draft_service_s: float = 0.0  # inside the draft's handler
+    target_service_s: float = 0.0  # inside the target's Verify handler
+    redis_s: float = 0.0
+
+
+class RemoteVerifier:
+    def __init__(
+        self,
+        session_id: str,
+        stub_for: Callable[[str], target_pb2_grpc.TargetServiceStub],
+        choose_target: Callable[[], str],
+        on_target_failed: Callable[[str], None],
+        capacity: int,
+        timeout_s: float,
+        counters: RoundCounters,
+        is_cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.session_id = session_id
+        self.stub_for = stub_for
+        self.choose_target = choose_target
+        self.on_target_failed = on_target_failed
+        self.capacity = capacity
+        self.timeout_s = timeout_s
+        self.counters = counters
+        self.is_cancelled = is_cancelled
+        self.address = choose_target()
+        self.history: list[int] = []  # committed tokens; the last is the root
+
+    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
+        request = target_pb2.PrefillRequest(
+            session_id=self.session_id,
+            token_ids=prompt_ids,
+            capacity=self.capacity,
+            sampling=sampling_to_pb(params),
+            step_seed=seed,
+        )
+        response = self._call("Prefill", request, rebuild=None)
+        self.history = [*prompt_ids, response.next_token]
+        return response.next_token
+
+    def resume(self, token_ids: Sequence[int]) -> None:
+        self.history = list(token_ids)
+        self._rebuild()
+
+    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
+        request = target_pb2.VerifyRequest(
+            session_id=self.session_id,
+            tree=tree_to_pb(draft),
+            committed_length=len(self.history),
+            sampling=sampling_to_pb(params),
+            step_seed=seed,
+        )
+        response = self._call("Verify", request, rebuild=self._rebuild)
+        self.counters.target_service_s += response.handler_seconds
+        outcome = outcome_from_pb(response)
+        self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
+        return outcome
+
+    def release(self) -> None:
+        try:
+            self.stub_for(self.address).Release(
+                target_pb2.ReleaseRequest(session_id=self.session_id), timeout=self.timeout_s
+            )
+        except grpc.RpcError as e:
+            logger.warning("releasing target session %s: %s", self.session_id, error_from_rpc(e))
+
+    def _rebuild(self) -> None:
+        """The target lost the session (or holds a different length): rebuild it from the history."""
+        request = target_pb2.PrefillRequest(
+            session_id=self.session_id,
+            token_ids=self.history[:-1],
+            root_token=self.history[-1],
+            capacity=self.capacity,
+            step_seed=0,
+        )
+        self._call("Prefill", request, rebuild=None)
+        self.counters.target_rebuilds += 1
+
+    def _call(self, method: str, request, rebuild: Callable[[], None] | None):
+        """Retries UNAVAILABLE (moving to another replica) until the timeout; NOT_FOUND / FAILED_PRECONDITION
+        rebuild the session first (once per attempt)."""
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        while True:
+            if self.is_cancelled():
+                raise Cancelled("the session was cancelled")
+            try:
+                stub = self.stub_for(self.address)
+                remaining = max(0.1, deadline - time.monotonic())
+                response = getattr(stub, method)(request, timeout=remaining)
+                self.counters.rpc_bytes += request.ByteSize() + response.ByteSize()
+                return response
+            except grpc.RpcError as rpc_error:
+                error = error_from_rpc(rpc_error, f"target {self.address} {method}")
+            if isinstance(error, NotFound | FailedPrecondition) and rebuild is not None:
+                rebuild()
+            elif isinstance(error, Unavailable) and time.monotonic() < deadline:
+                self.on_target_failed(self.address)
+                time.sleep(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
+                moved = self.choose_target()
+                if moved != self.address:
+                    self.address = moved
+                if rebuild is not None:
+                    try:
+                        rebuild()
+                    except SpecserveError as e:
+                        logger.info("rebuild on %s failed: %s", self.address, e)
+            else:
+                raise error
+            attempt += 1
+            if time.monotonic() > deadline:
+                raise Unavailable(f"target {method} did not succeed within {self.timeout_s:.0f} s") from error
+
+
+class RemoteDrafter:
+    def __init__(
+        self,
+        session_id: str,
+        method: str,
+        stub: draft_pb2_grpc.DraftServiceStub,
+        target_address: Callable[[], str],
+        capacity: int,
+        timeout_s: float,
+        counters: RoundCounters,
+    ) -> None:
+        self.session_id = session_id
+        self.method = method
+        self.stub = stub
+        self.target_address = target_address
+        self.capacity = capacity
+        self.timeout_s = timeout_s
+        self.counters = counters
+        self.known = 0  # tokens the draft service has; 0 = needs a Prefill
+
+    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+        try:
+            try:
+                return self._propose(token_ids, params, seed)
+            except NotFound:  # the draft restarted or evicted the session: open it again
+                self.known = 0
+                return self._propose(token_ids, params, seed)
+        except SpecserveError as e:
+            logger.info("draft %s failed (%s); verifying the root alone", self.session_id, e)
+            self.counters.draft_fallbacks += 1
+            return DraftTree.root_only(token_ids[-1])
+
+    def _propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+        try:
+            if self.known == 0:
+                prefill = draft_pb2.DraftPrefillRequest(
+                    session_id=self.session_id,
+                    method=self.method,
+                    token_ids=token_ids,
+                    target_address=self.target_address(),
+                    capacity=self.capacity,
+                )
+                self.stub.Prefill(prefill, timeout=self.timeout_s)
+                self.counters.rpc_bytes += prefill.ByteSize()
+                self.known = len(token_ids)
+            request = draft_pb2.ProposeRequest(
+                session_id=self.session_id,
+                from_position=self.known,
+                new_token_ids=token_ids[self.known :],
+                sampling=sampling_to_pb(params),
+                step_seed=seed,
+                target_address=self.target_address(),
+            )
+            response = self.stub.Propose(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, f"draft {self.method} Propose") from None
+        self.known = len(token_ids)
+        self.counters.rpc_bytes += request.ByteSize() + response.ByteSize()
+        self.counters.kv_feed_bytes = response.kv_feed_bytes
+        self.counters.draft_service_s += response.handler_seconds
+        draft = tree_from_pb(response.tree, self.capacity)
+        if draft.tree.token_ids[0] != token_ids[-1]:
+            raise FailedPrecondition("the draft's tree does not start at the root")
+        return draft
+
+    def release(self) -> None:
+        try:
+            self.stub.Release(
+                draft_pb2.DraftReleaseRequest(session_id=self.session_id), timeout=self.timeout_s
+            )
+        except grpc.RpcError as e:
+            logger.warning("releasing draft session %s: %s", self.session_id, error_from_rpc(e))

@@ -1,0 +1,381 @@
+"""RouterService: the public API. Each generation runs the core loop on a worker thread with the remote
+drafter and verifier; its tokens go to Redis first and then to the client's stream."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import grpc
+
+from services.router.placement import ReplicaSet
+from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
+from services.router.state import SessionRecord, SessionState, SessionStatus
+from services.router.tokenizer import IncrementalText, RouterTokenizer
+from specserve.catalog import CATALOG, Method
+from specserve.core.finish import FinishChecker
+from specserve.core.loop import speculative_generate
+from specserve.core.rng import fresh_seed
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import InvalidArgument, ResourceExhausted, SpecserveError
+from specserve.results import FinishReason, GenerationStats
+from specserve.serving import telemetry
+from specserve.serving.convert import check_session_id, finish_to_pb, sampling_from_pb, stats_to_pb
+from specserve.serving.metrics import RouterMetrics
+from specserve.serving.server import channel_options
+from specserve.serving.settings import RouterServiceSettings
+from specserve.serving.status import Cancelled, error_from_rpc
+from specserve.serving.telemetry import traced_channel
+from specserve.v1 import common_pb2, draft_pb2_grpc, router_pb2, router_pb2_grpc, target_pb2, target_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+STREAM_POLL_SECONDS = 0.25  # how often a waiting stream checks that its client is still there
+
+
+@dataclass
+class _Done:
+    reason: FinishReason
+    stats: router_pb2.GenerationStats
+    text: str  # the finished text (cut before a stop string)
+
+
+class RouterServicer(router_pb2_grpc.RouterServiceServicer):
+    def __init__(self, settings: RouterServiceSettings, metrics: RouterMetrics, state: SessionState) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.state = state
+        self.targets = ReplicaSet(settings.target_addresses)
+        self.drafts = ReplicaSet(settings.draft_addresses) if settings.draft_addresses else None
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._cancel_events: dict[str, threading.Event] = {}
+        # Generations run here; the server's own concurrency limit keeps this bounded.
+        self._workers = ThreadPoolExecutor(settings.max_concurrent_rpcs, thread_name_prefix="generation")
+        self._model: tuple[target_pb2.ModelInfo, RouterTokenizer] | None = None
+        self._model_lock = threading.Lock()
+
+    def _model_info(self) -> tuple[target_pb2.ModelInfo, RouterTokenizer]:
+        """Fetched from a target on first use (targets may start after the router)."""
+        with self._model_lock:
+            if self._model is None:
+                address = self.targets.choose("model-info")
+                try:
+                    info = self.target_stub(address).GetModelInfo(
+                        target_pb2.GetModelInfoRequest(), timeout=self.settings.target_timeout_seconds
+                    )
+                except grpc.RpcError as e:
+                    raise error_from_rpc(e, f"target {address} GetModelInfo") from None
+                self._model = (info, RouterTokenizer(info))
+            return self._model
+
+    @property
+    def model(self) -> target_pb2.ModelInfo:
+        return self._model_info()[0]
+
+    @property
+    def tokenizer(self) -> RouterTokenizer:
+        return self._model_info()[1]
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.model.eos_token_ids)
+
+    # -- channels -----------------------------------------------------------------------------------
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = traced_channel(address, channel_options(self.settings))
+            return self._channels[address]
+
+    def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub:
+        return target_pb2_grpc.TargetServiceStub(self._channel(address))
+
+    # -- RPCs ---------------------------------------------------------------------------------------
+    def ListMethods(self, request, context):
+        return router_pb2.ListMethodsResponse(
+            methods=[
+                router_pb2.MethodInfo(name=i.method.value, description=i.description, lossless=i.lossless)
+                for i in CATALOG.values()
+                if i.remote and not i.uses_hf_generate
+            ]
+        )
+
+    def Generate(self, request: router_pb2.GenerateRequest, context: grpc.ServicerContext) -> Iterator:
+        record = self._new_record(request)
+        self.state.create(record)
+        yield from self._stream(record, [], 0, context)
+
+    def Resume(self, request: router_pb2.ResumeRequest, context: grpc.ServicerContext) -> Iterator:
+        check_session_id(request.session_id)
+        record, generated = self.state.load(request.session_id)
+        if not 0 <= request.received_tokens <= len(generated):
+            raise InvalidArgument(f"received_tokens must be in [0, {len(generated)}]")
+        if record.status == SessionStatus.CANCELLED:
+            raise InvalidArgument(f"session {request.session_id!r} was cancelled")
+        yield from self._stream(record, generated, request.received_tokens, context)
+
+    def Cancel(self, request: router_pb2.CancelRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        self.state.load(request.session_id)  # NOT_FOUND for unknown ids
+        # Deleting the state is the cancellation: whichever router runs the session finds it gone at its
+        # next round, stops, and releases the draft and target sessions.
+        self.state.delete(request.session_id)
+        with self._lock:
+            event = self._cancel_events.get(request.session_id)
+        if event is not None:
+            event.set()
+        return router_pb2.CancelResponse()
+
+    # -- generation -----------------------------------------------------------------------------------
+    def _new_record(self, request: router_pb2.GenerateRequest) -> SessionRecord:
+        info = self.model
+        if bool(request.prompt) == bool(request.prompt_token_ids):
+            raise InvalidArgument("set exactly one of prompt and prompt_token_ids")
+        if request.prompt:
+            prompt_ids = self.tokenizer.encode_prompt(request.prompt)
+        else:
+            prompt_ids = list(request.prompt_token_ids)
+            if any(not 0 <= t < info.vocab_size for t in prompt_ids):
+                raise InvalidArgument(f"prompt token ids must be in [0, {info.vocab_size})")
+        if len(prompt_ids) > info.max_prompt_tokens:
+            raise InvalidArgument(
+                f"the prompt has {len(prompt_ids)} tokens; at most {info.max_prompt_tokens}"
+            )
+        params = sampling_from_pb(
+            request.sampling, request.max_new_tokens, tuple(request.stop), request.ignore_eos
+        ).validate(info.max_new_tokens_limit)
+        if len(prompt_ids) + params.max_new_tokens + info.max_tree_nodes + 1 > info.max_context:
+            raise InvalidArgument(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceed the "
+                f"context limit of {info.max_context - info.max_tree_nodes - 1} tokens"
+            )
+        method = request.method or self.settings.default_method
+        try:
+            info_m = CATALOG[Method(method)]
+        except ValueError:
+            raise InvalidArgument(f"unknown method {method!r}; see ListMethods") from None
+        if info_m.uses_hf_generate or not info_m.remote:
+            raise InvalidArgument(f"method {method!r} runs in-process only")
+        if info_m.drafts and self.drafts is None:
+            raise InvalidArgument(f"method {method!r} needs a draft service; this router has none")
+        session_id = check_session_id(request.session_id) if request.session_id else uuid.uuid4().hex
+        seed = params.seed if params.seed is not None else fresh_seed()
+        params_dict = asdict(params) | {"seed": seed, "stop": list(params.stop)}
+        return SessionRecord(session_id, prompt_ids, params_dict, method, seed)
+
+    def _stream(
+        self, record: SessionRecord, generated: list[int], received: int, context: grpc.ServicerContext
+    ) -> Iterator[router_pb2.GenerateResponse]:
+        session_id = record.session_id
+        cancel = threading.Event()
+        with self._lock:
+            if session_id in self._cancel_events:
+                raise InvalidArgument(f"session {session_id!r} is already streaming on this router")
+            self._cancel_events[session_id] = cancel
+        context.add_callback(cancel.set)  # the client went away or its deadline passed
+        out: queue.Queue = queue.Queue()
+        text = IncrementalText(self.tokenizer, generated[:received])
+        index = received
+        try:
+            if generated[received:]:
+                out.put(list(generated[received:]))
+            if record.status != SessionStatus.FINISHED:
+                try:
+                    self._workers.submit(self._generate, record, generated, out, cancel)
+                except RuntimeError:
+                    raise ResourceExhausted("the router is shutting down") from None
+            else:
+                stats = _stats_pb(*_saved_stats(record.stats))
+                out.put(_Done(FinishReason(record.finish_reason), stats, self.tokenizer.decode(generated)))
+            while True:
+                try:
+                    item = out.get(timeout=STREAM_POLL_SECONDS)
+                except queue.Empty:
+                    if cancel.is_set():  # Cancel RPC (a client that went away gets nothing)
+                        yield self._cancelled(session_id, index)
+                        return
+                    continue
+                if isinstance(item, Cancelled):
+                    yield self._cancelled(session_id, index)
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, _Done):
+                    yield router_pb2.GenerateResponse(
+                        session_id=session_id,
+                        index=index,
+                        text=text.add([], final_text=item.text),
+                        finish_reason=finish_to_pb(item.reason),
+                        stats=item.stats,
+                    )
+                    return
+                yield router_pb2.GenerateResponse(
+                    session_id=session_id, token_ids=item, index=index, text=text.add(item)
+                )
+                index += len(item)
+        finally:
+            cancel.set()  # no-op after a normal finish: the worker has already returned
+            with self._lock:
+                self._cancel_events.pop(session_id, None)
+
+    @staticmethod
+    def _cancelled(session_id: str, index: int) -> router_pb2.GenerateResponse:
+        return router_pb2.GenerateResponse(
+            session_id=session_id, index=index, finish_reason=common_pb2.FINISH_REASON_CANCELLED
+        )
+
+    def _generate(
+        self, record: SessionRecord, generated: list[int], out: queue.Queue, cancel: threading.Event
+    ) -> None:
+        """Runs on a worker thread until the session finishes, fails or is cancelled."""
+        session_id, info = record.session_id, self.model
+        params = SamplingParams(**(record.params | {"stop": tuple(record.params["stop"])}))
+        capacity = len(record.prompt_ids) + params.max_new_tokens + info.max_tree_nodes + 1
+        counters = RoundCounters()
+        target_address = self.targets.choose(session_id, record.target)
+        self.targets.acquire(target_address)
+        verifier = RemoteVerifier(
+            session_id,
+            self.target_stub,
+            lambda: self.targets.choose(session_id, record.target),
+            self.targets.mark_failed,
+            capacity,
+            self.settings.target_timeout_seconds,
+            counters,
+            is_cancelled=cancel.is_set,
+        )
+        verifier.address = target_address
+        drafter = None
+        draft_address = ""
+        if CATALOG[Method(record.method)].drafts and self.drafts is not None:
+            draft_address = self.drafts.choose(session_id, record.draft)
+            self.drafts.acquire(draft_address)
+            drafter = RemoteDrafter(
+                session_id,
+                record.method,
+                draft_pb2_grpc.DraftServiceStub(self._channel(draft_address)),
+                lambda: verifier.address,
+                capacity,
+                self.settings.draft_timeout_seconds,
+                counters,
+            )
+        previous, previous_extra = _saved_stats(record.stats)
+        finish = FinishChecker(
+            max_new_tokens=params.max_new_tokens,
+            eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
+            stop_strings=params.stop,
+            decode=self.tokenizer.decode,
+        )
+        start = time.perf_counter()
+        last_emit = [start]
+        first = [not generated]
+        self.metrics.running_requests.inc()
+
+        def on_tokens(token_ids: list[int]) -> None:
+            now = time.perf_counter()
+            if first[0]:
+                self.metrics.time_to_first_token.observe(now - start)
+                first[0] = False
+            else:
+                self.metrics.inter_token_latency.observe((now - last_emit[0]) / len(token_ids))
+            last_emit[0] = now
+            t0 = time.perf_counter()
+            running = self.state.append(session_id, token_ids, target=verifier.address, draft=draft_address)
+            counters.redis_s += time.perf_counter() - t0
+            self.metrics.redis_latency.observe(time.perf_counter() - t0)
+            if not running or cancel.is_set():
+                raise Cancelled(f"session {session_id} was cancelled")
+            out.put(token_ids)
+
+        def round_scope(position: int):
+            return telemetry.span(
+                telemetry.SPAN_ROUND, **{telemetry.ATTR_SESSION: session_id, "specserve.position": position}
+            )
+
+        try:
+            with telemetry.span(
+                telemetry.SPAN_REQUEST,
+                **{telemetry.ATTR_SESSION: session_id, telemetry.ATTR_METHOD: record.method},
+            ):
+                stats = speculative_generate(
+                    record.prompt_ids,
+                    verifier,
+                    drafter,
+                    params,
+                    record.seed,
+                    finish,
+                    on_tokens,
+                    generated_ids=generated,
+                    round_scope=round_scope,
+                )
+            total = _add_stats(previous, stats)
+            extra = {
+                "rpc_bytes": counters.rpc_bytes,
+                "kv_feed_bytes": counters.kv_feed_bytes,
+                "num_draft_fallbacks": counters.draft_fallbacks,
+                "num_target_rebuilds": counters.target_rebuilds,
+                "redis_seconds": counters.redis_s,
+                "draft_service_seconds": counters.draft_service_s,
+                "target_service_seconds": counters.target_service_s,
+            }
+            extra = {k: v + previous_extra.get(k, 0) for k, v in extra.items()}
+            stats_pb = _stats_pb(total, extra)
+            assert finish.reason is not None
+            self.state.update(
+                session_id,
+                status=SessionStatus.FINISHED,
+                finish_reason=finish.reason.value,
+                stats={"core": asdict(total), "extra": extra},
+            )
+            text = self.tokenizer.decode(finish.generated)
+            if finish.stop_text_end is not None:
+                text = text[: finish.stop_text_end]
+            self.metrics.e2e_request_latency.observe(time.perf_counter() - start)
+            self.metrics.num_drafts.inc(stats.num_target_forwards - (0 if generated else 1))
+            self.metrics.num_draft_tokens.inc(stats.num_draft_tokens)
+            self.metrics.num_accepted_tokens.inc(stats.num_accepted_tokens)
+            out.put(_Done(finish.reason, stats_pb, text))
+        except BaseException as e:
+            if cancel.is_set() or isinstance(e, Cancelled):
+                self.state.delete(session_id)
+            out.put(e if isinstance(e, SpecserveError) else SpecserveError(f"generation failed: {e!r}"))
+            if not isinstance(e, SpecserveError):
+                logger.exception("generation %s failed", session_id)
+        finally:
+            self.metrics.running_requests.dec()
+            verifier.release()
+            self.targets.release(target_address)
+            if drafter is not None:
+                drafter.release()
+                self.drafts.release(draft_address)
+
+    def close(self) -> None:
+        for event in list(self._cancel_events.values()):
+            event.set()
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+        self.state.close()
+
+
+def _add_stats(previous: GenerationStats, stats: GenerationStats) -> GenerationStats:
+    return GenerationStats(
+        **{k: getattr(previous, k) + getattr(stats, k) for k in GenerationStats.__dataclass_fields__}
+    )
+
+
+def _stats_pb(stats: GenerationStats, extra: dict) -> router_pb2.GenerationStats:
+    return stats_to_pb(stats, **extra)
+
+
+def _saved_stats(saved: dict) -> tuple[GenerationStats, dict]:
+    """The cumulative stats a session's Redis record holds (empty for a new session)."""
+    return GenerationStats(**saved.get("core", {})), dict(saved.get("extra", {}))

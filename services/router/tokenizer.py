@@ -1,0 +1,68 @@
+"""Prompt encoding and incremental decoding in the router, from the target's ModelInfo alone.
+
+The router has no torch, so no transformers: the `tokenizers` library reads the target's tokenizer.json,
+and the chat template is rendered with Jinja the way transformers renders it (a sandboxed environment,
+trim_blocks and lstrip_blocks, generation prompt appended), then encoded without extra special tokens.
+A test checks the result equals the engine's own encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from specserve.errors import InvalidArgument
+from specserve.v1 import target_pb2
+
+
+def _raise(message: str) -> None:
+    raise InvalidArgument(f"chat template: {message}")
+
+
+class RouterTokenizer:
+    def __init__(self, info: target_pb2.ModelInfo) -> None:
+        self.tokenizer = Tokenizer.from_str(info.tokenizer_json)
+        self.info = info
+        self.template = None
+        if info.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self.template = env.from_string(info.chat_template)
+
+    def encode_prompt(self, user_message: str) -> list[int]:
+        if not user_message.strip():
+            raise InvalidArgument("the prompt is empty")
+        if self.template is None:
+            return self.tokenizer.encode(user_message).ids
+        text = self.template.render(
+            messages=[{"role": "user", "content": user_message}],
+            add_generation_prompt=True,
+            bos_token=self.info.bos_token,
+            eos_token=self.info.eos_token,
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+class IncrementalText:
+    """Text deltas of a growing token sequence; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: RouterTokenizer, token_ids: Sequence[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids = list(token_ids)
+        self.sent = tokenizer.decode(self.token_ids) if self.token_ids else ""
+
+    def add(self, new_token_ids: Sequence[int], final_text: str | None = None) -> str:
+        """final_text: the finished text (cut before a stop string), sent in full at the end."""
+        self.token_ids.extend(new_token_ids)
+        text = final_text if final_text is not None else self.tokenizer.decode(self.token_ids)
+        if final_text is None and text.endswith("\ufffd"):
+            return ""
+        if not text.startswith(self.sent):  # a stop cut shortened the text: nothing more to send
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta

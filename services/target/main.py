@@ -1,0 +1,27 @@
+"""`specserve serve target`: the target service process."""
+
+from __future__ import annotations
+
+from services.target.servicer import TargetServicer
+from specserve.engine import Engine
+from specserve.serving.metrics import TargetMetrics
+from specserve.serving.server import RunningServer, start_server
+from specserve.serving.settings import TargetServiceSettings
+from specserve.settings import EngineSettings
+from specserve.v1 import target_pb2_grpc
+
+SERVICE_NAME = "specserve.v1.TargetService"
+
+
+def start_target(settings: TargetServiceSettings, engine_settings: EngineSettings) -> RunningServer:
+    engine = Engine(engine_settings)
+    engine.target_runner  # load the model before reporting SERVING  # noqa: B018
+    metrics = TargetMetrics.create()
+    servicer = TargetServicer(engine, settings, metrics)
+    return start_server(
+        settings,
+        lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
+        (SERVICE_NAME,),
+        metrics.registry,
+        on_stop=servicer.close,
+    )

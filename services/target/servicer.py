@@ -1,0 +1,161 @@
+"""TargetService: a thin adapter from RPCs to the session store and the in-process verifier."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from services.target.feed import kv_feed
+from services.target.sessions import SessionStore
+from specserve.engine import Engine
+from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.serving import telemetry
+from specserve.serving.convert import check_session_id, sampling_from_pb, tree_from_pb
+from specserve.serving.metrics import TargetMetrics
+from specserve.serving.settings import TargetServiceSettings
+from specserve.serving.tensor_convert import chunk_payload_bytes, dense_probs
+from specserve.v1 import target_pb2, target_pb2_grpc
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, engine: Engine, settings: TargetServiceSettings, metrics: TargetMetrics) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.store = SessionStore(
+            engine.target_runner,
+            settings.max_sessions,
+            settings.kv_budget_tokens,
+            on_evict=metrics.evictions.inc,
+        )
+
+    def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
+        tokenizer, limits = self.engine.tokenizer, self.engine.settings
+        return target_pb2.ModelInfo(
+            model_name=Path(self.engine.model_dir).name,
+            vocab_size=self.engine.target_model.config.vocab_size,
+            eos_token_ids=sorted(self.engine.eos_token_ids),
+            tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+            chat_template=tokenizer.chat_template or "",
+            max_context=limits.max_context,
+            max_prompt_tokens=limits.max_prompt_tokens,
+            max_new_tokens_limit=limits.max_new_tokens_limit,
+            max_tree_nodes=limits.max_tree_nodes,
+            num_layers=self.engine.target_model.config.num_hidden_layers,
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
+        )
+
+    def Prefill(self, request: target_pb2.PrefillRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        limits = self.engine.settings
+        if not request.token_ids:
+            raise InvalidArgument("token_ids is empty")
+        if not 0 < request.capacity <= limits.max_context:
+            raise InvalidArgument(f"capacity must be in [1, {limits.max_context}], got {request.capacity}")
+        if len(request.token_ids) + 1 + limits.max_tree_nodes > request.capacity:
+            raise InvalidArgument("capacity is too small for token_ids plus one draft tree")
+        vocab = self.engine.target_model.config.vocab_size
+        if any(not 0 <= t < vocab for t in request.token_ids):
+            raise InvalidArgument(f"token ids must be in [0, {vocab})")
+        params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
+        rebuild = request.HasField("root_token")
+        start = time.perf_counter()
+        with (
+            self.store.lock,
+            telemetry.span(telemetry.SPAN_PREFILL, **{telemetry.ATTR_SESSION: request.session_id}),
+        ):
+            session = self.store.create(request.session_id, request.capacity)
+            try:
+                if rebuild:
+                    session.verifier.resume([*request.token_ids, request.root_token])
+                    next_token = request.root_token
+                else:
+                    next_token = session.verifier.prefill(list(request.token_ids), params, request.step_seed)
+            except Exception:
+                self.store.release(request.session_id)  # never leave a half-built session behind
+                raise
+            session.committed_at = time.time()
+            self.store.changed.notify_all()
+            committed = session.committed_length
+            self._update_gauges()
+        self.metrics.prefill_latency.observe(time.perf_counter() - start)
+        return target_pb2.PrefillResponse(next_token=next_token, committed_length=committed)
+
+    def Verify(self, request: target_pb2.VerifyRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        limits = self.engine.settings
+        draft = tree_from_pb(request.tree, limits.max_tree_nodes + 1)
+        vocab = self.engine.target_model.config.vocab_size
+        if any(not 0 <= t < vocab for t in draft.tree.token_ids):
+            raise InvalidArgument(f"tree token ids must be in [0, {vocab})")
+        params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
+        start = time.perf_counter()
+        with self.store.lock:
+            session = self.store.get(request.session_id)
+            if request.committed_length != session.committed_length + 1:
+                raise FailedPrecondition(
+                    f"router expects {request.committed_length} committed tokens, the target has "
+                    f"{session.committed_length + 1} (including the root)"
+                )
+            if session.committed_length + draft.tree.num_nodes > session.capacity:
+                raise InvalidArgument("the tree does not fit the session's reserved capacity")
+            draft = dense_probs(draft, vocab, self.engine.target_runner.device)
+            with telemetry.span(
+                telemetry.SPAN_VERIFY,
+                **{
+                    telemetry.ATTR_SESSION: request.session_id,
+                    telemetry.ATTR_TREE_SIZE: draft.tree.num_nodes,
+                },
+            ) as span:
+                outcome = session.verifier.verify(draft, params, request.step_seed)
+                span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
+            session.committed_at = time.time()
+            self.store.changed.notify_all()
+            committed = session.committed_length
+        handler_seconds = time.perf_counter() - start
+        self.metrics.verify_latency.observe(handler_seconds)
+        return target_pb2.VerifyResponse(
+            handler_seconds=handler_seconds,
+            accepted_nodes=outcome.accepted_nodes,
+            next_token=outcome.next_token,
+            committed_length=committed + 1,
+        )
+
+    def StreamKV(self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext) -> Iterator:
+        check_session_id(request.session_id)
+        self.metrics.kv_feed_subscribers.inc()
+        try:
+            for chunk in kv_feed(
+                self.store,
+                request.session_id,
+                request.from_position,
+                list(request.layers),
+                self.settings.feed_chunk_positions,
+                context.is_active,
+            ):
+                size = chunk_payload_bytes(chunk)
+                self.metrics.kv_feed_bytes.inc(size)
+                with telemetry.span(
+                    telemetry.SPAN_KV_PUBLISH,
+                    **{telemetry.ATTR_POSITIONS: chunk.num_positions, telemetry.ATTR_BYTES: size},
+                ):
+                    yield chunk
+        finally:
+            self.metrics.kv_feed_subscribers.dec()
+
+    def Release(self, request: target_pb2.ReleaseRequest, context: grpc.ServicerContext):
+        check_session_id(request.session_id)
+        released = self.store.release(request.session_id)
+        self._update_gauges()
+        return target_pb2.ReleaseResponse(released=released)
+
+    def _update_gauges(self) -> None:
+        self.metrics.sessions.set(len(self.store))
+        self.metrics.kv_positions_reserved.set(self.store.reserved_positions)
+
+    def close(self) -> None:
+        self.store.clear()

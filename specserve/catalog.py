@@ -1,0 +1,80 @@
+"""The draft methods' names and facts, without their implementations: torch-free, so the router can
+validate and list methods. `specserve.methods` binds each name to its drafter factory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Method(StrEnum):
+    TARGET = "target"  # the target alone on our engine: the speedup baseline
+    HF = "hf"  # transformers `generate`: the reference implementation
+    VANILLA = "vanilla"  # a separate small causal LM drafting a chain
+    VANILLA_TREE = "vanilla-tree"  # the same draft, top-2 leaves at the first two depths
+    GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
+    GLIDE_CAPE = "glide-cape"  # the same draft, CaPE: top-k leaves by the draft's confidence
+    GLIDE_CAPE_SVIP = "glide-cape-svip"  # GliDe + CaPE, spine length by SVIP's entropy rule
+    GLIDE_CAPE_ADAEDL = "glide-cape-adaedl"  # ... by AdaEDL's entropy bound with an adaptive lambda
+    GLIDE_CAPE_DECISION = "glide-cape-decision"  # ... by the learned stopper (train-stopper)
+    GLIDE_CAPE_COST = "glide-cape-cost"  # ... and width, by expected tokens per second on this machine
+    MCSD = "mcsd"  # a separate draft sampling k_d candidates per node, lossless multi-candidate rule
+    MCSD_TARGET_INIT = "mcsd-target-init"  # the target seeds the roots: exact at T = 0, biased at T > 0
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    method: Method
+    description: str
+    lossless: bool = True
+    uses_hf_generate: bool = False  # in-process only: bypasses the speculative loop
+    drafts: bool = True  # False: the target alone (no draft service involved)
+    # Served by the distributed stack. Target-initialised roots need the target's top-W sent back with
+    # each verification, which the v1 protocol does not carry yet: in-process only.
+    remote: bool = True
+
+
+# GliDe was trained for a target cache up to 5 tokens stale; adaptive policies may draft up to 8 when sure.
+ADAPTIVE_DEPTH = 8
+
+
+CATALOG: dict[Method, MethodInfo] = {
+    info.method: info
+    for info in (
+        MethodInfo(Method.TARGET, "target alone, plain decoding on the specserve engine", drafts=False),
+        MethodInfo(Method.HF, "transformers generate (reference)", uses_hf_generate=True, drafts=False),
+        MethodInfo(Method.VANILLA, "separate draft model, chain of 4"),
+        MethodInfo(Method.VANILLA_TREE, "separate draft model, chain of 4 with top-2 leaves at depths 1-2"),
+        MethodInfo(Method.GLIDE, "GliDe draft glimpsing the target's KV cache, chain of 4"),
+        MethodInfo(
+            Method.GLIDE_CAPE,
+            "GliDe draft, depth 4, CaPE top-k leaves by confidence (<= max_tree_nodes nodes)",
+        ),
+        MethodInfo(
+            Method.GLIDE_CAPE_SVIP,
+            f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by SVIP (entropy > 0.6 nats)",
+        ),
+        MethodInfo(
+            Method.GLIDE_CAPE_ADAEDL,
+            f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by AdaEDL (adaptive entropy bound)",
+        ),
+        MethodInfo(
+            Method.GLIDE_CAPE_DECISION,
+            f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by the learned stopper (P(accept) <= 0.4)",
+        ),
+        MethodInfo(
+            Method.GLIDE_CAPE_COST,
+            f"GliDe + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s (calibrated)",
+        ),
+        MethodInfo(
+            Method.MCSD,
+            "separate draft, MCSD tree (2, 2, 1) of sampled candidates, lossless multi-candidate rule",
+        ),
+        MethodInfo(
+            Method.MCSD_TARGET_INIT,
+            "target seeds 2 roots, draft tree (2, 1, 1) under each; exact greedy, BIASED at T > 0",
+            lossless=False,
+            remote=False,
+        ),
+    )
+}

@@ -1,0 +1,16 @@
+"""The specserve client SDK: talk to a router over gRPC, sync or asyncio.
+
+    from specserve.client import Client
+    with Client("localhost:50050") as client:
+        for chunk in client.stream("Write a haiku.", max_new_tokens=64):
+            print(chunk.text, end="", flush=True)
+
+Errors are the `specserve.errors` hierarchy (one base class, `SpecserveError`, with `InvalidArgument`,
+`NotFound`, `ResourceExhausted`, `DeadlineExceeded`, `Unavailable`, ...). A stream that breaks with
+UNAVAILABLE is resumed where it stopped (the session lives in Redis), up to `retries` times.
+"""
+
+from specserve.client.aio import AsyncClient
+from specserve.client.sync import Chunk, Client, Completion
+
+__all__ = ["AsyncClient", "Chunk", "Client", "Completion"]

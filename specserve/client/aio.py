@@ -1,0 +1,108 @@
+"""The asyncio client (grpc.aio); same behaviour as the sync one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from specserve.client.common import (
+    RETRY_BACKOFF_SECONDS,
+    Chunk,
+    Collector,
+    Completion,
+    generate_request,
+    to_chunk,
+)
+from specserve.client.sync import MAX_MESSAGE_BYTES
+from specserve.serving.status import error_from_rpc
+from specserve.v1 import router_pb2, router_pb2_grpc
+
+
+class AsyncClient:
+    def __init__(self, address: str, *, retries: int = 3) -> None:
+        self.channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
+        self.retries = retries
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def stream(
+        self, prompt: str | list[int], *, timeout: float | None = None, **kwargs: Any
+    ) -> AsyncIterator[Chunk]:
+        """Keyword arguments as `Client.stream`."""
+        options = {
+            "max_new_tokens": 128,
+            "method": "",
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "seed": None,
+            "stop": (),
+            "ignore_eos": False,
+            "session_id": None,
+        } | kwargs
+        request = generate_request(prompt, **options)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        collector = Collector()
+        for attempt in range(self.retries + 1):
+            try:
+                async for message in self._open(request, len(collector.token_ids), deadline, attempt > 0):
+                    chunk = collector.add(to_chunk(message))
+                    if chunk is not None:
+                        yield chunk
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() is not grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
+                    raise error_from_rpc(e) from None
+                await asyncio.sleep(RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)])
+
+    async def _open(
+        self, request: router_pb2.GenerateRequest, received: int, deadline: float | None, resume: bool
+    ) -> AsyncIterator[router_pb2.GenerateResponse]:
+        if resume:
+            try:
+                call = self.stub.Resume(
+                    router_pb2.ResumeRequest(session_id=request.session_id, received_tokens=received),
+                    timeout=_remaining(deadline),
+                )
+                async for message in call:
+                    yield message
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() is not grpc.StatusCode.NOT_FOUND:
+                    raise
+        async for message in self.stub.Generate(request, timeout=_remaining(deadline)):
+            yield message
+
+    async def generate(self, prompt: str | list[int], **kwargs: Any) -> Completion:
+        collector = Collector()
+        async for chunk in self.stream(prompt, **kwargs):
+            collector.add(chunk)
+        return collector.completion()
+
+    async def cancel(self, session_id: str, timeout: float = 10.0) -> None:
+        try:
+            await self.stub.Cancel(router_pb2.CancelRequest(session_id=session_id), timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from None
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.001, deadline - time.monotonic())

@@ -1,0 +1,114 @@
+"""What the sync and asyncio clients share: request building and response types."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, field
+
+from specserve.v1 import common_pb2, router_pb2
+
+_FINISH = {
+    common_pb2.FINISH_REASON_EOS: "eos",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_CANCELLED: "cancelled",
+}
+RETRY_BACKOFF_SECONDS = (0.1, 0.3, 1.0, 2.0)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tokens as they are accepted. finish_reason and stats are set on the last chunk only."""
+
+    session_id: str
+    token_ids: list[int]
+    index: int  # position of token_ids[0] in the generated sequence
+    text: str
+    finish_reason: str | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    session_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: dict[str, float]
+
+
+def generate_request(
+    prompt: str | list[int],
+    *,
+    max_new_tokens: int,
+    method: str,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop: list[str] | tuple[str, ...],
+    ignore_eos: bool,
+    session_id: str | None,
+) -> router_pb2.GenerateRequest:
+    # A seed fixed here makes a retried generation reproduce the tokens already received.
+    sampling = common_pb2.SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=secrets.randbits(63) if seed is None else seed
+    )
+    request = router_pb2.GenerateRequest(
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        stop=list(stop),
+        ignore_eos=ignore_eos,
+        method=method,
+        # Chosen here, so a retry after a lost connection can resume instead of starting over.
+        session_id=session_id or uuid.uuid4().hex,
+    )
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.prompt_token_ids.extend(prompt)
+    return request
+
+
+def to_chunk(message: router_pb2.GenerateResponse) -> Chunk:
+    stats = {}
+    if message.HasField("stats"):
+        stats = {f.name: getattr(message.stats, f.name) for f in message.stats.DESCRIPTOR.fields}
+    return Chunk(
+        session_id=message.session_id,
+        token_ids=list(message.token_ids),
+        index=message.index,
+        text=message.text,
+        finish_reason=_FINISH.get(message.finish_reason),
+        stats=stats,
+    )
+
+
+class Collector:
+    """Folds chunks into a Completion (deduplicating tokens re-sent after a resume)."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.session_id = ""
+        self.finish_reason: str | None = None
+        self.stats: dict[str, float] = {}
+
+    def add(self, chunk: Chunk) -> Chunk | None:
+        """Returns the chunk trimmed to what is new, or None if it repeats what we have."""
+        self.session_id = chunk.session_id
+        skip = len(self.token_ids) - chunk.index
+        if skip > 0 and not chunk.finish_reason:
+            if skip >= len(chunk.token_ids):
+                return None
+            chunk = Chunk(chunk.session_id, chunk.token_ids[skip:], len(self.token_ids), chunk.text)
+        self.token_ids.extend(chunk.token_ids)
+        self.text += chunk.text
+        if chunk.finish_reason:
+            self.finish_reason, self.stats = chunk.finish_reason, chunk.stats
+        return chunk
+
+    def completion(self) -> Completion:
+        assert self.finish_reason is not None
+        return Completion(self.session_id, self.text, self.token_ids, self.finish_reason, self.stats)

@@ -1,0 +1,143 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from specserve.client.common import (
+    RETRY_BACKOFF_SECONDS,
+    Chunk,
+    Collector,
+    Completion,
+    generate_request,
+    to_chunk,
+)
+from specserve.serving.status import error_from_rpc
+from specserve.v1 import router_pb2, router_pb2_grpc
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class Client:
+    def __init__(self, address: str, *, retries: int = 3, channel: grpc.Channel | None = None) -> None:
+        self.channel = channel or grpc.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
+        self.retries = retries
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def stream(
+        self,
+        prompt: str | list[int],
+        *,
+        max_new_tokens: int = 128,
+        method: str = "",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: list[str] | tuple[str, ...] = (),
+        ignore_eos: bool = False,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Chunk]:
+        """Yields chunks as tokens are accepted. `timeout` is the whole generation's deadline (seconds);
+        when it passes, the router frees the session and DeadlineExceeded is raised."""
+        request = generate_request(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            method=method,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            session_id=session_id,
+        )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        collector = Collector()
+        for attempt in range(self.retries + 1):
+            try:
+                for message in self._open(request, len(collector.token_ids), deadline, resume=attempt > 0):
+                    chunk = collector.add(to_chunk(message))
+                    if chunk is not None:
+                        yield chunk
+                return
+            except grpc.RpcError as e:
+                error = error_from_rpc(e)
+                if e.code() is not grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
+                    raise error from None
+                time.sleep(RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)])
+
+    def _open(
+        self, request: router_pb2.GenerateRequest, received: int, deadline: float | None, resume: bool
+    ) -> Iterator[router_pb2.GenerateResponse]:
+        """A retry resumes the session (a restarted router continues it from Redis); if the router no longer
+        has it (the failed stream cancelled it), it is generated again: the seed is fixed, so the tokens are
+        the same, and the ones the caller already has are skipped."""
+        if resume:
+            try:
+                yield from self.stub.Resume(
+                    router_pb2.ResumeRequest(session_id=request.session_id, received_tokens=received),
+                    timeout=_remaining(deadline),
+                )
+                return
+            except grpc.RpcError as e:
+                if e.code() is not grpc.StatusCode.NOT_FOUND:
+                    raise
+        yield from self.stub.Generate(request, timeout=_remaining(deadline))
+
+    def generate(self, prompt: str | list[int], **kwargs: Any) -> Completion:
+        collector = Collector()
+        for chunk in self.stream(prompt, **kwargs):
+            collector.add(chunk)
+        return collector.completion()
+
+    def resume(
+        self, session_id: str, received_tokens: int = 0, timeout: float | None = None
+    ) -> Iterator[Chunk]:
+        try:
+            for message in self.stub.Resume(
+                router_pb2.ResumeRequest(session_id=session_id, received_tokens=received_tokens),
+                timeout=timeout,
+            ):
+                yield to_chunk(message)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def cancel(self, session_id: str, timeout: float = 10.0) -> None:
+        try:
+            self.stub.Cancel(router_pb2.CancelRequest(session_id=session_id), timeout=timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def list_methods(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        try:
+            response = self.stub.ListMethods(router_pb2.ListMethodsRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        return [
+            {"name": m.name, "description": m.description, "lossless": m.lossless} for m in response.methods
+        ]
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.001, deadline - time.monotonic())

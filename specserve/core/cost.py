@@ -1,0 +1,136 @@
+"""Cost-aware drafting: grow a round only while it raises the expected tokens per second.
+
+A round that drafted d spine tokens with predicted acceptances a_1..a_d (a_i: the chance the target
+accepts token i given that tokens 1..i-1 were accepted) and, with CaPE, leaves of predicted acceptance
+l_{i,j} beside spine token i, emits in expectation
+
+    E = 1 + sum_i P_{i-1} (a_i + sum_j l_{i,j}),   P_i = a_1 ... a_i   (P_0 = 1)
+
+tokens (the 1 is the bonus or recovered token, always emitted; a leaf ends the path, so only the spine
+carries P on) and costs
+
+    T = draft_step_s * d + verify_s(n)            (n = tree nodes, root included)
+
+seconds, verify_s being the calibrated cost of one target forward over n tree nodes on this machine.
+Growing by anything with expected gain dE and cost dT raises the rate iff dE / dT > E / T (the marginal
+rate beats the current one). After each spine token the policy looks ahead k = 1..K more spine tokens,
+assuming each is accepted with the last prediction a: dE_k = P_d (a + a^2 + ... + a^k),
+dT_k = k draft_step_s + verify_s(n + k) - verify_s(n); it stops when no k beats the current rate
+(one-step lookahead alone would miss a curve that is flat after a step, e.g. a GPU's). A leaf is kept
+when P_{i-1} l_{i,j} / (verify_s(n + 1) - verify_s(n)) beats the current rate.
+
+Worked example (docs/adaptive.md has it in full): draft_step_s = 0.004, verify_s(1) = 0.060, rising by
+0.003 per node. One token with a = 0.9: E = 1.9, T = 0.004 + 0.063 = 0.067, 28.4 tok/s. A second token
+with a = 0.9 would add 0.81 tokens for 0.007 s (116 tok/s marginal): continue. With a = 0.1 a further
+token would add 0.09 tokens for 0.007 s, 12.9 tok/s, below the current rate: stop.
+
+Pure Python (no torch): the router may load calibrations and cost models.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specserve.errors import InvalidArgument, NotFound
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Calibrated costs: one target forward over n tree nodes, one draft step (both in seconds)."""
+
+    verify_points: tuple[tuple[int, float], ...]  # (num_nodes, seconds), num_nodes increasing
+    draft_step_s: float
+
+    def __post_init__(self) -> None:
+        sizes = [n for n, _ in self.verify_points]
+        if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
+            raise InvalidArgument(f"verify points need increasing node counts >= 1, got {sizes}")
+        if any(s <= 0 for _, s in self.verify_points) or self.draft_step_s < 0:
+            raise InvalidArgument("verify costs must be > 0 and the draft step cost >= 0")
+
+    def verify_s(self, num_nodes: int) -> float:
+        """Piecewise linear through the calibrated points; extrapolated with the last segment's slope
+        beyond the largest, and flat below the smallest (a forward never costs less than one token's)."""
+        points = self.verify_points
+        if num_nodes <= points[0][0] or len(points) == 1:
+            return points[0][1]
+        for (n0, s0), (n1, s1) in itertools.pairwise(points):
+            if num_nodes <= n1:
+                return s0 + (s1 - s0) * (num_nodes - n0) / (n1 - n0)
+        (n0, s0), (n1, s1) = points[-2], points[-1]
+        return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (num_nodes - n1)
+
+    def round_s(self, num_spine: int, num_nodes: int) -> float:
+        return self.draft_step_s * num_spine + self.verify_s(num_nodes)
+
+    def to_json(self) -> dict:
+        return {"verify_s": {str(n): s for n, s in self.verify_points}, "draft_step_s": self.draft_step_s}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostModel:
+        try:
+            points = sorted((int(n), float(s)) for n, s in data["verify_s"].items())
+            return cls(tuple(points), float(data["draft_step_s"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InvalidArgument(f"not a cost calibration: {e}") from None
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        if not path.is_file():
+            raise NotFound(f"no cost calibration at {path}; write one with `specserve calibrate`")
+        return cls.from_json(json.loads(path.read_text()))
+
+
+# Used when no calibration is given: the shape section 7 of the algorithms notes reports for a CPU
+# (16 tokens cost ~1.7x one token) and a draft step of 5% of a target forward. Only ratios matter: the
+# decisions compare rates, so the unit cancels.
+NOMINAL_CPU_COST = CostModel(((1, 1.0), (16, 1.7), (64, 4.0)), draft_step_s=0.05)
+
+
+def expected_tokens(acceptances: Sequence[float], leaf_acceptances: Sequence[float] = ()) -> float:
+    """E = 1 + sum_i P_{i-1} (a_i + L_i): acceptances [d] of the spine, leaf_acceptances [d] the summed
+    leaf acceptance beside each spine token (missing = 0)."""
+    expected, reach = 1.0, 1.0
+    for i, a in enumerate(acceptances):
+        leaves = leaf_acceptances[i] if i < len(leaf_acceptances) else 0.0
+        expected += reach * (a + leaves)
+        reach *= a
+    return expected
+
+
+def beats_rate(expected: float, seconds: float, gain: float, extra_seconds: float) -> bool:
+    """True iff (E + gain) / (T + extra) > E / T, i.e. gain / extra > E / T (extra > 0)."""
+    return gain * seconds > expected * extra_seconds
+
+
+def worth_extending(
+    cost: CostModel,
+    expected: float,  # E of the round so far
+    reach: float,  # P_d: chance every spine token so far is accepted
+    next_acceptance: float,  # predicted a of each further spine token
+    num_spine: int,
+    num_nodes: int,
+    max_more: int,  # spine tokens the cap still allows
+) -> bool:
+    """Whether drafting 1..max_more further spine tokens can beat the round's current rate."""
+    seconds = cost.round_s(num_spine, num_nodes)
+    gain = 0.0
+    step_reach = reach
+    for k in range(1, max_more + 1):
+        step_reach *= next_acceptance
+        gain += step_reach
+        extra = cost.round_s(num_spine + k, num_nodes + k) - seconds
+        if beats_rate(expected, seconds, gain, extra):
+            return True
+    return False
+
+
+def worth_leaf(cost: CostModel, expected: float, gain: float, num_spine: int, num_nodes: int) -> bool:
+    """Whether one more leaf, adding `gain` expected tokens and one node, beats the current rate."""
+    seconds = cost.round_s(num_spine, num_nodes)
+    extra = cost.verify_s(num_nodes + 1) - cost.verify_s(num_nodes)
+    return extra <= 0 or beats_rate(expected, seconds, gain, extra)

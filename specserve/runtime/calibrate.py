@@ -1,0 +1,107 @@
+"""Measures this machine's costs for the `cost` stop policy: a target forward over n tree nodes on top
+of a prompt's KV, and one draft step. `specserve calibrate` saves them; the engine loads or measures
+them once at start-up (core/cost.py says how they are used).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from specserve.core.cost import CostModel
+from specserve.core.protocols import DraftTree
+from specserve.core.sampling_params import SamplingParams
+from specserve.runtime.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
+PROMPT_TOKENS = 128  # a typical chat prompt; attention over it is part of every verify
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls after one warm-up: the least disturbed by other load."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def binary_tree_parents(num_nodes: int) -> list[int]:
+    """A bushy tree shape (node i's parent is (i - 1) // 2), like a CaPE or multi-candidate tree."""
+    return [-1] + [(i - 1) // 2 for i in range(1, num_nodes)]
+
+
+def measure_verify_s(
+    runner: ModelRunner,
+    sizes: Sequence[int] = VERIFY_SIZES,
+    prompt_tokens: int = PROMPT_TOKENS,
+    repeats: int = 3,
+) -> tuple[tuple[int, float], ...]:
+    """(n, seconds of one target forward over an n-node tree after a prompt_tokens-long prefix) per n."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, runner.vocab_size, (prompt_tokens,), generator=generator).tolist()
+    cache = runner.new_cache(prompt_tokens + max(sizes) + 1)
+    runner.forward(cache, prompt, last_only=True)
+    points = []
+    for n in sizes:
+        tokens = torch.randint(0, runner.vocab_size, (n,), generator=generator).tolist()
+        parents = binary_tree_parents(n)
+
+        def verify(tokens=tokens, parents=parents) -> None:
+            runner.forward(cache, tokens, parents)
+            cache.truncate(prompt_tokens)
+
+        points.append((n, best_of(verify, repeats)))
+    return tuple(points)
+
+
+def measure_draft_step_s(
+    propose: Callable[[int], DraftTree],  # depth -> a proposal of a chain of that many tokens
+    short: int = 1,
+    long: int = 9,
+    repeats: int = 3,
+) -> float:
+    """One draft step's seconds: the slope of a proposal's time between two chain lengths, so the fixed
+    per-round work (re-encoding accepted tokens, the root) does not count as a step."""
+    t_short = best_of(lambda: propose(short), repeats)
+    t_long = best_of(lambda: propose(long), repeats)
+    return max(0.0, (t_long - t_short) / (long - short))
+
+
+def calibrate_engine(engine, repeats: int = 3) -> CostModel:
+    """The engine's target verify curve and its GliDe draft's step cost."""
+    from specserve.glide.drafter import GlideDrafter
+    from specserve.runtime.drafter import DraftShape
+    from specserve.runtime.target import LocalVerifier
+
+    runner = engine.target_runner
+    verify_points = measure_verify_s(runner, repeats=repeats)
+    prompt = [i % runner.vocab_size for i in range(10, 10 + PROMPT_TOKENS)]
+    verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
+    root = verifier.prefill(prompt, SamplingParams(), seed=0)
+
+    def propose(depth: int) -> DraftTree:
+        drafter = GlideDrafter(engine.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth))
+        return drafter.propose([*prompt, root], SamplingParams(), seed=0)
+
+    draft_step_s = measure_draft_step_s(propose, repeats=repeats)
+    verifier.release()
+    cost = CostModel(verify_points, draft_step_s)
+    logger.info("calibrated: verify %s s, draft step %.4f s", dict(verify_points), draft_step_s)
+    return cost
+
+
+def save_calibration(cost: CostModel, path: Path, about: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {**cost.to_json(), **about, "threads": torch.get_num_threads(), "created": time.time()}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path

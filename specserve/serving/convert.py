@@ -1,0 +1,115 @@
+"""Conversions between core types and their protobuf messages. Torch-free (the router uses them); the
+tensor-carrying parts (sparse q, KV chunks) are in tensor_convert.py."""
+
+from __future__ import annotations
+
+import re
+
+from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
+from specserve.core.sampling_params import SamplingParams
+from specserve.core.tree import TokenTree
+from specserve.errors import InvalidArgument
+from specserve.results import FinishReason, GenerationStats
+from specserve.v1 import common_pb2, router_pb2, target_pb2
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+_KIND_TO_PB = {
+    CandidateKind.FIXED: common_pb2.CANDIDATE_KIND_FIXED,
+    CandidateKind.SAMPLED: common_pb2.CANDIDATE_KIND_SAMPLED,
+    CandidateKind.SAMPLED_WITHOUT_REPLACEMENT: common_pb2.CANDIDATE_KIND_SAMPLED_WITHOUT_REPLACEMENT,
+}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+
+_FINISH_TO_PB = {
+    FinishReason.EOS: common_pb2.FINISH_REASON_EOS,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+}
+
+
+def check_session_id(session_id: str) -> str:
+    if not SESSION_ID.match(session_id):
+        raise InvalidArgument(f"session_id must match {SESSION_ID.pattern}, got {session_id!r}")
+    return session_id
+
+
+def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
+    message = common_pb2.SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
+    )
+    if params.seed is not None:
+        message.seed = params.seed
+    return message
+
+
+def sampling_from_pb(
+    message: common_pb2.SamplingParams,
+    max_new_tokens: int = 1,
+    stop: tuple[str, ...] = (),
+    ignore_eos: bool = False,
+) -> SamplingParams:
+    """Unvalidated: call .validate(limit) where the limit is known. top_p 0 means "off", like 1."""
+    return SamplingParams(
+        temperature=message.temperature,
+        top_p=message.top_p if message.top_p != 0 else 1.0,
+        top_k=message.top_k,
+        seed=message.seed if message.HasField("seed") else None,
+        max_new_tokens=max_new_tokens,
+        stop=stop,
+        ignore_eos=ignore_eos,
+    )
+
+
+def tree_to_pb(draft: DraftTree) -> common_pb2.DraftTree:
+    """Structure only; q (if any) is attached by the caller that has it in wire form or as tensors."""
+    message = common_pb2.DraftTree(
+        token_ids=draft.tree.token_ids, parent_ids=draft.tree.parent_ids, kind=_KIND_TO_PB[draft.kind]
+    )
+    for node, q in draft.draft_probs.items():
+        if isinstance(q, common_pb2.SparseProbs):  # the router passes q through untouched
+            message.draft_probs.append(q)
+        else:
+            raise TypeError(f"node {node}: dense q must be converted with tensor_convert.tree_to_pb")
+    return message
+
+
+def tree_from_pb(message: common_pb2.DraftTree, max_nodes: int) -> DraftTree:
+    """Validates the structure (InvalidArgument on a malformed or oversized tree); q stays in wire form."""
+    if len(message.token_ids) > max_nodes:
+        raise InvalidArgument(f"the tree has {len(message.token_ids)} nodes; at most {max_nodes} allowed")
+    if message.kind not in _KIND_FROM_PB:
+        raise InvalidArgument("tree.kind must be set")
+    tree = TokenTree(tuple(message.token_ids), tuple(message.parent_ids))
+    kind = _KIND_FROM_PB[message.kind]
+    probs = {q.node: q for q in message.draft_probs}
+    if kind is not CandidateKind.FIXED:
+        internal = {p for p in tree.parent_ids if p >= 0}
+        if set(probs) != internal:
+            raise InvalidArgument("sampled candidates need draft_probs for exactly the internal nodes")
+    elif probs:
+        raise InvalidArgument("fixed candidates carry no draft_probs")
+    return DraftTree(tree, kind, probs)
+
+
+def outcome_from_pb(message: target_pb2.VerifyResponse) -> VerifyOutcome:
+    return VerifyOutcome(list(message.accepted_nodes), message.next_token)
+
+
+def finish_to_pb(reason: FinishReason | None) -> int:
+    return common_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH_TO_PB[reason]
+
+
+def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.GenerationStats:
+    return router_pb2.GenerationStats(
+        num_generated_tokens=stats.num_generated_tokens,
+        num_target_forwards=stats.num_target_forwards,
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens,
+        mean_accepted_length=stats.mean_accepted_length,
+        elapsed_seconds=stats.elapsed_s,
+        tokens_per_second=stats.tokens_per_s,
+        draft_seconds=stats.draft_s,
+        verify_seconds=stats.verify_s,
+        **extra,
+    )

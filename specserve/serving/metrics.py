@@ -1,0 +1,171 @@
+"""Prometheus metrics of each service, on its own registry and HTTP port (/metrics).
+
+Names follow vLLM's (`<prefix>:spec_decode_num_drafts`, ...) with the prefix `specserve:` so existing
+dashboards carry over; the ones nobody else exposes (draft RPC latency, KV-feed lag and bytes, bytes on
+the wire per round) are added under the same prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+PREFIX = "specserve:"
+MAX_TRACKED_POSITION = 16  # per-position acceptance counts stop here (labels stay bounded)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
+    """Serves /metrics on a daemon thread; port 0 = off."""
+    if port:
+        start_http_server(port, addr=host, registry=registry)
+
+
+@dataclass
+class RouterMetrics:
+    registry: CollectorRegistry
+    num_drafts: Counter
+    num_draft_tokens: Counter
+    num_accepted_tokens: Counter
+    num_accepted_tokens_per_pos: Counter
+    time_to_first_token: Histogram
+    inter_token_latency: Histogram
+    e2e_request_latency: Histogram
+    draft_rpc_latency: Histogram
+    verify_rpc_latency: Histogram
+    redis_latency: Histogram
+    round_bytes: Histogram
+    running_requests: Gauge
+    rejected_requests: Counter
+    draft_fallbacks: Counter
+    target_rebuilds: Counter
+
+    @classmethod
+    def create(cls) -> RouterMetrics:
+        r = CollectorRegistry()
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
+            return Histogram(PREFIX + name, doc, registry=r, buckets=buckets)
+
+        return cls(
+            registry=r,
+            num_drafts=Counter(PREFIX + "spec_decode_num_drafts", "Speculation rounds", registry=r),
+            num_draft_tokens=Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens", registry=r),
+            num_accepted_tokens=Counter(
+                PREFIX + "spec_decode_num_accepted_tokens", "Accepted draft tokens", registry=r
+            ),
+            num_accepted_tokens_per_pos=Counter(
+                PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                "Accepted draft tokens by position in the accepted path (1 = first draft token)",
+                ["position"],
+                registry=r,
+            ),
+            time_to_first_token=hist("time_to_first_token_seconds", "Request start to first token"),
+            inter_token_latency=hist("inter_token_latency_seconds", "Time between streamed tokens"),
+            e2e_request_latency=hist("e2e_request_latency_seconds", "Request start to finish"),
+            draft_rpc_latency=hist("draft_rpc_latency_seconds", "Draft Propose call, as the router sees it"),
+            verify_rpc_latency=hist(
+                "verify_rpc_latency_seconds", "Target Verify call, as the router sees it"
+            ),
+            redis_latency=hist("redis_latency_seconds", "Session-state writes to Redis per round"),
+            round_bytes=hist("round_bytes", "Propose + Verify bytes on the wire per round", _BYTES_BUCKETS),
+            running_requests=Gauge(PREFIX + "num_requests_running", "Generations in progress", registry=r),
+            rejected_requests=Counter(
+                PREFIX + "num_requests_rejected", "Generations refused (overload)", registry=r
+            ),
+            draft_fallbacks=Counter(
+                PREFIX + "num_draft_fallbacks", "Rounds verified without a draft (draft failed)", registry=r
+            ),
+            target_rebuilds=Counter(
+                PREFIX + "num_target_rebuilds", "Target sessions rebuilt from history", registry=r
+            ),
+        )
+
+    def observe_round(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts.inc()
+        self.num_draft_tokens.inc(num_draft_tokens)
+        self.num_accepted_tokens.inc(num_accepted)
+        for position in range(1, min(num_accepted, MAX_TRACKED_POSITION) + 1):
+            self.num_accepted_tokens_per_pos.labels(position=str(position)).inc()
+
+
+@dataclass
+class TargetMetrics:
+    registry: CollectorRegistry
+    sessions: Gauge
+    kv_positions_reserved: Gauge
+    evictions: Counter
+    verify_latency: Histogram
+    prefill_latency: Histogram
+    kv_feed_bytes: Counter
+    kv_feed_subscribers: Gauge
+
+    @classmethod
+    def create(cls) -> TargetMetrics:
+        r = CollectorRegistry()
+        return cls(
+            registry=r,
+            sessions=Gauge(PREFIX + "target_sessions", "Sessions holding a KV cache", registry=r),
+            kv_positions_reserved=Gauge(
+                PREFIX + "kv_cache_reserved_positions", "KV positions reserved by sessions", registry=r
+            ),
+            evictions=Counter(PREFIX + "target_evictions", "Sessions evicted to fit the budget", registry=r),
+            verify_latency=Histogram(
+                PREFIX + "verify_latency_seconds",
+                "Tree forward + acceptance + commit",
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
+            ),
+            prefill_latency=Histogram(
+                PREFIX + "prefill_latency_seconds",
+                "Prompt (or rebuild) forward",
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
+            ),
+            kv_feed_bytes=Counter(PREFIX + "kv_feed_sent_bytes", "KV-feed payload bytes sent", registry=r),
+            kv_feed_subscribers=Gauge(PREFIX + "kv_feed_subscribers", "Open KV-feed streams", registry=r),
+        )
+
+
+@dataclass
+class DraftMetrics:
+    registry: CollectorRegistry
+    sessions: Gauge
+    propose_latency: Histogram
+    kv_wait: Histogram
+    kv_feed_lag: Histogram
+    kv_feed_bytes: Counter
+    kv_feed_resyncs: Counter
+
+    @classmethod
+    def create(cls) -> DraftMetrics:
+        r = CollectorRegistry()
+        return cls(
+            registry=r,
+            sessions=Gauge(PREFIX + "draft_sessions", "Draft sessions", registry=r),
+            propose_latency=Histogram(
+                PREFIX + "propose_latency_seconds",
+                "Propose handler time",
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
+            ),
+            kv_wait=Histogram(
+                PREFIX + "kv_wait_seconds",
+                "Propose time spent waiting for the KV feed",
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
+            ),
+            kv_feed_lag=Histogram(
+                PREFIX + "kv_feed_lag_seconds",
+                "Target commit to draft mirror, per chunk",
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
+            ),
+            kv_feed_bytes=Counter(PREFIX + "kv_feed_received_bytes", "KV-feed payload bytes", registry=r),
+            kv_feed_resyncs=Counter(
+                PREFIX + "kv_feed_resyncs", "KV-feed reconnects (gap, epoch change, error)", registry=r
+            ),
+        )

@@ -1,0 +1,100 @@
+"""Starting and stopping a service the same way for all three roles.
+
+A sync gRPC server with: bounded concurrency (`maximum_concurrent_rpcs`: the overflow gets
+RESOURCE_EXHAUSTED at once, there is no unbounded queue), message size limits both ways, the error
+interceptor, trace propagation, grpc.health.v1 and reflection, Prometheus on its own port, and a
+graceful drain on SIGTERM/SIGINT (health turns NOT_SERVING, new RPCs are refused, running ones get
+`drain_seconds` to finish).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from specserve.serving.metrics import serve_metrics
+from specserve.serving.settings import ServerSettings
+from specserve.serving.status import ErrorInterceptor
+from specserve.serving.telemetry import server_interceptors
+
+logger = logging.getLogger(__name__)
+
+
+def channel_options(settings: ServerSettings) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+    ]
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    port: int  # the bound port (settings.port 0 = any free port)
+    health: health.HealthServicer
+    service_names: tuple[str, ...]
+    drain_seconds: float
+    on_stop: Callable[[], None] | None = None
+
+    def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING first (load balancers stop sending), then wait for running RPCs."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(self.drain_seconds if grace is None else grace).wait()
+        if self.on_stop is not None:
+            self.on_stop()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def start_server(
+    settings: ServerSettings,
+    add_servicers: Callable[[grpc.Server], None],
+    service_names: tuple[str, ...],  # fully qualified, e.g. "specserve.v1.TargetService"
+    registry: CollectorRegistry | None = None,
+    on_stop: Callable[[], None] | None = None,
+) -> RunningServer:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.num_worker_threads),
+        interceptors=[*server_interceptors(), ErrorInterceptor()],
+        options=channel_options(settings),
+        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+    )
+    add_servicers(server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(settings.address)
+    if port == 0:
+        raise OSError(f"cannot bind {settings.address}")
+    server.start()
+    for name in ("", *service_names):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if registry is not None:
+        serve_metrics(registry, settings.metrics_port, settings.host)
+    logger.info("serving %s on port %d", ", ".join(service_names), port)
+    return RunningServer(server, port, health_servicer, service_names, settings.drain_seconds, on_stop)
+
+
+def serve_until_signal(running: RunningServer) -> None:
+    """Blocks until SIGTERM or SIGINT, then drains and returns."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
+        pass
+    logger.info("draining (up to %.0f s)", running.drain_seconds)
+    running.stop()
+    logger.info("stopped")

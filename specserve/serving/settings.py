@@ -1,0 +1,149 @@
+"""One settings object per service, loaded once from SPECSERVE_<ROLE>_* variables (Helm values map onto
+them one to one). Torch-free: the router imports this.
+
+Model settings (model dir, device, dtype, bounds) are the engine's own `EngineSettings`
+(SPECSERVE_* without a role), shared by the target and draft services.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+
+from specserve.errors import InvalidArgument
+
+S = TypeVar("S", bound="ServerSettings")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What every gRPC service shares. Subclasses set ENV_PREFIX and add their own fields."""
+
+    ENV_PREFIX = "SPECSERVE_SERVER_"
+
+    host: str = "0.0.0.0"
+    port: int = 0
+    metrics_port: int = 0  # Prometheus /metrics over HTTP; 0 = off
+    max_concurrent_rpcs: int = 64  # beyond this, new RPCs get RESOURCE_EXHAUSTED (no unbounded queue)
+    max_message_bytes: int = 16 * 1024 * 1024  # both directions
+    drain_seconds: float = 20.0  # SIGTERM: stop accepting, let running RPCs finish for this long
+    worker_threads: int = 0  # 0 = max_concurrent_rpcs + 8 (server-streaming RPCs hold a thread)
+
+    @classmethod
+    def from_env(cls: type[S], environ: dict[str, str] | None = None, **overrides: Any) -> S:
+        """Defaults, then <ENV_PREFIX><FIELD> variables, then explicit overrides (None = keep)."""
+        environ = dict(os.environ if environ is None else environ)
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(cls.ENV_PREFIX + f.name.upper())
+            if raw:
+                values[f.name] = _parse(cls.ENV_PREFIX + f.name.upper(), raw, hints[f.name])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values).validate()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def num_worker_threads(self) -> int:
+        return self.worker_threads or self.max_concurrent_rpcs + 8
+
+    def validate(self: S) -> S:
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise InvalidArgument(f"{name} must be in [0, 65535], got {getattr(self, name)}")
+        if self.max_concurrent_rpcs < 1:
+            raise InvalidArgument("max_concurrent_rpcs must be >= 1")
+        if self.max_message_bytes < 1024:
+            raise InvalidArgument("max_message_bytes must be >= 1024")
+        if self.drain_seconds < 0:
+            raise InvalidArgument("drain_seconds must be >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class TargetServiceSettings(ServerSettings):
+    """The target service: sessions' KV caches under a budget, verification, the KV feed."""
+
+    ENV_PREFIX = "SPECSERVE_TARGET_"
+
+    port: int = 50051
+    metrics_port: int = 9101
+    max_sessions: int = 64
+    # Sum of the sessions' KV capacities, in token positions. A new session evicts the least recently
+    # used idle sessions to fit; their routers rebuild them from the token history on the next call.
+    kv_budget_tokens: int = 65536
+    feed_chunk_positions: int = 256  # KV feed: positions per streamed chunk (bounds message size)
+
+    def validate(self) -> TargetServiceSettings:
+        super().validate()
+        if self.max_sessions < 1 or self.kv_budget_tokens < 1 or self.feed_chunk_positions < 1:
+            raise InvalidArgument("max_sessions, kv_budget_tokens and feed_chunk_positions must be >= 1")
+        return self
+
+
+@dataclass(frozen=True)
+class DraftServiceSettings(ServerSettings):
+    """The draft service: mirrors the target's KV feed per session, proposes trees."""
+
+    ENV_PREFIX = "SPECSERVE_DRAFT_"
+
+    port: int = 50052
+    metrics_port: int = 9102
+    max_sessions: int = 64
+    kv_wait_seconds: float = 2.0  # how long a propose waits for the KV version it needs
+
+    def validate(self) -> DraftServiceSettings:
+        super().validate()
+        if self.max_sessions < 1 or self.kv_wait_seconds <= 0:
+            raise InvalidArgument("max_sessions must be >= 1 and kv_wait_seconds > 0")
+        return self
+
+
+@dataclass(frozen=True)
+class RouterServiceSettings(ServerSettings):
+    """The public router: drives rounds, keeps sessions in Redis, places them on replicas."""
+
+    ENV_PREFIX = "SPECSERVE_ROUTER_"
+
+    port: int = 50050
+    metrics_port: int = 9100
+    max_concurrent_rpcs: int = 32
+    target_addresses: tuple[str, ...] = ("localhost:50051",)  # env: comma-separated host:port
+    draft_addresses: tuple[str, ...] = ("localhost:50052",)
+    redis_url: str = "redis://localhost:6379/0"
+    session_ttl_seconds: int = 3600  # a session's Redis state expires this long after its last round
+    default_method: str = "glide"
+    draft_timeout_seconds: float = 5.0  # per propose call; on failure the round verifies the root only
+    target_timeout_seconds: float = 30.0  # per prefill / verify call
+
+    def validate(self) -> RouterServiceSettings:
+        super().validate()
+        if not self.target_addresses:
+            raise InvalidArgument("target_addresses must name at least one target service")
+        if self.session_ttl_seconds < 1:
+            raise InvalidArgument("session_ttl_seconds must be >= 1")
+        if self.draft_timeout_seconds <= 0 or self.target_timeout_seconds <= 0:
+            raise InvalidArgument("timeouts must be > 0")
+        return self
+
+
+def _parse(name: str, raw: str, type_: Any) -> Any:
+    origin = typing.get_origin(type_)
+    try:
+        if origin is tuple:
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if origin in (typing.Union, types.UnionType):
+            type_ = next(a for a in typing.get_args(type_) if a is not type(None))
+        if type_ is bool:
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("expected true or false")
+            return raw.lower() in ("1", "true", "yes")
+        return type_(raw)
+    except ValueError as e:
+        raise InvalidArgument(f"{name}={raw!r}: {e}") from None

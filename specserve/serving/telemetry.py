@@ -1,0 +1,104 @@
+"""Tracing: one TracerProvider per process, configured by the standard OTEL_* variables, and gRPC
+interceptors that propagate W3C trace context across services.
+
+OTEL_TRACES_EXPORTER: "otlp" (OTLP/gRPC to OTEL_EXPORTER_OTLP_ENDPOINT), "console", or "none" (the
+default when no endpoint is set). OTEL_SERVICE_NAME names the process (default: specserve-<role>).
+Tests install their own in-memory exporter with `configure_tracing(role, exporter=...)`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.instrumentation.grpc import client_interceptor, server_interceptor
+from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+
+TRACER_NAME = "specserve"
+
+# Span names (one constant each, so dashboards and tests agree).
+SPAN_REQUEST = "specserve.request"
+SPAN_ROUND = "specserve.round"
+SPAN_PROPOSE = "specserve.draft.propose"
+SPAN_VERIFY = "specserve.target.verify"
+SPAN_PREFILL = "specserve.target.prefill"
+SPAN_KV_PUBLISH = "specserve.kv_feed.publish"
+SPAN_KV_RECEIVE = "specserve.kv_feed.receive"
+
+# Attribute names.
+ATTR_SESSION = "specserve.session_id"
+ATTR_METHOD = "specserve.method"
+ATTR_DRAFT_LENGTH = "specserve.draft_length"
+ATTR_ACCEPTED_LENGTH = "specserve.accepted_length"
+ATTR_TREE_SIZE = "specserve.tree_size"
+ATTR_BYTES = "specserve.bytes"
+ATTR_POSITIONS = "specserve.positions"
+
+_configured = False
+
+
+def configure_tracing(role: str, exporter: SpanExporter | None = None) -> None:
+    """Installs the process's TracerProvider once. `exporter` (tests) wins over the environment."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"specserve-{role}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name, "specserve.role": role}))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        env_exporter = _exporter_from_env()
+        if env_exporter is not None:
+            provider.add_span_processor(BatchSpanProcessor(env_exporter))
+    trace.set_tracer_provider(provider)
+
+
+def _exporter_from_env() -> SpanExporter | None:
+    default = "otlp" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", default).strip().lower()
+    if kind == "otlp":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()  # endpoint, headers, TLS from OTEL_EXPORTER_OTLP_* variables
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    return None
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+@contextmanager
+def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
+    with tracer().start_as_current_span(name, attributes=attributes) as current:
+        yield current
+
+
+def shutdown_tracing() -> None:
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.force_flush()
+        provider.shutdown()
+
+
+def server_interceptors() -> list[grpc.ServerInterceptor]:
+    """Extracts the caller's traceparent and opens a server span per RPC."""
+    return [server_interceptor(tracer_provider=trace.get_tracer_provider())]
+
+
+def traced_channel(address: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+    """An insecure channel whose calls carry the current trace context (W3C traceparent)."""
+    channel = grpc.insecure_channel(address, options=options)
+    # The instrumentation's client interceptor plugs in through its own grpcext wrapper.
+    return intercept_channel(channel, client_interceptor(tracer_provider=trace.get_tracer_provider()))

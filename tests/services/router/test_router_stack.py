@@ -1,0 +1,173 @@
+"""The distributed stack produces the in-process engine's tokens, survives its parts failing, and frees
+everything when a client leaves.
+
+One stack (real Redis, target, draft and router processes) for the module. Greedy output through it
+must equal the in-process output; then tests kill or restart processes and check the output still
+does, and that cancelled or timed-out sessions leave nothing behind in Redis, the target or the draft.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+import redis
+
+from specserve.client import Client
+from specserve.core.sampling_params import SamplingParams
+from specserve.errors import DeadlineExceeded, SpecserveError
+from specserve.serving.stack import LocalStack, free_port
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model]
+
+PROMPT = "List three facts about the Moon."
+METHOD = "glide"
+MAX_NEW_TOKENS = 48
+# Long enough that the generation is still running when a killed draft has reloaded its model (the
+# rounds in between verify the root alone).
+LONG_NEW_TOKENS = 320
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    metrics = {role: free_port() for role in ("target", "draft", "router")}
+    env = {f"SPECSERVE_{role.upper()}_METRICS_PORT": str(port) for role, port in metrics.items()}
+    env["SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS"] = "90"  # long enough for a restarted target to load
+    with LocalStack(log_dir=tmp_path_factory.mktemp("stack-logs"), env=env) as running:
+        running.metrics_ports = metrics
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reference(default_engine) -> list[int]:
+    params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
+    return default_engine.generate(PROMPT, METHOD, params).token_ids
+
+
+@pytest.fixture(scope="module")
+def long_reference(default_engine) -> list[int]:
+    params = SamplingParams(max_new_tokens=LONG_NEW_TOKENS, ignore_eos=True)
+    return default_engine.generate(PROMPT, METHOD, params).token_ids
+
+
+EQUALITY_PROMPTS = (
+    "Explain what a hash table is.",
+    "Write a haiku about autumn rain.",
+    "What is 17 times 23? Show your steps.",
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["glide-cape", ""])  # "" = the router's default method
+def test_greedy_output_equals_in_process(stack, default_engine, method):
+    in_process_method = method or "glide"  # the router's default (RouterServiceSettings.default_method)
+    with Client(stack.router_address) as client:
+        for prompt in EQUALITY_PROMPTS:
+            remote = client.generate(prompt, method=method, max_new_tokens=32)
+            local = default_engine.generate(prompt, in_process_method, SamplingParams(max_new_tokens=32))
+            assert remote.token_ids == local.token_ids, prompt
+            assert remote.text == local.text
+            assert remote.finish_reason == local.finish_reason.value
+            assert remote.stats["num_draft_fallbacks"] == 0  # the draft really took part
+
+
+def metric(stack: LocalStack, role: str, name: str) -> float:
+    """A sample's value from the role's Prometheus endpoint (summed over labels)."""
+    url = f"http://127.0.0.1:{stack.metrics_ports[role]}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name) and " " in line]
+    return sum(values)
+
+
+def stream_until_killed(
+    client: Client, role: str, stack: LocalStack, after_tokens: int, max_new_tokens: int = MAX_NEW_TOKENS
+):
+    """Streams; once `after_tokens` arrived, kills `role` and restarts it. Returns (tokens, final chunk)."""
+    tokens, restarted = [], False
+    long = max_new_tokens != MAX_NEW_TOKENS
+    for chunk in client.stream(PROMPT, method=METHOD, max_new_tokens=max_new_tokens, ignore_eos=long):
+        tokens += chunk.token_ids
+        if not restarted and len(tokens) >= after_tokens:
+            stack.kill(role)
+            stack.start(role)
+            restarted = True
+        if chunk.finish_reason:
+            return tokens, chunk
+    raise AssertionError("the stream ended without a final chunk")
+
+
+@pytest.mark.timeout(300)
+def test_target_killed_mid_generation_is_rebuilt_from_history(stack, reference):
+    with Client(stack.router_address) as client:
+        tokens, last = stream_until_killed(client, "target", stack, after_tokens=8)
+    assert tokens == reference
+    assert last.stats["num_target_rebuilds"] >= 1
+    # The draft's feed lost its target and resubscribed to the restarted one.
+    assert metric(stack, "draft", "specserve:kv_feed_resyncs_total") >= 1
+
+
+@pytest.mark.timeout(300)
+def test_draft_killed_mid_generation_reconnects_and_catches_up(stack, long_reference):
+    with Client(stack.router_address) as client:
+        tokens, _ = stream_until_killed(
+            client, "draft", stack, after_tokens=8, max_new_tokens=LONG_NEW_TOKENS
+        )
+    assert tokens == long_reference
+    # The restarted draft was prefilled again, mirrored the feed from position 0 and proposed.
+    assert metric(stack, "draft", "specserve:propose_latency_seconds_count") >= 1
+    assert metric(stack, "draft", "specserve:kv_feed_received_bytes_total") > 0
+
+
+@pytest.mark.timeout(300)
+def test_router_restart_and_client_resumes_session(stack, reference):
+    received: list[int] = []
+    with Client(stack.router_address, retries=0) as client:
+        with pytest.raises(SpecserveError):
+            for chunk in client.stream(PROMPT, method=METHOD, max_new_tokens=MAX_NEW_TOKENS):
+                received += chunk.token_ids
+                session_id = chunk.session_id
+                if len(received) >= 8:
+                    stack.kill("router")
+        stack.start("router")
+        rest = []
+        for chunk in client.resume(session_id, received_tokens=len(received)):
+            rest += chunk.token_ids
+    assert received + rest == reference
+
+
+def assert_no_state_left(stack: LocalStack, session_id: str) -> None:
+    r = redis.Redis.from_url(stack.redis_url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        keys = r.keys(f"specserve:session:{session_id}*")
+        target = metric(stack, "target", "specserve:target_sessions")
+        draft = metric(stack, "draft", "specserve:draft_sessions")
+        if not keys and target == 0 and draft == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"state left behind: redis {keys}, target sessions {target}, draft sessions {draft}")
+
+
+@pytest.mark.timeout(300)
+def test_cancel_frees_redis_target_and_draft(stack):
+    with Client(stack.router_address) as client:
+        stream = client.stream(PROMPT, method=METHOD, max_new_tokens=200, ignore_eos=True)
+        first = next(stream)
+        client.cancel(first.session_id)
+        chunks = [first, *stream]
+    assert chunks[-1].finish_reason == "cancelled"
+    assert_no_state_left(stack, first.session_id)
+
+
+@pytest.mark.timeout(300)
+def test_deadline_frees_redis_target_and_draft(stack):
+    with Client(stack.router_address, retries=0) as client:
+        session_id = None
+        with pytest.raises(DeadlineExceeded):
+            for chunk in client.stream(
+                PROMPT, method=METHOD, max_new_tokens=400, ignore_eos=True, timeout=3.0
+            ):
+                session_id = chunk.session_id
+    assert session_id is not None
+    assert_no_state_left(stack, session_id)

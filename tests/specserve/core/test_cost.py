@@ -1,0 +1,106 @@
+"""The cost model: calibrated curve, expected tokens, and the extend / keep-leaf rules on hand numbers."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from specserve.core.cost import (
+    CostModel,
+    expected_tokens,
+    worth_extending,
+    worth_leaf,
+)
+from specserve.errors import InvalidArgument, NotFound
+
+# The worked example of docs/adaptive.md: 4 ms per draft step, 60 ms for one verified node, +3 ms a node.
+LINEAR = CostModel(((1, 0.060), (64, 0.060 + 63 * 0.003)), draft_step_s=0.004)
+
+
+def test_verify_cost_interpolates_extrapolates_and_floors():
+    cost = CostModel(((1, 1.0), (16, 1.6), (32, 2.0)), draft_step_s=0.1)
+    assert cost.verify_s(1) == 1.0 and cost.verify_s(16) == 1.6
+    assert cost.verify_s(8) == pytest.approx(1.0 + 0.6 * 7 / 15)
+    assert cost.verify_s(64) == pytest.approx(2.0 + 0.025 * 32)  # the last segment's slope
+    assert cost.verify_s(0) == 1.0
+    assert cost.round_s(num_spine=3, num_nodes=16) == pytest.approx(0.3 + 1.6)
+
+
+def test_calibration_json_round_trip(tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text('{"verify_s": {"4": 0.2, "1": 0.1}, "draft_step_s": 0.01, "threads": 2}')
+    cost = CostModel.load(path)
+    assert cost.verify_points == ((1, 0.1), (4, 0.2))
+    assert CostModel.from_json(cost.to_json()) == cost
+
+
+@pytest.mark.parametrize(
+    "points,draft",
+    [((), 0.1), (((2, 1.0), (1, 2.0)), 0.1), (((1, 0.0),), 0.1), (((1, 1.0),), -1.0), (((0, 1.0),), 0.1)],
+)
+def test_bad_calibrations_are_refused(points, draft):
+    with pytest.raises(InvalidArgument):
+        CostModel(points, draft)
+
+
+def test_missing_calibration_is_not_found(tmp_path):
+    with pytest.raises(NotFound):
+        CostModel.load(tmp_path / "none.json")
+
+
+def test_expected_tokens_by_hand():
+    assert expected_tokens([]) == 1.0
+    assert expected_tokens([0.9, 0.5]) == pytest.approx(1 + 0.9 + 0.45)
+    # leaves beside token 2 add 0.2, reached with probability 0.9
+    assert expected_tokens([0.9, 0.5], [0.0, 0.2]) == pytest.approx(1 + 0.9 + 0.9 * (0.5 + 0.2))
+
+
+def threshold_acceptance() -> float:
+    """After one token with acceptance a, one more (also a) pays iff a^2 T > (1 + a) dT with T = 0.067,
+    dT = 0.007 (extending further only adds smaller gains at the same price on a linear curve)."""
+    t, dt = 0.004 + 0.063, 0.007
+    return (dt + math.sqrt(dt * dt + 4 * t * dt)) / (2 * t)  # root of t a^2 - dt a - dt = 0: ~0.380
+
+
+@pytest.mark.parametrize("delta,extends", [(-0.005, False), (0.005, True)])
+def test_extending_flips_exactly_at_the_formulas_threshold(delta, extends):
+    a = threshold_acceptance() + delta
+    assert worth_extending(LINEAR, 1 + a, a, a, num_spine=1, num_nodes=2, max_more=10) is extends
+
+
+def test_worked_example_of_the_docs():
+    # token 1 (a = .9): E = 1.9, T = .067: a second .9 token adds .81 for .007 s
+    assert worth_extending(LINEAR, 1.9, 0.9, 0.9, 1, 2, max_more=7)
+    # token 3 (a = .1) after two .9 tokens: E = 2.791, T = .081 (34.5 tok/s); another .1 token adds .0081
+    e = expected_tokens([0.9, 0.9, 0.1])
+    assert e == pytest.approx(2.791)
+    assert not worth_extending(LINEAR, e, 0.081, 0.1, 3, 4, max_more=5)
+
+
+def test_no_room_left_never_extends():
+    assert not worth_extending(LINEAR, 1.99, 0.99, 0.99, 1, 2, max_more=0)
+
+
+def test_lookahead_sees_past_a_step_in_the_cost_curve():
+    """A GPU-like curve: flat to 8 nodes, then a jump. One more token (2 -> 3 nodes) is free, so even a
+    poor next token pays; with the jump right after the current size only a longer extension can pay."""
+    stepped = CostModel(((1, 1.0), (2, 1.0), (3, 1.6), (16, 1.6)), draft_step_s=0.0)
+    # at 2 nodes, the next node costs .6 (a 60% jump) but 13 more cost nothing beyond it
+    e, reach = 1.8, 0.8
+    one_step = worth_extending(stepped, e, reach, 0.8, 1, 2, max_more=1)
+    many = worth_extending(stepped, e, reach, 0.8, 1, 2, max_more=10)
+    assert not one_step and many
+
+
+def test_leaf_rule_by_hand():
+    # after a spine token with a = .5: E = 1.5, T = .067 (22.4 tok/s); a leaf adds its gain for .003 s
+    assert worth_leaf(LINEAR, 1.5, gain=0.3, num_spine=1, num_nodes=2)  # 100 tok/s marginal
+    assert not worth_leaf(LINEAR, 1.95, gain=0.05, num_spine=1, num_nodes=4)  # 16.7 < 26.7 tok/s
+
+
+def test_cost_module_needs_no_torch():
+    code = "import sys; import specserve.core.cost; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
