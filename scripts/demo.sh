@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The main job: set up if needed, then a real speculative generation on the default model, streamed.
+# The main job: set up if needed, start the local stack (Redis, target, draft and router processes), stream
+# a real speculative generation through the client SDK, keep serving until Ctrl-C (ONCE=1: stop after it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PROMPT=${1:-"Write a short Python function that checks whether a number is prime, and explain it."}
-exec .venv/bin/specserve generate "$PROMPT" --method "${METHOD:-glide}" --max-new-tokens "${MAX_NEW_TOKENS:-128}"
+ARGS=(stack "$PROMPT" --method "${METHOD:-glide-cape}" --max-new-tokens "${MAX_NEW_TOKENS:-128}")
+if [ "${ONCE:-0}" = "1" ]; then ARGS+=(--once); fi
+# Fixed ports when serving on, so `specserve generate --remote localhost:50050` works from another shell.
+if [ "${ONCE:-0}" != "1" ]; then ARGS+=(--base-port "${BASE_PORT:-50050}"); fi
+exec .venv/bin/specserve "${ARGS[@]}"

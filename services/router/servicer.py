@@ -3,6 +3,7 @@ drafter and verifier; its tokens go to Redis first and then to the client's stre
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -188,7 +189,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 out.put(list(generated[received:]))
             if record.status != SessionStatus.FINISHED:
                 try:
-                    self._workers.submit(self._generate, record, generated, out, cancel)
+                    # In the RPC's context, so the worker's spans join the caller's trace (a pool
+                    # thread does not inherit context variables).
+                    worker_context = contextvars.copy_context()
+                    self._workers.submit(worker_context.run, self._generate, record, generated, out, cancel)
                 except RuntimeError:
                     raise ResourceExhausted("the router is shutting down") from None
             else:

@@ -48,20 +48,25 @@ class RouterTokenizer:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
 
+INCOMPLETE = "\ufffd"  # what decoding yields for the bytes of a character whose last bytes are missing
+
+
 class IncrementalText:
-    """Text deltas of a growing token sequence; holds back an incomplete UTF-8 character."""
+    """Text deltas of a growing token sequence; holds back an incomplete UTF-8 character.
+
+    What was sent is always the decoded tokens minus a trailing incomplete character, however the
+    tokens were chunked, so a stream resumed after any token count continues the client's text exactly.
+    """
 
     def __init__(self, tokenizer: RouterTokenizer, token_ids: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
         self.token_ids = list(token_ids)
-        self.sent = tokenizer.decode(self.token_ids) if self.token_ids else ""
+        self.sent = tokenizer.decode(self.token_ids).rstrip(INCOMPLETE) if self.token_ids else ""
 
     def add(self, new_token_ids: Sequence[int], final_text: str | None = None) -> str:
         """final_text: the finished text (cut before a stop string), sent in full at the end."""
         self.token_ids.extend(new_token_ids)
-        text = final_text if final_text is not None else self.tokenizer.decode(self.token_ids)
-        if final_text is None and text.endswith("\ufffd"):
-            return ""
+        text = self.tokenizer.decode(self.token_ids).rstrip(INCOMPLETE) if final_text is None else final_text
         if not text.startswith(self.sent):  # a stop cut shortened the text: nothing more to send
             return ""
         delta, self.sent = text[len(self.sent) :], text
