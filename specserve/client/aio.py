@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from specserve.client.common import (
+    CHANNEL_OPTIONS,
     RETRY_BACKOFF_SECONDS,
     Chunk,
     Collector,
@@ -17,20 +18,13 @@ from specserve.client.common import (
     generate_request,
     to_chunk,
 )
-from specserve.client.sync import MAX_MESSAGE_BYTES
 from specserve.serving.status import error_from_rpc
 from specserve.v1 import router_pb2, router_pb2_grpc
 
 
 class AsyncClient:
     def __init__(self, address: str, *, retries: int = 3) -> None:
-        self.channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
         self.retries = retries
 

@@ -15,6 +15,11 @@ _FINISH = {
     common_pb2.FINISH_REASON_CANCELLED: "cancelled",
 }
 RETRY_BACKOFF_SECONDS = (0.1, 0.3, 1.0, 2.0)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the services' default limit
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
 
 
 @dataclass(frozen=True)

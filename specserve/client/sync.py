@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from specserve.client.common import (
+    CHANNEL_OPTIONS,
     RETRY_BACKOFF_SECONDS,
     Chunk,
     Collector,
@@ -19,18 +20,10 @@ from specserve.client.common import (
 from specserve.serving.status import error_from_rpc
 from specserve.v1 import router_pb2, router_pb2_grpc
 
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
 
 class Client:
     def __init__(self, address: str, *, retries: int = 3, channel: grpc.Channel | None = None) -> None:
-        self.channel = channel or grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
+        self.channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
         self.retries = retries
 
