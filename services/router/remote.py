@@ -51,6 +51,7 @@ class RemoteVerifier:
         timeout_s: float,
         counters: RoundCounters,
         is_cancelled: Callable[[], bool] = lambda: False,
+        on_round: Callable[[int, int], None] = lambda num_draft_tokens, num_accepted: None,
     ) -> None:
         self.session_id = session_id
         self.stub_for = stub_for
@@ -60,6 +61,7 @@ class RemoteVerifier:
         self.timeout_s = timeout_s
         self.counters = counters
         self.is_cancelled = is_cancelled
+        self.on_round = on_round  # (draft tokens, accepted draft tokens) of each verified round
         self.address = choose_target()
         self.history: list[int] = []  # committed tokens; the last is the root
 
@@ -90,6 +92,7 @@ class RemoteVerifier:
         response = self._call("Verify", request, rebuild=self._rebuild)
         self.counters.target_service_s += response.handler_seconds
         outcome = outcome_from_pb(response)
+        self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1)
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
         return outcome
 

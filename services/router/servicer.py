@@ -118,8 +118,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         record, generated = self.state.load(request.session_id)
         if not 0 <= request.received_tokens <= len(generated):
             raise InvalidArgument(f"received_tokens must be in [0, {len(generated)}]")
-        if record.status == SessionStatus.CANCELLED:
-            raise InvalidArgument(f"session {request.session_id!r} was cancelled")
         yield from self._stream(record, generated, request.received_tokens, context)
 
     def Cancel(self, request: router_pb2.CancelRequest, context: grpc.ServicerContext):
@@ -254,6 +252,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self.settings.target_timeout_seconds,
             counters,
             is_cancelled=cancel.is_set,
+            on_round=self.metrics.observe_round,
         )
         verifier.address = target_address
         drafter = None
@@ -342,9 +341,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if finish.stop_text_end is not None:
                 text = text[: finish.stop_text_end]
             self.metrics.e2e_request_latency.observe(time.perf_counter() - start)
-            self.metrics.num_drafts.inc(stats.num_target_forwards - (0 if generated else 1))
-            self.metrics.num_draft_tokens.inc(stats.num_draft_tokens)
-            self.metrics.num_accepted_tokens.inc(stats.num_accepted_tokens)
             out.put(_Done(finish.reason, stats_pb, text))
         except BaseException as e:
             if cancel.is_set() or isinstance(e, Cancelled):

@@ -33,8 +33,7 @@ return 1
 
 class SessionStatus:
     RUNNING = "running"
-    FINISHED = "finished"
-    CANCELLED = "cancelled"
+    FINISHED = "finished"  # Cancel deletes the state instead: a cancelled session is simply gone
 
 
 @dataclass

@@ -62,6 +62,8 @@ EQUALITY_PROMPTS = (
 @pytest.mark.parametrize("method", ["glide-cape", ""])  # "" = the router's default method
 def test_greedy_output_equals_in_process(stack, default_engine, method):
     in_process_method = method or "glide"  # the router's default (RouterServiceSettings.default_method)
+    drafts_before = metric(stack, "router", "specserve:spec_decode_num_drafts_total")
+    rounds = 0
     with Client(stack.router_address) as client:
         for prompt in EQUALITY_PROMPTS:
             remote = client.generate(prompt, method=method, max_new_tokens=32)
@@ -70,6 +72,10 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
             assert remote.text == local.text
             assert remote.finish_reason == local.finish_reason.value
             assert remote.stats["num_draft_fallbacks"] == 0  # the draft really took part
+            rounds += int(remote.stats["num_target_forwards"]) - 1  # the prefill is not a round
+    # vLLM-named speculation counters: one draft per round, per-position acceptance counted.
+    assert metric(stack, "router", "specserve:spec_decode_num_drafts_total") - drafts_before == rounds
+    assert metric(stack, "router", "specserve:spec_decode_num_accepted_tokens_per_pos_total") > 0
 
 
 def metric(stack: LocalStack, role: str, name: str) -> float:
