@@ -17,7 +17,7 @@ from specserve.serving.convert import check_session_id, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
-from specserve.serving.tensor_convert import draft_to_pb
+from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
 from specserve.v1 import draft_pb2, draft_pb2_grpc
 
 
@@ -121,7 +121,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return draft_pb2.DraftReleaseResponse(released=released)
 
     def _observe_chunk(self, chunk) -> None:
-        self.metrics.kv_feed_bytes.inc(sum(len(layer.keys) + len(layer.values) for layer in chunk.layers))
+        self.metrics.kv_feed_bytes.inc(chunk_payload_bytes(chunk))
         if chunk.commit_unix_seconds:
             self.metrics.kv_feed_lag.observe(max(0.0, time.time() - chunk.commit_unix_seconds))
 

@@ -51,7 +51,7 @@ class RemoteVerifier:
         timeout_s: float,
         counters: RoundCounters,
         is_cancelled: Callable[[], bool] = lambda: False,
-        on_round: Callable[[int, int], None] = lambda num_draft_tokens, num_accepted: None,
+        on_round: Callable[[int, int, float, int], None] = lambda *round_numbers: None,
     ) -> None:
         self.session_id = session_id
         self.stub_for = stub_for
@@ -61,7 +61,9 @@ class RemoteVerifier:
         self.timeout_s = timeout_s
         self.counters = counters
         self.is_cancelled = is_cancelled
-        self.on_round = on_round  # (draft tokens, accepted draft tokens) of each verified round
+        # (draft tokens, accepted draft tokens, Verify seconds, Propose + Verify bytes) of each round
+        self.on_round = on_round
+        self._bytes_before_round = 0
         self.address = choose_target()
         self.history: list[int] = []  # committed tokens; the last is the root
 
@@ -89,10 +91,14 @@ class RemoteVerifier:
             sampling=sampling_to_pb(params),
             step_seed=seed,
         )
+        start = time.perf_counter()
         response = self._call("Verify", request, rebuild=self._rebuild)
+        verify_s = time.perf_counter() - start
         self.counters.target_service_s += response.handler_seconds
         outcome = outcome_from_pb(response)
-        self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1)
+        round_bytes = self.counters.rpc_bytes - self._bytes_before_round
+        self._bytes_before_round = self.counters.rpc_bytes
+        self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1, verify_s, round_bytes)
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
         return outcome
 
@@ -137,9 +143,7 @@ class RemoteVerifier:
             elif isinstance(error, Unavailable) and time.monotonic() < deadline:
                 self.on_target_failed(self.address)
                 time.sleep(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
-                moved = self.choose_target()
-                if moved != self.address:
-                    self.address = moved
+                self.address = self.choose_target()
                 if rebuild is not None:
                     try:
                         rebuild()
@@ -162,9 +166,11 @@ class RemoteDrafter:
         capacity: int,
         timeout_s: float,
         counters: RoundCounters,
+        on_propose: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self.session_id = session_id
         self.method = method
+        self.on_propose = on_propose  # seconds of each Propose round trip (fallbacks included)
         self.stub = stub
         self.target_address = target_address
         self.capacity = capacity
@@ -173,6 +179,7 @@ class RemoteDrafter:
         self.known = 0  # tokens the draft service has; 0 = needs a Prefill
 
     def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+        start = time.perf_counter()
         try:
             try:
                 return self._propose(token_ids, params, seed)
@@ -183,6 +190,8 @@ class RemoteDrafter:
             logger.info("draft %s failed (%s); verifying the root alone", self.session_id, e)
             self.counters.draft_fallbacks += 1
             return DraftTree.root_only(token_ids[-1])
+        finally:
+            self.on_propose(time.perf_counter() - start)
 
     def _propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
         try:

@@ -194,7 +194,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 except RuntimeError:
                     raise ResourceExhausted("the router is shutting down") from None
             else:
-                stats = _stats_pb(*_saved_stats(record.stats))
+                saved, saved_extra = _saved_stats(record.stats)
+                stats = stats_to_pb(saved, **saved_extra)
                 out.put(_Done(FinishReason(record.finish_reason), stats, self.tokenizer.decode(generated)))
             while True:
                 try:
@@ -268,6 +269,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 capacity,
                 self.settings.draft_timeout_seconds,
                 counters,
+                on_propose=self.metrics.draft_rpc_latency.observe,
             )
         previous, previous_extra = _saved_stats(record.stats)
         finish = FinishChecker(
@@ -329,7 +331,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 "target_service_seconds": counters.target_service_s,
             }
             extra = {k: v + previous_extra.get(k, 0) for k, v in extra.items()}
-            stats_pb = _stats_pb(total, extra)
+            stats_pb = stats_to_pb(total, **extra)
             assert finish.reason is not None
             self.state.update(
                 session_id,
@@ -350,6 +352,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 logger.exception("generation %s failed", session_id)
         finally:
             self.metrics.running_requests.dec()
+            self.metrics.draft_fallbacks.inc(counters.draft_fallbacks)
+            self.metrics.target_rebuilds.inc(counters.target_rebuilds)
             verifier.release()
             self.targets.release(target_address)
             if drafter is not None:
@@ -370,10 +374,6 @@ def _add_stats(previous: GenerationStats, stats: GenerationStats) -> GenerationS
     return GenerationStats(
         **{k: getattr(previous, k) + getattr(stats, k) for k in GenerationStats.__dataclass_fields__}
     )
-
-
-def _stats_pb(stats: GenerationStats, extra: dict) -> router_pb2.GenerationStats:
-    return stats_to_pb(stats, **extra)
 
 
 def _saved_stats(saved: dict) -> tuple[GenerationStats, dict]:

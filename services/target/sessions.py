@@ -48,7 +48,6 @@ class SessionStore:
         self.changed = threading.Condition(self.lock)  # notified on every commit, rebuild and release
         self._sessions: OrderedDict[str, TargetSession] = OrderedDict()  # least recently used first
         self._epochs = 0
-        self.num_evictions = 0
 
     @property
     def reserved_positions(self) -> int:
@@ -67,7 +66,6 @@ class SessionStore:
             or self.reserved_positions + capacity > self.kv_budget_tokens
         ):
             self._drop(next(iter(self._sessions)))  # least recently used
-            self.num_evictions += 1
             self.on_evict()
         if (
             len(self._sessions) >= self.max_sessions

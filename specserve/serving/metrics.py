@@ -18,6 +18,12 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 _BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 
 
+def _histogram(
+    registry: CollectorRegistry, name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS
+) -> Histogram:
+    return Histogram(PREFIX + name, doc, registry=registry, buckets=buckets)
+
+
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
     """Serves /metrics on a daemon thread; port 0 = off."""
     if port:
@@ -39,7 +45,6 @@ class RouterMetrics:
     redis_latency: Histogram
     round_bytes: Histogram
     running_requests: Gauge
-    rejected_requests: Counter
     draft_fallbacks: Counter
     target_rebuilds: Counter
 
@@ -48,7 +53,7 @@ class RouterMetrics:
         r = CollectorRegistry()
 
         def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
-            return Histogram(PREFIX + name, doc, registry=r, buckets=buckets)
+            return _histogram(r, name, doc, buckets)
 
         return cls(
             registry=r,
@@ -73,9 +78,6 @@ class RouterMetrics:
             redis_latency=hist("redis_latency_seconds", "Session-state writes to Redis per round"),
             round_bytes=hist("round_bytes", "Propose + Verify bytes on the wire per round", _BYTES_BUCKETS),
             running_requests=Gauge(PREFIX + "num_requests_running", "Generations in progress", registry=r),
-            rejected_requests=Counter(
-                PREFIX + "num_requests_rejected", "Generations refused (overload)", registry=r
-            ),
             draft_fallbacks=Counter(
                 PREFIX + "num_draft_fallbacks", "Rounds verified without a draft (draft failed)", registry=r
             ),
@@ -84,7 +86,11 @@ class RouterMetrics:
             ),
         )
 
-    def observe_round(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe_round(
+        self, num_draft_tokens: int, num_accepted: int, verify_seconds: float, round_bytes: int
+    ) -> None:
+        self.verify_rpc_latency.observe(verify_seconds)
+        self.round_bytes.observe(round_bytes)
         self.num_drafts.inc()
         self.num_draft_tokens.inc(num_draft_tokens)
         self.num_accepted_tokens.inc(num_accepted)
@@ -113,18 +119,8 @@ class TargetMetrics:
                 PREFIX + "kv_cache_reserved_positions", "KV positions reserved by sessions", registry=r
             ),
             evictions=Counter(PREFIX + "target_evictions", "Sessions evicted to fit the budget", registry=r),
-            verify_latency=Histogram(
-                PREFIX + "verify_latency_seconds",
-                "Tree forward + acceptance + commit",
-                registry=r,
-                buckets=_LATENCY_BUCKETS,
-            ),
-            prefill_latency=Histogram(
-                PREFIX + "prefill_latency_seconds",
-                "Prompt (or rebuild) forward",
-                registry=r,
-                buckets=_LATENCY_BUCKETS,
-            ),
+            verify_latency=_histogram(r, "verify_latency_seconds", "Tree forward + acceptance + commit"),
+            prefill_latency=_histogram(r, "prefill_latency_seconds", "Prompt (or rebuild) forward"),
             kv_feed_bytes=Counter(PREFIX + "kv_feed_sent_bytes", "KV-feed payload bytes sent", registry=r),
             kv_feed_subscribers=Gauge(PREFIX + "kv_feed_subscribers", "Open KV-feed streams", registry=r),
         )
@@ -146,24 +142,9 @@ class DraftMetrics:
         return cls(
             registry=r,
             sessions=Gauge(PREFIX + "draft_sessions", "Draft sessions", registry=r),
-            propose_latency=Histogram(
-                PREFIX + "propose_latency_seconds",
-                "Propose handler time",
-                registry=r,
-                buckets=_LATENCY_BUCKETS,
-            ),
-            kv_wait=Histogram(
-                PREFIX + "kv_wait_seconds",
-                "Propose time spent waiting for the KV feed",
-                registry=r,
-                buckets=_LATENCY_BUCKETS,
-            ),
-            kv_feed_lag=Histogram(
-                PREFIX + "kv_feed_lag_seconds",
-                "Target commit to draft mirror, per chunk",
-                registry=r,
-                buckets=_LATENCY_BUCKETS,
-            ),
+            propose_latency=_histogram(r, "propose_latency_seconds", "Propose handler time"),
+            kv_wait=_histogram(r, "kv_wait_seconds", "Propose time spent waiting for the KV feed"),
+            kv_feed_lag=_histogram(r, "kv_feed_lag_seconds", "Target commit to draft mirror, per chunk"),
             kv_feed_bytes=Counter(PREFIX + "kv_feed_received_bytes", "KV-feed payload bytes", registry=r),
             kv_feed_resyncs=Counter(
                 PREFIX + "kv_feed_resyncs", "KV-feed reconnects (gap, epoch change, error)", registry=r
