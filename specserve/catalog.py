@@ -14,6 +14,8 @@ class Method(StrEnum):
     VANILLA_TREE = "vanilla-tree"  # the same draft, top-2 leaves at the first two depths
     GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
     GLIDE_CAPE = "glide-cape"  # the same draft, CaPE: top-k leaves by the draft's confidence
+    GLIDE_CAPE_1 = "glide-cape-1"  # ... fixed depth 1 and 2: with glide-cape (4), the fixed-length sweep
+    GLIDE_CAPE_2 = "glide-cape-2"  # the adaptive policies are compared with
     GLIDE_CAPE_SVIP = "glide-cape-svip"  # GliDe + CaPE, spine length by SVIP's entropy rule
     GLIDE_CAPE_ADAEDL = "glide-cape-adaedl"  # ... by AdaEDL's entropy bound with an adaptive lambda
     GLIDE_CAPE_DECISION = "glide-cape-decision"  # ... by the learned stopper (train-stopper)
@@ -50,6 +52,8 @@ CATALOG: dict[Method, MethodInfo] = {
             Method.GLIDE_CAPE,
             "GliDe draft, depth 4, CaPE top-k leaves by confidence (<= max_tree_nodes nodes)",
         ),
+        MethodInfo(Method.GLIDE_CAPE_1, "GliDe draft, depth 1, CaPE top-k leaves by confidence"),
+        MethodInfo(Method.GLIDE_CAPE_2, "GliDe draft, depth 2, CaPE top-k leaves by confidence"),
         MethodInfo(
             Method.GLIDE_CAPE_SVIP,
             f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by SVIP (entropy > 0.6 nats)",

@@ -95,6 +95,8 @@ _FACTORIES: dict[Method, DrafterFactory] = {
     Method.VANILLA_TREE: _vanilla(DraftShape(depth=4, widths=(2, 2))),
     Method.GLIDE: _glide(DraftShape(depth=4), cape=False),
     Method.GLIDE_CAPE: _glide(DraftShape(depth=4), cape=True),
+    Method.GLIDE_CAPE_1: _glide(DraftShape(depth=1), cape=True),
+    Method.GLIDE_CAPE_2: _glide(DraftShape(depth=2), cape=True),
     Method.GLIDE_CAPE_SVIP: _glide_cape_stop(StopPolicyName.SVIP),
     Method.GLIDE_CAPE_ADAEDL: _glide_cape_stop(StopPolicyName.ADAEDL),
     Method.GLIDE_CAPE_DECISION: _glide_cape_stop(StopPolicyName.DECISION),

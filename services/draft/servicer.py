@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.sessions import DraftSession, DraftSessionStore
+from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
+from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
-from specserve.v1 import draft_pb2, draft_pb2_grpc
+from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -27,7 +30,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.settings = settings
         self.metrics = metrics
         self.store = DraftSessionStore(settings.max_sessions)
-        self.model_lock = threading.Lock()  # one draft forward at a time
+        self.model = ModelThread("draft-model")  # every draft forward, one at a time
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -56,8 +59,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             request.capacity,
             self.engine.target_runner.device,
         )
-        with self.model_lock:
-            drafter = spec.make_drafter(self.engine, request.capacity, mirror)
+        drafter = self.model.run(spec.make_drafter, self.engine, request.capacity, mirror)
         if drafter is None:
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
         subscriber = FeedSubscriber(
@@ -98,21 +100,32 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         root_position = len(token_ids) - 1
         waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
         self.metrics.kv_wait.observe(waited)
-        with (
-            self.model_lock,
-            telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span,
-        ):
-            session.mirror.visible = root_position
-            draft = session.drafter.propose(token_ids, params, request.step_seed)
-            span.set_attribute(telemetry.ATTR_TREE_SIZE, draft.tree.num_nodes)
-            span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, max(draft.tree.depths()))
+        with telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span:
+            tree, num_nodes, depth = self.model.run(
+                self._propose, session, root_position, token_ids, params, request.step_seed
+            )
+            span.set_attribute(telemetry.ATTR_TREE_SIZE, num_nodes)
+            span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, depth)
         self.metrics.propose_latency.observe(time.perf_counter() - start)
         return draft_pb2.ProposeResponse(
-            tree=draft_to_pb(draft),
+            tree=tree,
             kv_wait_seconds=waited,
             kv_feed_bytes=session.mirror.received_bytes,
             handler_seconds=time.perf_counter() - start,
         )
+
+    @staticmethod
+    def _propose(
+        session: DraftSession,
+        root_position: int,
+        token_ids: Sequence[int],
+        params: SamplingParams,
+        step_seed: int,
+    ) -> tuple[common_pb2.DraftTree, int, int]:
+        """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
+        session.mirror.visible = root_position
+        draft = session.drafter.propose(list(token_ids), params, step_seed)
+        return draft_to_pb(draft), draft.tree.num_nodes, max(draft.tree.depths())
 
     def Release(self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
@@ -126,6 +139,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             self.metrics.kv_feed_lag.observe(max(0.0, time.time() - chunk.commit_unix_seconds))
 
     def close(self) -> None:
+        self.model.close()
         self.store.clear()
         with self._channels_lock:
             for channel in self._channels.values():

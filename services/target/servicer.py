@@ -10,11 +10,15 @@ import grpc
 
 from services.target.feed import kv_feed
 from services.target.sessions import SessionStore
+from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.runtime.target import LocalVerifier
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb, tree_from_pb
 from specserve.serving.metrics import TargetMetrics
+from specserve.serving.model_thread import ModelThread
 from specserve.serving.settings import TargetServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, dense_probs
 from specserve.v1 import target_pb2, target_pb2_grpc
@@ -31,6 +35,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             settings.kv_budget_tokens,
             on_evict=metrics.evictions.inc,
         )
+        self.model = ModelThread("target-model")
 
     def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
         tokenizer, limits = self.engine.tokenizer, self.engine.settings
@@ -71,10 +76,12 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             session = self.store.create(request.session_id, request.capacity)
             try:
                 if rebuild:
-                    session.verifier.resume([*request.token_ids, request.root_token])
+                    self.model.run(session.verifier.resume, [*request.token_ids, request.root_token])
                     next_token = request.root_token
                 else:
-                    next_token = session.verifier.prefill(list(request.token_ids), params, request.step_seed)
+                    next_token = self.model.run(
+                        session.verifier.prefill, list(request.token_ids), params, request.step_seed
+                    )
             except Exception:
                 self.store.release(request.session_id)  # never leave a half-built session behind
                 raise
@@ -103,7 +110,6 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 )
             if session.committed_length + draft.tree.num_nodes > session.capacity:
                 raise InvalidArgument("the tree does not fit the session's reserved capacity")
-            draft = dense_probs(draft, vocab, self.engine.target_runner.device)
             with telemetry.span(
                 telemetry.SPAN_VERIFY,
                 **{
@@ -111,7 +117,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     telemetry.ATTR_TREE_SIZE: draft.tree.num_nodes,
                 },
             ) as span:
-                outcome = session.verifier.verify(draft, params, request.step_seed)
+                outcome = self.model.run(self._verify, session.verifier, draft, params, request.step_seed)
                 span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
             session.committed_at = time.time()
             self.store.changed.notify_all()
@@ -124,6 +130,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             next_token=outcome.next_token,
             committed_length=committed + 1,
         )
+
+    def _verify(
+        self, verifier: LocalVerifier, draft: DraftTree, params: SamplingParams, step_seed: int
+    ) -> VerifyOutcome:
+        """On the model thread: the draft's sparse probabilities become dense rows there too."""
+        dense = dense_probs(
+            draft, self.engine.target_model.config.vocab_size, self.engine.target_runner.device
+        )
+        return verifier.verify(dense, params, step_seed)
 
     def StreamKV(self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext) -> Iterator:
         check_session_id(request.session_id)
@@ -158,4 +173,5 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self.metrics.kv_positions_reserved.set(self.store.reserved_positions)
 
     def close(self) -> None:
+        self.model.close()
         self.store.clear()

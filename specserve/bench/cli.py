@@ -27,7 +27,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts", type=Path, metavar="FILE.jsonl", help="MT-Bench-format JSONL (default: MT-Bench)"
     )
-    p.add_argument("--limit", type=int, metavar="N", help="use only the first N prompts")
+    p.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="use only the first N prompts (of the --per-category selection)",
+    )
     p.add_argument(
         "--per-category", type=int, metavar="N", help="use only the first N prompts of each category"
     )
@@ -43,6 +48,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="let a lossy method (e.g. mcsd-target-init) sample at T > 0, where its output is biased",
+    )
     p.add_argument("--out", type=Path, metavar="results.json", help="write the full result as JSON")
     p.add_argument("--plot", type=Path, metavar="results.png", help="write a PNG figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -78,11 +88,15 @@ def run_bench_command(
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         ignore_eos=getattr(args, "ignore_eos", False),
+        allow_lossy=getattr(args, "allow_lossy", False),
     ).validate(settings.max_new_tokens_limit)
     prompts_path = args.prompts if args.prompts is not None else default_prompts_path()
-    prompts = load_prompts(prompts_path, args.limit)
+    if args.limit is not None and args.limit < 1:
+        raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
+    prompts = load_prompts(prompts_path, args.limit if args.per_category is None else None)
     if args.per_category is not None:
-        prompts = per_category(prompts, args.per_category)
+        # The limit applies to the selection: --per-category 1 --limit 2 = the first two categories.
+        prompts = per_category(prompts, args.per_category)[: args.limit]
     # A run can take hours; find an unwritable output path before it, not after.
     for path in (args.out, args.plot):
         if path is not None:

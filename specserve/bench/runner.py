@@ -245,6 +245,7 @@ def _config(
         "seed": params.seed,
         "stop": list(params.stop),
         "ignore_eos": params.ignore_eos,
+        "allow_lossy": params.allow_lossy,
         "limit": limit,
         "num_prompts": num_prompts,
         "prompts_file": str(prompts_file) if prompts_file is not None else None,

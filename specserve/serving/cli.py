@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from typing import Any
 
 from specserve.serving.server import serve_until_signal
@@ -79,9 +80,16 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_stack(args: argparse.Namespace) -> int:
     from specserve.serving.stack import LocalStack, stream_demo
 
+    # `kill`, a container runtime or a CI timeout sends SIGTERM: stop the children as Ctrl-C does instead
+    # of leaving Redis and three services orphaned on their ports.
+    signal.signal(signal.SIGTERM, _interrupt)
     with LocalStack(base_port=args.base_port) as stack:
         stream_demo(stack.router_address, args.prompt, args.method, args.max_new_tokens)
         if not args.once:

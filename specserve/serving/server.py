@@ -67,7 +67,9 @@ def start_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.num_worker_threads),
         interceptors=[*server_interceptors(), ErrorInterceptor()],
-        options=channel_options(settings),
+        # gRPC binds with SO_REUSEPORT by default: a second server on a busy port would start "fine" and
+        # silently take half the connections. A port in use must be an error.
+        options=[*channel_options(settings), ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
     add_servicers(server)
@@ -76,9 +78,12 @@ def start_server(
     reflection.enable_server_reflection(
         (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(settings.address)
+    try:
+        port = server.add_insecure_port(settings.address)  # grpcio >= 1.60 raises, older ones return 0
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"cannot bind {settings.address}")
+        raise OSError(f"cannot bind {settings.address} (is the port in use?)")
     server.start()
     for name in ("", *service_names):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -62,10 +62,41 @@ def test_runs_prints_table_and_writes_files(
     assert result["config"]["target_auto_added"] is True
     assert result["config"]["limit"] == 2 and result["config"]["num_prompts"] == 2
     assert result["config"]["seed"] == 7 and result["config"]["max_new_tokens"] == 6
+    assert result["config"]["allow_lossy"] is False
     assert result["config"]["prompts_file"] == str(prompts_file)
     assert result["methods"]["vanilla"]["identical_to_target"] == 1
     assert png.read_bytes().startswith(b"\x89PNG")
     assert len(factory.engines) == 1
+
+
+def test_limit_applies_after_the_per_category_selection(tmp_path: Path) -> None:
+    prompts_file = tmp_path / "q.jsonl"
+    rows = [("coding", "Write a loop"), ("coding", "Write a class"), ("math", "What is 2+2?")]
+    prompts_file.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n"
+            for i, (c, t) in enumerate(rows)
+        )
+    )
+    args = parse(
+        "--prompts", str(prompts_file), "--per-category", "1", "--limit", "2",
+        "--methods", "hf", "--no-progress",
+    )  # fmt: skip
+    factory = RecordingFactory()
+    assert run_bench_command(args, EngineSettings(), engine_factory=factory) == 0
+    # One per category first (the loop, the sum), then the first two of those.
+    ran = [prompt for prompt, method, _ in factory.engines[0].calls if method == "hf"]
+    assert list(dict.fromkeys(ran)) == ["Write a loop", "What is 2+2?"]  # (a warm-up repeats one)
+
+
+def test_allow_lossy_reaches_the_sampling_params(prompts_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = parse(
+        "--prompts", str(prompts_file), "--methods", "hf", "--temperature", "0.7", "--allow-lossy",
+        "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    assert run_bench_command(args, EngineSettings(), engine_factory=RecordingFactory()) == 0
+    assert json.loads(out.read_text())["config"]["allow_lossy"] is True
 
 
 @pytest.mark.parametrize(
