@@ -24,6 +24,12 @@ class Method(StrEnum):
     MCSD_TARGET_INIT = "mcsd-target-init"  # the target seeds the roots: exact at T = 0, biased at T > 0
 
 
+# What `generate`, the router and `specserve stack` use unless told otherwise: the fastest lossless
+# method in docs/benchmarks.md section 4 (the cost policy won three of four runs, 9-13% over the best
+# fixed length). It needs this machine's calibration: measured once and cached (Engine.cost_model).
+DEFAULT_METHOD = Method.GLIDE_CAPE_COST.value
+
+
 @dataclass(frozen=True)
 class MethodInfo:
     method: Method

@@ -1,4 +1,4 @@
-"""`specserve` command line: generate, bench, calibrate, train-draft, train-stopper.
+"""`specserve` command line: generate, bench, calibrate, train-draft, train-stopper, eval-draft.
 
 Errors print one line and exit non-zero.
 """
@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from specserve.catalog import DEFAULT_METHOD
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.settings import EngineSettings
@@ -49,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a reply to one chat prompt, streamed")
     gen.add_argument("prompt")
-    gen.add_argument("--method", default="glide", help="draft method (see `specserve methods`)")
+    gen.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        help=f"draft method (default {DEFAULT_METHOD}; see `specserve methods`)",
+    )
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("--remote", metavar="HOST:PORT", help="generate through a router (client SDK)")
@@ -65,10 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = add_bench_parser(sub)
     _add_engine_options(bench)
 
-    from specserve.training.cli import add_train_parser, add_train_stopper_parser
+    from specserve.training.cli import add_eval_draft_parser, add_train_parser, add_train_stopper_parser
 
     add_train_parser(sub)
     add_train_stopper_parser(sub)
+    add_eval_draft_parser(sub)
 
     from specserve.serving.cli import add_serve_parsers
 
@@ -242,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specserve.training.stopper import run_train_stopper_command
 
             return run_train_stopper_command(args)
+        if args.command == "eval-draft":
+            from specserve.training.cli import run_eval_draft_command
+
+            return run_eval_draft_command(args)
         from specserve.bench.cli import run_bench_command
 
         return run_bench_command(args, _settings(args))

@@ -16,6 +16,9 @@ SERVICE_NAME = "specserve.v1.DraftService"
 def start_draft(settings: DraftServiceSettings, engine_settings: EngineSettings) -> RunningServer:
     engine = Engine(engine_settings)
     engine.glide_draft  # load the target's embedding and the draft before reporting SERVING  # noqa: B018
+    # The default method's cost policy needs this machine's costs: load them, or measure them once (a few
+    # seconds, cached on disk) now rather than inside the first request.
+    engine.cost_model  # noqa: B018
     metrics = DraftMetrics.create()
     servicer = DraftServicer(engine, settings, metrics)
     return start_server(

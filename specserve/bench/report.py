@@ -61,6 +61,7 @@ def plot(result: dict[str, Any], path: Path | str) -> None:
     bars = ax_tps.bar(names, tps, color=[f"C{i}" for i in range(len(names))])
     labels = [_fmt(methods[n]["speedup_vs_target"], "{:.2f}x") for n in names]
     ax_tps.bar_label(bars, labels=labels, padding=2)
+    ax_tps.set_xticks(range(len(names)), names, rotation=35, ha="right")  # long names must not overlap
     ax_tps.set_ylabel("tokens / s")
     ax_tps.set_title("Throughput (label: speedup vs target)")
     ax_tps.margins(y=0.15)  # room for the labels above the tallest bar

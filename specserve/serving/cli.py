@@ -7,6 +7,7 @@ import logging
 import signal
 from typing import Any
 
+from specserve.catalog import DEFAULT_METHOD
 from specserve.serving.server import serve_until_signal
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
 from specserve.serving.telemetry import configure_tracing, shutdown_tracing
@@ -38,7 +39,7 @@ def add_serve_parsers(subparsers: Any) -> None:
     stack.add_argument(
         "prompt", nargs="?", default="Explain in three sentences what speculative decoding is."
     )
-    stack.add_argument("--method", default="glide-cape")
+    stack.add_argument("--method", default=DEFAULT_METHOD)
     stack.add_argument("--max-new-tokens", type=int, default=128)
     stack.add_argument("--once", action="store_true", help="stop the stack after the generation")
     stack.add_argument(

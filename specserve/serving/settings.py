@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
+from specserve.catalog import DEFAULT_METHOD
 from specserve.errors import InvalidArgument
 
 S = TypeVar("S", bound="ServerSettings")
@@ -118,7 +119,7 @@ class RouterServiceSettings(ServerSettings):
     draft_addresses: tuple[str, ...] = ("localhost:50052",)
     redis_url: str = "redis://localhost:6379/0"
     session_ttl_seconds: int = 3600  # a session's Redis state expires this long after its last round
-    default_method: str = "glide"
+    default_method: str = DEFAULT_METHOD
     draft_timeout_seconds: float = 5.0  # per propose call; on failure the round verifies the root only
     target_timeout_seconds: float = 30.0  # per prefill / verify call
 

@@ -55,6 +55,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     train.add_argument(
         "--init-from-target-layer", action="store_true", help="start the block as the target layer it reads"
     )
+    train.add_argument(
+        "--freeze-head", action="store_true", help="keep the reduced LM head at the target's own rows"
+    )
+    train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--export-dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     train.add_argument("--seed", type=int, default=0)
     return p
@@ -82,6 +86,60 @@ def add_train_stopper_parser(sub: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     return p
+
+
+def add_eval_draft_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`specserve eval-draft`: see specserve/training/evaluate.py."""
+    p = sub.add_parser(
+        "eval-draft",
+        help="a draft's agreement with the target per draft position, on held-out answers (MT-Bench)",
+    )
+    p.add_argument("--draft", type=Path, help="a draft directory (default: the shipped GliDe draft)")
+    p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--per-category", type=int, default=5, help="MT-Bench first turns per category")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's answers")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--out", type=Path, help="also write the result as JSON here")
+    return p
+
+
+def run_eval_draft_command(args: argparse.Namespace) -> int:
+    import json
+
+    from specserve.bench.prompts import load_prompts, per_category
+    from specserve.drafts import DraftKind, shipped_draft_dir
+    from specserve.errors import InvalidArgument, NotFound
+    from specserve.glide.model import load_glide
+    from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
+    from specserve.training.evaluate import evaluate_draft, held_out_answers
+
+    if args.per_category < 1 or args.max_new_tokens < 1 or args.batch_size < 1:
+        raise InvalidArgument("--per-category, --max-new-tokens and --batch-size must be positive")
+    engine = EngineSettings.from_env(model_dir=args.model_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
+    draft_dir = args.draft or shipped_draft_dir(DraftKind.GLIDE)
+    if draft_dir is None:
+        raise NotFound("no draft given and this build ships none: pass --draft")
+    if not (draft_dir / "model.safetensors").is_file():  # before the slow part: loading the target
+        raise NotFound(f"{draft_dir} holds no draft (model.safetensors)")
+    target = load_causal_lm(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    draft = load_glide(draft_dir, target)
+    prompts = [p.text for p in per_category(load_prompts(), args.per_category)]
+    cache = engine.cache_dir / f"eval-answers-{model_dir.name}-{len(prompts)}x{args.max_new_tokens}.json"
+    sequences, starts = held_out_answers(target, tokenizer, prompts, args.max_new_tokens, cache)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    result = evaluate_draft(target, draft, sequences, starts, pad_id, args.batch_size)
+    print(f"{draft_dir}: agreement {result.overall:.3f} over {sum(result.scored)} answer positions")
+    for lag, (rate, n) in enumerate(zip(result.by_lag, result.scored, strict=True), start=1):
+        print(
+            f"  draft token {lag}: {rate:.3f}  ({n} positions)  chain of {lag} accepts "
+            f"{result.chain_accepted(lag):.2f} tokens"
+        )
+    if args.out is not None:
+        record = {"draft": str(draft_dir), "prompts": len(prompts), **result.to_json()}
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
 
 
 def run_train_command(args: argparse.Namespace) -> int:
@@ -132,6 +190,8 @@ def run_train_command(args: argparse.Namespace) -> int:
             num_threads=args.threads,
             bf16=not args.fp32,
             init_from_target_layer=args.init_from_target_layer,
+            freeze_head=args.freeze_head,
+            weight_decay=args.weight_decay,
             export_dtype=args.export_dtype,
             seed=args.seed,
         )

@@ -131,7 +131,9 @@ def new_draft(settings: TrainSettings, target: nn.Module, target_layer: int) -> 
         draft.norm.weight.copy_(target.model.norm.weight)
         if settings.init_from_target_layer:
             copy_target_layer(draft, target.model.layers[target_layer])
-    return draft.float().train().requires_grad_(True)
+    draft = draft.float().train().requires_grad_(True)
+    draft.lm_head.weight.requires_grad_(not settings.freeze_head)
+    return draft
 
 
 def copy_target_layer(draft: GlideDraft, layer: nn.Module) -> bool:

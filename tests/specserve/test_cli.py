@@ -29,6 +29,8 @@ def _run(args, env_extra=None):
         ["generate", "hi", "--top-p", "1.5"],
         ["generate", "hi", "--method", "nope"],
         ["bench", "--prompts", "/nonexistent/prompts.jsonl"],
+        ["eval-draft", "--per-category", "0"],
+        ["eval-draft", "--draft", "/nonexistent/draft"],
     ],
 )
 def test_bad_input_fails_fast_with_one_line(args, capsys):

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 import redis
 
+from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import DeadlineExceeded, SpecserveError
@@ -61,7 +62,7 @@ EQUALITY_PROMPTS = (
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("method", ["glide-cape", ""])  # "" = the router's default method
 def test_greedy_output_equals_in_process(stack, default_engine, method):
-    in_process_method = method or "glide"  # the router's default (RouterServiceSettings.default_method)
+    in_process_method = method or DEFAULT_METHOD  # the router's default (RouterServiceSettings)
     drafts_before = metric(stack, "router", "specserve:spec_decode_num_drafts_total")
     rounds = 0
     with Client(stack.router_address) as client:

@@ -53,6 +53,16 @@ def test_head_and_norm_start_as_the_targets(tmp_path, target) -> None:
     assert "embed_tokens.weight" not in dict(draft.named_parameters())  # shared and frozen
 
 
+def test_a_frozen_head_stays_the_targets_while_the_block_trains(tmp_path, target, batch) -> None:
+    draft = new_draft(_settings(tmp_path, freeze_head=True), target, target_layer=-1)
+    assert not draft.lm_head.weight.requires_grad
+    before = draft.layer.mlp.down_proj.weight.clone()
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
+    train_step(draft, batch, blockwise_cross_mask(SEQ, 5), optimizer, make_scheduler(optimizer, 5, 0.1), 1.0)
+    torch.testing.assert_close(draft.lm_head.weight, target.get_output_embeddings().weight)
+    assert not torch.equal(draft.layer.mlp.down_proj.weight, before)
+
+
 def _optimizer(draft, steps: int = 30):
     optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3, betas=(0.9, 0.95))
     return optimizer, make_scheduler(optimizer, steps, 0.1)
