@@ -96,6 +96,8 @@ class FeedSubscriber:
         channel_for: Callable[[str], grpc.Channel],  # a plain channel: the call must stay cancellable
         on_chunk: Callable[[target_pb2.KVChunk], None] = lambda chunk: None,
         on_resync: Callable[[], None] = lambda: None,
+        # how a chunk reaches the mirror: the servicer runs it on its model thread (model_thread.py)
+        run: Callable[..., object] = lambda fn, *args: fn(*args),
     ) -> None:
         self.session_id = session_id
         self.mirror = mirror
@@ -103,6 +105,7 @@ class FeedSubscriber:
         self.channel_for = channel_for
         self.on_chunk = on_chunk
         self.on_resync = on_resync
+        self._write_on = run
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._lock = threading.Lock()
@@ -152,7 +155,7 @@ class FeedSubscriber:
                             telemetry.ATTR_SESSION: self.session_id,
                         },
                     ):
-                        self.mirror.write(chunk)
+                        self._write_on(self.mirror.write, chunk)
                     self.on_chunk(chunk)
                     attempt = 0
             except grpc.RpcError as e:

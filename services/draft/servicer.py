@@ -25,12 +25,18 @@ from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    def __init__(self, engine: Engine, settings: DraftServiceSettings, metrics: DraftMetrics) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: DraftServiceSettings,
+        metrics: DraftMetrics,
+        model: ModelThread | None = None,  # the thread that loaded the engine (serving/model_thread.py)
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
         self.store = DraftSessionStore(settings.max_sessions)
-        self.model = ModelThread("draft-model")  # every draft forward, one at a time
+        self.model = model or ModelThread("draft-model")  # every draft forward, one at a time
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -69,6 +75,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             self.channel_for,
             on_chunk=self._observe_chunk,
             on_resync=self.metrics.kv_feed_resyncs.inc,
+            run=self.model.run,  # the mirror's tensors are written where the drafter reads them
         )
         self.store.put(
             DraftSession(

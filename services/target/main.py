@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.target.servicer import TargetServicer
 from specserve.engine import Engine
 from specserve.serving.metrics import TargetMetrics
+from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import RunningServer, start_server
 from specserve.serving.settings import TargetServiceSettings
 from specserve.settings import EngineSettings
@@ -14,10 +15,10 @@ SERVICE_NAME = "specserve.v1.TargetService"
 
 
 def start_target(settings: TargetServiceSettings, engine_settings: EngineSettings) -> RunningServer:
-    engine = Engine(engine_settings)
-    engine.target_runner  # load the model before reporting SERVING  # noqa: B018
+    model = ModelThread("target-model")
+    engine = model.run(_load, engine_settings)  # on the thread every later tensor op runs on
     metrics = TargetMetrics.create()
-    servicer = TargetServicer(engine, settings, metrics)
+    servicer = TargetServicer(engine, settings, metrics, model)
     return start_server(
         settings,
         lambda server: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
@@ -25,3 +26,9 @@ def start_target(settings: TargetServiceSettings, engine_settings: EngineSetting
         metrics.registry,
         on_stop=servicer.close,
     )
+
+
+def _load(engine_settings: EngineSettings) -> Engine:
+    engine = Engine(engine_settings)
+    engine.target_runner  # load the model before reporting SERVING  # noqa: B018
+    return engine

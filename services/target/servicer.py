@@ -25,7 +25,13 @@ from specserve.v1 import target_pb2, target_pb2_grpc
 
 
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
-    def __init__(self, engine: Engine, settings: TargetServiceSettings, metrics: TargetMetrics) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: TargetServiceSettings,
+        metrics: TargetMetrics,
+        model: ModelThread | None = None,  # the thread that loaded the engine (serving/model_thread.py)
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
@@ -35,7 +41,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             settings.kv_budget_tokens,
             on_evict=metrics.evictions.inc,
         )
-        self.model = ModelThread("target-model")
+        self.model = model or ModelThread("target-model")
 
     def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
         tokenizer, limits = self.engine.tokenizer, self.engine.settings

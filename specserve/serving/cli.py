@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from typing import Any
 
@@ -47,8 +48,18 @@ def add_serve_parsers(subparsers: Any) -> None:
     )
 
 
+# libgomp's spin-wait before an idle OpenMP worker sleeps, for the target and draft processes (read when
+# torch loads, so set before it is imported; an explicit GOMP_SPINCOUNT wins). The default (300,000
+# spins, milliseconds) keeps a finished forward's workers burning cores the other service needs next
+# on a shared machine; 30,000 still spans the microsecond gaps between one forward's parallel regions.
+# Measured on 2 cores: remote:glide-cape-cost 0.896x -> 0.901x of in-process (docs/benchmarks.md §3).
+SERVICE_GOMP_SPINCOUNT = "30000"
+
+
 def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.INFO)
+    if args.role != "router":
+        os.environ.setdefault("GOMP_SPINCOUNT", SERVICE_GOMP_SPINCOUNT)
     configure_tracing(args.role)
     common = {"port": args.port, "metrics_port": args.metrics_port}
     try:

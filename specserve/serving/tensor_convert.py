@@ -53,9 +53,18 @@ def dense_probs(draft: DraftTree, vocab_size: int, device: torch.device) -> Draf
     return DraftTree(draft.tree, draft.kind, probs)
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def kv_to_bytes(tensor: torch.Tensor) -> bytes:
-    """[H, n, D] any dtype -> raw little-endian bytes, row-major."""
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    """[H, n, D] any dtype -> raw little-endian bytes, row-major.
+
+    The copy is numpy's, not torch's: the feed thread calls this, and a torch copy of a few hundred
+    positions would start an OpenMP team on that thread, which slows every forward on the model thread
+    (serving/model_thread.py). Reinterpreting as a same-size integer keeps bf16 (no numpy dtype) exact.
+    """
+    host = tensor if tensor.device.type == "cpu" else tensor.cpu()
+    return host.view(_SAME_SIZE_INT[host.element_size()]).numpy().tobytes()
 
 
 def kv_from_bytes(
