@@ -9,7 +9,8 @@ their own threads and hand the tensor work here; one thread also serialises acce
 Loading the model belongs here too. A second thread that ever ran torch (the main thread loading the
 weights) leaves a second team behind, and once libgomp manages more threads than there are cores it
 cuts its spin-wait between parallel regions to almost nothing, so every one of a forward's many small
-regions pays a sleep and a wake-up: a 7-node tree verify took 98 ms with one team and 129 ms with two.
+regions pays a sleep and a wake-up: a 7-node tree verify took 98 ms with one team and 129 ms with two
+(scripts/diagnostics/openmp_teams.py).
 """
 
 from __future__ import annotations
