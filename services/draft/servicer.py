@@ -1,15 +1,25 @@
-"""DraftService: a thin adapter from RPCs to draft sessions, the KV mirror and the method's drafter."""
+"""DraftService: a thin adapter from RPCs to draft sessions, the KV mirror and the method's drafter.
+
+Proposals are prepared ahead: when the KV feed delivers a commit (its chunk carries the committed tokens
+and the new root), the draft builds the next round's tree at once, on the model thread, while the
+router is still hearing back from the target and appending to Redis. The Propose that follows returns
+it if it asks for exactly that tree (same tokens, sampling params and seed), and builds a fresh one
+otherwise, so the tokens a client receives never depend on the timing.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
-from services.draft.sessions import DraftSession, DraftSessionStore
+from services.draft.sessions import DraftSession, DraftSessionStore, PreparedProposal
+from specserve.core.rng import Stream, round_seed
 from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
@@ -21,7 +31,9 @@ from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
-from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2
+
+logger = logging.getLogger(__name__)
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -35,8 +47,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.store = DraftSessionStore(settings.max_sessions)
         self.model = model or ModelThread("draft-model")  # every draft forward, one at a time
+        self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -73,13 +85,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             mirror,
             request.target_address,
             self.channel_for,
-            on_chunk=self._observe_chunk,
+            on_chunk=lambda chunk: self._on_chunk(request.session_id, chunk),
             on_resync=self.metrics.kv_feed_resyncs.inc,
             run=self.model.run,  # the mirror's tensors are written where the drafter reads them
         )
+        seed = request.seed if request.HasField("seed") else None
         self.store.put(
             DraftSession(
-                request.session_id, request.method, list(request.token_ids), drafter, mirror, subscriber
+                request.session_id, request.method, list(request.token_ids), drafter, mirror, subscriber, seed
             )
         )
         subscriber.start()
@@ -101,38 +114,77 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             or len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity
         ):
             raise InvalidArgument("the session's tokens do not fit its capacity")
-        session.token_ids = token_ids
-        session.subscriber.retarget(request.target_address)
         params = sampling_from_pb(request.sampling).validate(self.engine.settings.max_new_tokens_limit)
+        session.token_ids = token_ids
+        session.params = params
+        session.subscriber.retarget(request.target_address)
         root_position = len(token_ids) - 1
         waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
         self.metrics.kv_wait.observe(waited)
         with telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span:
-            tree, num_nodes, depth = self.model.run(
-                self._propose, session, root_position, token_ids, params, request.step_seed
-            )
-            span.set_attribute(telemetry.ATTR_TREE_SIZE, num_nodes)
-            span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, depth)
+            proposal = self.model.run(self._propose, session, token_ids, params, request.step_seed)
+            span.set_attribute(telemetry.ATTR_TREE_SIZE, proposal.num_nodes)
+            span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, proposal.depth)
+            span.set_attribute(telemetry.ATTR_PREPARED, proposal.prepared)
+        self.metrics.proposals.labels("prepared" if proposal.prepared else "on_request").inc()
         self.metrics.propose_latency.observe(time.perf_counter() - start)
         return draft_pb2.ProposeResponse(
-            tree=tree,
+            tree=proposal.tree,
             kv_wait_seconds=waited,
             kv_feed_bytes=session.mirror.received_bytes,
             handler_seconds=time.perf_counter() - start,
+            prepared=proposal.prepared,
         )
 
     @staticmethod
     def _propose(
-        session: DraftSession,
-        root_position: int,
-        token_ids: Sequence[int],
-        params: SamplingParams,
-        step_seed: int,
-    ) -> tuple[common_pb2.DraftTree, int, int]:
-        """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
-        session.mirror.visible = root_position
-        draft = session.drafter.propose(list(token_ids), params, step_seed)
-        return draft_to_pb(draft), draft.tree.num_nodes, max(draft.tree.depths())
+        session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
+    ) -> _Proposal:
+        """On the model thread: the prepared tree if it answers this call, else a fresh one."""
+        prepared, session.prepared = session.prepared, None
+        if prepared is not None and prepared.answers(token_ids, params, step_seed):
+            return _Proposal(prepared.tree, prepared.num_nodes, prepared.depth, prepared=True)
+        built = _build(session, token_ids, params, step_seed)
+        return _Proposal(built.tree, built.num_nodes, built.depth, prepared=False)
+
+    def _on_chunk(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
+        """On the session's feed thread, after the chunk is in the mirror."""
+        self._observe_chunk(chunk)
+        try:
+            self._prepare(session_id, chunk)
+        except Exception:  # a failed preparation costs only time: Propose builds the tree itself
+            logger.warning("preparing the next proposal of %s failed", session_id, exc_info=True)
+
+    def _prepare(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
+        """Builds the next round's tree from a chunk that completes a commit (see the module doc)."""
+        session = self.store.peek(session_id)
+        if not chunk.HasField("root_token") or session is None:
+            return
+        if session.seed is None or session.params is None:  # no Propose yet: its params are unknown
+            return
+        start = chunk.start_position
+        known = session.token_ids
+        if start > len(known) or session.mirror.length != start + chunk.num_positions:
+            return  # a resync in progress: let Propose handle it
+        token_ids = (*known[:start], *chunk.token_ids, chunk.root_token)
+        if len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity:
+            return
+        # Exactly the seed the router's loop will send for this round (core/loop.py).
+        step_seed = round_seed(session.seed, len(token_ids), Stream.DRAFT)
+        with telemetry.span(telemetry.SPAN_PREPARE, **{telemetry.ATTR_SESSION: session_id}) as span:
+            prepared = self.model.run(
+                self._prepare_on_model_thread, session, token_ids, session.params, step_seed
+            )
+            span.set_attribute(telemetry.ATTR_PREPARED, prepared)
+
+    @staticmethod
+    def _prepare_on_model_thread(
+        session: DraftSession, token_ids: tuple[int, ...], params: SamplingParams, step_seed: int
+    ) -> bool:
+        if session.closed or session.proposed_root >= len(token_ids) - 1:
+            return False  # released, or Propose got here first and built this round's tree itself
+        session.prepared = _build(session, token_ids, params, step_seed)
+        return True
 
     def Release(self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
@@ -140,15 +192,37 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftReleaseResponse(released=released)
 
-    def _observe_chunk(self, chunk) -> None:
+    def _observe_chunk(self, chunk: target_pb2.KVChunk) -> None:
         self.metrics.kv_feed_bytes.inc(chunk_payload_bytes(chunk))
         if chunk.commit_unix_seconds:
             self.metrics.kv_feed_lag.observe(max(0.0, time.time() - chunk.commit_unix_seconds))
 
     def close(self) -> None:
+        self.store.clear()  # on the model thread, so before it stops
         self.model.close()
-        self.store.clear()
         with self._channels_lock:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+@dataclass(frozen=True)
+class _Proposal:
+    tree: common_pb2.DraftTree
+    num_nodes: int
+    depth: int
+    prepared: bool  # built ahead from the KV feed
+
+
+def _build(
+    session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
+) -> PreparedProposal:
+    """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
+    root_position = len(token_ids) - 1
+    session.mirror.visible = root_position
+    session.proposed_root = root_position
+    draft = session.drafter.propose(list(token_ids), params, step_seed)
+    tree = draft_to_pb(draft)
+    return PreparedProposal(
+        tuple(token_ids), params, step_seed, tree, draft.tree.num_nodes, max(draft.tree.depths())
+    )

@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from specserve.core.protocols import Drafter
+from specserve.core.sampling_params import SamplingParams
 from specserve.errors import NotFound
+from specserve.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class PreparedProposal:
+    """A tree built before it was asked for (when the KV feed delivered the commit it starts from)."""
+
+    token_ids: tuple[int, ...]  # the committed tokens it was drafted from, the root last
+    params: SamplingParams
+    step_seed: int
+    tree: common_pb2.DraftTree
+    num_nodes: int
+    depth: int
+
+    def answers(self, token_ids: Sequence[int], params: SamplingParams, step_seed: int) -> bool:
+        """Whether it is exactly the tree a Propose with these arguments would build."""
+        return self.step_seed == step_seed and self.params == params and self.token_ids == tuple(token_ids)
 
 
 @dataclass
@@ -20,18 +38,36 @@ class DraftSession:
     drafter: Drafter
     mirror: KVMirror
     subscriber: FeedSubscriber
+    seed: int | None = None  # the request's seed (Prefill); None = never prepare proposals ahead
+    params: SamplingParams | None = None  # the sampling params of the last Propose
+    # Written and read on the model thread only:
+    proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
+    prepared: PreparedProposal | None = None
+    closed: bool = False
 
     def close(self) -> None:
+        """On the model thread (DraftSessionStore's `run`): a tree being prepared never sees its drafter
+        released under it, and one queued behind this sees `closed`."""
+        self.closed = True
         self.subscriber.close()
         self.drafter.release()
 
 
 class DraftSessionStore:
-    """At most `max_sessions`; a new session evicts the least recently used (its router re-prefills)."""
+    """At most `max_sessions`; a new session evicts the least recently used (its router re-prefills).
 
-    def __init__(self, max_sessions: int, on_evict: Callable[[], None] = lambda: None) -> None:
+    `run` is how a session is closed: the servicer passes its model thread's run, where drafters work.
+    """
+
+    def __init__(
+        self,
+        max_sessions: int,
+        on_evict: Callable[[], None] = lambda: None,
+        run: Callable[..., object] = lambda fn, *args: fn(*args),
+    ) -> None:
         self.max_sessions = max_sessions
         self.on_evict = on_evict
+        self._run = run
         self.lock = threading.Lock()
         self._sessions: OrderedDict[str, DraftSession] = OrderedDict()
 
@@ -46,7 +82,7 @@ class DraftSessionStore:
                 evicted.append(self._sessions.popitem(last=False)[1])
             self._sessions[session.session_id] = session
         for s in [*([old] if old else []), *evicted]:
-            s.close()
+            self._run(s.close)
         for _ in evicted:
             self.on_evict()
 
@@ -58,11 +94,16 @@ class DraftSessionStore:
             self._sessions.move_to_end(session_id)
             return session
 
+    def peek(self, session_id: str) -> DraftSession | None:
+        """The session, if it exists, without marking it used (the KV feed's view)."""
+        with self.lock:
+            return self._sessions.get(session_id)
+
     def release(self, session_id: str) -> bool:
         with self.lock:
             session = self._sessions.pop(session_id, None)
         if session is not None:
-            session.close()
+            self._run(session.close)
         return session is not None
 
     def clear(self) -> None:
@@ -70,4 +111,4 @@ class DraftSessionStore:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for s in sessions:
-            s.close()
+            self._run(s.close)

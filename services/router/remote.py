@@ -34,6 +34,7 @@ class RoundCounters:
     rpc_bytes: int = 0
     kv_feed_bytes: int = 0
     draft_fallbacks: int = 0
+    prepared_proposals: int = 0  # rounds whose tree the draft had built ahead from the KV feed
     target_rebuilds: int = 0
     draft_service_s: float = 0.0  # inside the draft's handler
     target_service_s: float = 0.0  # inside the target's Verify handler
@@ -167,9 +168,11 @@ class RemoteDrafter:
         timeout_s: float,
         counters: RoundCounters,
         on_propose: Callable[[float], None] = lambda seconds: None,
+        seed: int | None = None,  # the request's seed: lets the draft prepare each round's tree ahead
     ) -> None:
         self.session_id = session_id
         self.method = method
+        self.seed = seed
         self.on_propose = on_propose  # seconds of each Propose round trip (fallbacks included)
         self.stub = stub
         self.target_address = target_address
@@ -202,6 +205,7 @@ class RemoteDrafter:
                     token_ids=token_ids,
                     target_address=self.target_address(),
                     capacity=self.capacity,
+                    seed=self.seed,
                 )
                 self.stub.Prefill(prefill, timeout=self.timeout_s)
                 self.counters.rpc_bytes += prefill.ByteSize()
@@ -221,6 +225,7 @@ class RemoteDrafter:
         self.counters.rpc_bytes += request.ByteSize() + response.ByteSize()
         self.counters.kv_feed_bytes = response.kv_feed_bytes
         self.counters.draft_service_s += response.handler_seconds
+        self.counters.prepared_proposals += response.prepared
         draft = tree_from_pb(response.tree, self.capacity)
         if draft.tree.token_ids[0] != token_ids[-1]:
             raise FailedPrecondition("the draft's tree does not start at the root")

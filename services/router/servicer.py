@@ -270,6 +270,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 self.settings.draft_timeout_seconds,
                 counters,
                 on_propose=self.metrics.draft_rpc_latency.observe,
+                seed=record.seed,
             )
         previous, previous_extra = _saved_stats(record.stats)
         finish = FinishChecker(
@@ -325,6 +326,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 "rpc_bytes": counters.rpc_bytes,
                 "kv_feed_bytes": counters.kv_feed_bytes,
                 "num_draft_fallbacks": counters.draft_fallbacks,
+                "num_prepared_proposals": counters.prepared_proposals,
                 "num_target_rebuilds": counters.target_rebuilds,
                 "redis_seconds": counters.redis_s,
                 "draft_service_seconds": counters.draft_service_s,

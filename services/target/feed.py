@@ -5,6 +5,8 @@ A subscriber names the first position it needs; the feed sends [cursor, committe
 except by a rebuild, which re-creates the same tokens' KV; after a rebuild to a shorter history the
 cursor moves back to the new end, so the subscriber overwrites what it had there (start_position below
 what it holds is how it learns that). The stream ends when the session is released or evicted.
+Each chunk also carries its positions' token ids, and the chunk that reaches the committed length the
+root token after them: everything a draft needs to build the next round's proposal unasked.
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ def _chunk(
         num_positions=end - start,
         epoch=epoch,
         commit_unix_seconds=session.committed_at,
+        token_ids=session.verifier.token_ids[start:end],
     )
+    if end == session.committed_length:  # the newest commit: the draft may start the next round
+        message.root_token = session.verifier.token_ids[end]
     for layer in layers:
         keys, values = session.verifier.cache.layer_kv(layer)  # [1, H, L, D]
         message.layers.append(

@@ -30,6 +30,7 @@ _SUMMED = (
     "kv_feed_bytes",
     "num_draft_fallbacks",
     "num_target_rebuilds",
+    "num_prepared_proposals",
 )
 
 
@@ -40,7 +41,9 @@ class WithRemote:
         self.engine = engine
         self.client = Client(address)
         self.remote_methods = [REMOTE_PREFIX + m["name"] for m in self.client.list_methods()]
-        self.totals: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(_SUMMED, 0.0))
+        self.totals: dict[str, dict[str, float]] = defaultdict(
+            lambda: dict.fromkeys((*_SUMMED, "num_requests"), 0.0)
+        )
 
     @property
     def methods(self) -> list[str]:
@@ -71,6 +74,7 @@ class WithRemote:
         s = completion.stats
         for key in _SUMMED:
             self.totals[method][key] += s.get(key, 0.0)
+        self.totals[method]["num_requests"] += 1
         stats = GenerationStats(
             num_target_forwards=int(s["num_target_forwards"]),
             num_draft_tokens=int(s["num_draft_tokens"]),
@@ -102,6 +106,8 @@ class WithRemote:
                 "rpc_bytes_per_round": t["rpc_bytes"] / rounds,
                 "kv_feed_bytes_per_round": t["kv_feed_bytes"] / rounds,
                 "draft_fallbacks": t["num_draft_fallbacks"],
+                # the prefill is not a round; a method without a draft prepares nothing
+                "prepared_share": t["num_prepared_proposals"] / max(1.0, rounds - t["num_requests"]),
                 "target_rebuilds": t["num_target_rebuilds"],
             }
         return out
@@ -110,7 +116,10 @@ class WithRemote:
         rows = self.breakdown()
         if not rows:
             return ""
-        head = "remote method          draft  (in svc)  verify  (in svc)  network  redis  rpc B/rnd  kv B/rnd"
+        head = (
+            "remote method          draft  (in svc)  verify  (in svc)  network  redis  rpc B/rnd  kv B/rnd"
+            "  prepared"
+        )
         lines = [head, "-" * len(head)]
         for method, r in rows.items():
             lines.append(
@@ -118,5 +127,10 @@ class WithRemote:
                 f"{r['verify_ms_per_round']:7.1f} {r['target_service_ms_per_round']:9.1f} "
                 f"{r['network_ms_per_round']:8.1f} {r['redis_ms_per_round']:6.2f} "
                 f"{r['rpc_bytes_per_round']:10.0f} {r['kv_feed_bytes_per_round']:9.0f}"
+                f" {r['prepared_share']:9.0%}"
             )
-        return "\n".join(lines) + "\n(milliseconds per round; 'in svc' = inside the service's handler)"
+        legend = (
+            "(milliseconds per round; 'in svc' = inside the service's handler; 'prepared' = rounds whose"
+            " tree the draft had built ahead from the KV feed)"
+        )
+        return "\n".join([*lines, legend])

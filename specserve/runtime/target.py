@@ -17,13 +17,20 @@ class LocalVerifier:
     def __init__(self, runner: ModelRunner, capacity: int) -> None:
         self.runner = runner
         self.cache = runner.new_cache(capacity)
-        self.root_token: int | None = None
+        # Every committed token, the root last: len(token_ids) == cache.length + 1 once prefilled. The
+        # service's KV feed sends them with the KV so a draft can start the next round on its own.
+        self.token_ids: list[int] = []
+
+    @property
+    def root_token(self) -> int | None:
+        return self.token_ids[-1] if self.token_ids else None
 
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
         self.cache.truncate(0)
         logits = self.runner.forward(self.cache, prompt_ids, last_only=True)  # [V]
-        self.root_token = choose_token(logits, params, seed)
-        return self.root_token
+        root = choose_token(logits, params, seed)
+        self.token_ids = [*prompt_ids, root]
+        return root
 
     def resume(self, token_ids: Sequence[int]) -> None:
         """Rebuilds the state after committed `token_ids` (the last is the root) without choosing anything:
@@ -31,7 +38,7 @@ class LocalVerifier:
         self.cache.truncate(0)
         if len(token_ids) > 1:
             self.runner.forward(self.cache, token_ids[:-1], last_only=True)
-        self.root_token = token_ids[-1]
+        self.token_ids = list(token_ids)
 
     def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
         tree = draft.tree
@@ -45,15 +52,15 @@ class LocalVerifier:
         )  # [N, V]
         outcome = accept_draft(logits, draft, params, seed)
         self.cache.commit_path(start, outcome.accepted_nodes)
+        self.token_ids += [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
         if outcome.next_token is None:
             # Target-rooted: no token after the path is committed, so the path's last token becomes the
             # next root, and a root's KV is computed by the round that verifies it (once more, cheaply).
             self.cache.truncate(start + len(outcome.accepted_nodes) - 1)
-            self.root_token = tree.token_ids[outcome.accepted_nodes[-1]]
         else:
-            self.root_token = outcome.next_token
+            self.token_ids.append(outcome.next_token)
         return outcome
 
     def release(self) -> None:
         self.cache.truncate(0)
-        self.root_token = None
+        self.token_ids = []

@@ -135,6 +135,7 @@ class DraftMetrics:
     kv_feed_lag: Histogram
     kv_feed_bytes: Counter
     kv_feed_resyncs: Counter
+    proposals: Counter  # label how: "prepared" (built ahead from the KV feed) or "on_request"
 
     @classmethod
     def create(cls) -> DraftMetrics:
@@ -148,5 +149,11 @@ class DraftMetrics:
             kv_feed_bytes=Counter(PREFIX + "kv_feed_received_bytes", "KV-feed payload bytes", registry=r),
             kv_feed_resyncs=Counter(
                 PREFIX + "kv_feed_resyncs", "KV-feed reconnects (gap, epoch change, error)", registry=r
+            ),
+            proposals=Counter(
+                PREFIX + "draft_proposals",
+                "Trees returned by Propose, by how they were built",
+                ["how"],
+                registry=r,
             ),
         )

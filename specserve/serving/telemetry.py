@@ -31,6 +31,7 @@ SPAN_VERIFY = "specserve.target.verify"
 SPAN_PREFILL = "specserve.target.prefill"
 SPAN_KV_PUBLISH = "specserve.kv_feed.publish"
 SPAN_KV_RECEIVE = "specserve.kv_feed.receive"
+SPAN_PREPARE = "specserve.draft.prepare"  # a tree built ahead, when the KV feed delivered a commit
 
 # Attribute names.
 ATTR_SESSION = "specserve.session_id"
@@ -40,6 +41,7 @@ ATTR_ACCEPTED_LENGTH = "specserve.accepted_length"
 ATTR_TREE_SIZE = "specserve.tree_size"
 ATTR_BYTES = "specserve.bytes"
 ATTR_POSITIONS = "specserve.positions"
+ATTR_PREPARED = "specserve.prepared"  # a Propose answered with a tree built ahead from the KV feed
 
 _configured = False
 

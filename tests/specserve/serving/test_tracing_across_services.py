@@ -223,6 +223,11 @@ def check_trace(spans: list[Span], trace_id: str, client_span_id: str, stats) ->
     # The KV feed: the draft subscribes from its Prefill's context, the target publishes in StreamKV.
     receives = children(DRAFT, telemetry.SPAN_KV_RECEIVE, draft_prefill_server)
     assert receives and sum(s.attributes[telemetry.ATTR_POSITIONS] for s in receives) > 0
+    # Trees built ahead when the feed delivered a commit, in the same context; Propose used them.
+    prepares = children(DRAFT, telemetry.SPAN_PREPARE, draft_prefill_server)
+    proposes = [s for s in spans if s.name == telemetry.SPAN_PROPOSE]
+    used = sum(s.attributes[telemetry.ATTR_PREPARED] for s in proposes)
+    assert 0 < used <= sum(s.attributes[telemetry.ATTR_PREPARED] for s in prepares)
     stream_servers = children(TARGET, "/specserve.v1.TargetService/StreamKV", draft_prefill_server, SERVER)
     assert stream_servers
     publishes = [s for s in spans if s.name == telemetry.SPAN_KV_PUBLISH]

@@ -1,0 +1,137 @@
+"""The draft builds each round's tree ahead, when the KV feed delivers the commit it starts from, and
+returns it only to a Propose that asks for exactly that tree.
+
+Over real gRPC on the shared stack, with the target and the draft called directly as the router calls
+them. Sampled chains (T > 0) make the tree depend on the seed, so "the same tree" means the seed
+derivation matches the router's too.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from specserve.core.rng import Stream, round_seed
+from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
+
+PROMPT_IDS = [1, 9690, 198, 19556, 28, 638, 359, 346, 47, 2]
+CAPACITY = 256
+SEED = 2024
+SAMPLED = common_pb2.SamplingParams(temperature=0.8)
+PREPARE_SECONDS = 1.0  # far longer than one draft forward: the tree is ready when Propose comes
+
+
+@pytest.fixture(scope="module")
+def target(channels) -> target_pb2_grpc.TargetServiceStub:
+    return target_pb2_grpc.TargetServiceStub(channels["target"])
+
+
+@pytest.fixture(scope="module")
+def draft(channels) -> draft_pb2_grpc.DraftServiceStub:
+    return draft_pb2_grpc.DraftServiceStub(channels["draft"])
+
+
+class RouterLikeSession:
+    """One session driven round by round as the router's loop does (core/loop.py)."""
+
+    def __init__(self, target, draft, target_address: str, session_id: str, seed: int | None) -> None:
+        self.target, self.draft, self.session_id = target, draft, session_id
+        prefill = target.Prefill(
+            target_pb2.PrefillRequest(
+                session_id=session_id, token_ids=PROMPT_IDS, capacity=CAPACITY, sampling=SAMPLED, step_seed=7
+            ),
+            timeout=60,
+        )
+        self.token_ids = [*PROMPT_IDS, prefill.next_token]
+        self.known = len(self.token_ids)
+        draft.Prefill(
+            draft_pb2.DraftPrefillRequest(
+                session_id=session_id,
+                method="glide",
+                token_ids=self.token_ids,
+                target_address=target_address,
+                capacity=CAPACITY,
+                seed=seed,
+            ),
+            timeout=60,
+        )
+        self.target_address = target_address
+
+    def propose(self, step_seed: int | None = None) -> draft_pb2.ProposeResponse:
+        position = len(self.token_ids)
+        response = self.draft.Propose(
+            draft_pb2.ProposeRequest(
+                session_id=self.session_id,
+                from_position=self.known,
+                new_token_ids=self.token_ids[self.known :],
+                sampling=SAMPLED,
+                step_seed=round_seed(SEED, position, Stream.DRAFT) if step_seed is None else step_seed,
+                target_address=self.target_address,
+            ),
+            timeout=60,
+        )
+        self.known = len(self.token_ids)
+        return response
+
+    def verify(self, tree: common_pb2.DraftTree) -> None:
+        position = len(self.token_ids)
+        outcome = self.target.Verify(
+            target_pb2.VerifyRequest(
+                session_id=self.session_id,
+                tree=tree,
+                committed_length=position,
+                sampling=SAMPLED,
+                step_seed=round_seed(SEED, position, Stream.VERIFY),
+            ),
+            timeout=60,
+        )
+        self.token_ids += [tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
+
+    def release(self) -> None:
+        self.draft.Release(draft_pb2.DraftReleaseRequest(session_id=self.session_id), timeout=60)
+        self.target.Release(target_pb2.ReleaseRequest(session_id=self.session_id), timeout=60)
+
+
+def run_rounds(session: RouterLikeSession, rounds: int) -> list[draft_pb2.ProposeResponse]:
+    responses = []
+    for _ in range(rounds):
+        response = session.propose()
+        responses.append(response)
+        session.verify(response.tree)
+        time.sleep(PREPARE_SECONDS)
+    return responses
+
+
+def test_prepared_trees_are_the_trees_propose_would_build(target, draft, shared_stack):
+    address = shared_stack.address("target")
+    ahead = RouterLikeSession(target, draft, address, "prepared-ahead", seed=SEED)
+    asked = RouterLikeSession(target, draft, address, "prepared-never", seed=None)  # no seed: never ahead
+    try:
+        ahead_responses = run_rounds(ahead, 4)
+        asked_responses = run_rounds(asked, 4)
+    finally:
+        ahead.release()
+        asked.release()
+    # The first round's params are unknown until its Propose: built on request; every later one ahead.
+    assert [r.prepared for r in ahead_responses] == [False, True, True, True]
+    assert not any(r.prepared for r in asked_responses)
+    assert ahead.token_ids == asked.token_ids  # same seeds, same trees, same sampled tokens
+    for a, b in zip(ahead_responses, asked_responses, strict=True):
+        assert a.tree == b.tree
+    assert any(len(r.tree.token_ids) > 1 for r in ahead_responses)
+
+
+def test_a_propose_that_asks_for_another_tree_gets_a_fresh_one(target, draft, shared_stack):
+    session = RouterLikeSession(target, draft, shared_stack.address("target"), "prepared-mismatch", seed=SEED)
+    try:
+        run_rounds(session, 1)  # now a tree for the next round is prepared with that round's seed
+        other_seed = round_seed(SEED, len(session.token_ids), Stream.DRAFT) + 1
+        response = session.propose(step_seed=other_seed)
+        assert not response.prepared
+        session.verify(response.tree)  # a well-formed tree for this session's root
+        assert len(session.token_ids) > len(PROMPT_IDS) + 2
+    finally:
+        session.release()
