@@ -89,7 +89,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             on_resync=self.metrics.kv_feed_resyncs.inc,
             run=self.model.run,  # the mirror's tensors are written where the drafter reads them
         )
-        seed = request.seed if request.HasField("seed") else None
+        seed = request.seed if request.HasField("seed") and self.settings.prepare_ahead else None
         self.store.put(
             DraftSession(
                 request.session_id, request.method, list(request.token_ids), drafter, mirror, subscriber, seed

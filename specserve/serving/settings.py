@@ -98,6 +98,11 @@ class DraftServiceSettings(ServerSettings):
     metrics_port: int = 9102
     max_sessions: int = 64
     kv_wait_seconds: float = 2.0  # how long a propose waits for the KV version it needs
+    # Build each round's tree when the KV feed delivers the commit, before the router asks
+    # (services/draft/servicer.py). Off by default: where the draft shares CPU cores with the router (this
+    # 2-core machine) the early build competes with the router's own work and measured 5% slower end to
+    # end (docs/benchmarks.md §3). Turn it on when the draft has its own GPU or cores.
+    prepare_ahead: bool = False
 
     def validate(self) -> DraftServiceSettings:
         super().validate()

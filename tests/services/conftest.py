@@ -20,7 +20,9 @@ RPC_TIMEOUT_SECONDS = 60.0
 
 @pytest.fixture(scope="session")
 def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with LocalStack(log_dir=tmp_path_factory.mktemp("shared-stack-logs")) as stack:
+    # Trees prepared ahead (off by default) so that tests/services/draft can check them.
+    env = {"SPECSERVE_DRAFT_PREPARE_AHEAD": "true"}
+    with LocalStack(log_dir=tmp_path_factory.mktemp("shared-stack-logs"), env=env) as stack:
         yield stack
 
 

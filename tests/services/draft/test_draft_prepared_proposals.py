@@ -1,9 +1,9 @@
 """The draft builds each round's tree ahead, when the KV feed delivers the commit it starts from, and
 returns it only to a Propose that asks for exactly that tree.
 
-Over real gRPC on the shared stack, with the target and the draft called directly as the router calls
-them. Sampled chains (T > 0) make the tree depend on the seed, so "the same tree" means the seed
-derivation matches the router's too.
+Over real gRPC on the shared stack (which turns SPECSERVE_DRAFT_PREPARE_AHEAD on), with the target and
+the draft called directly as the router calls them. Sampled chains (T > 0) make the tree depend on the
+seed, so "the same tree" means the seed derivation matches the router's too.
 """
 
 from __future__ import annotations

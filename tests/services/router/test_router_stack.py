@@ -73,8 +73,7 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
             assert remote.text == local.text
             assert remote.finish_reason == local.finish_reason.value
             assert remote.stats["num_draft_fallbacks"] == 0  # the draft really took part
-            # the draft built trees ahead from the KV feed (every round after the first, when timely)
-            assert remote.stats["num_prepared_proposals"] > 0
+            assert remote.stats["num_prepared_proposals"] == 0  # off by default
             rounds += int(remote.stats["num_target_forwards"]) - 1  # the prefill is not a round
     # vLLM-named speculation counters: one draft per round, per-position acceptance counted.
     assert metric(stack, "router", "specserve:spec_decode_num_drafts_total") - drafts_before == rounds
@@ -83,14 +82,13 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
 
 @pytest.mark.timeout(300)
 def test_seeded_sampling_equals_in_process(stack, default_engine):
-    """At T > 0 the draft's trees, prepared ahead or not, are the in-process ones: same seed, same tokens."""
+    """At T > 0 the stack reproduces the in-process run of the same seed token for token."""
     params = SamplingParams(max_new_tokens=32, temperature=0.8, seed=31337)
     with Client(stack.router_address) as client:
         for prompt in EQUALITY_PROMPTS[:2]:
             remote = client.generate(prompt, max_new_tokens=32, temperature=0.8, seed=31337)
             local = default_engine.generate(prompt, DEFAULT_METHOD, params)
             assert remote.token_ids == local.token_ids, prompt
-            assert remote.stats["num_prepared_proposals"] > 0
 
 
 def metric(stack: LocalStack, role: str, name: str) -> float:

@@ -132,6 +132,7 @@ def test_one_trace_spans_router_draft_and_target(receiver, tmp_path):
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         "OTEL_SERVICE_NAME": "",  # the default names, specserve-<role>
+        "SPECSERVE_DRAFT_PREPARE_AHEAD": "true",  # off by default; its spans are part of the trace
     }
     trace_id, client_span_id = secrets.token_hex(16), secrets.token_hex(8)
     with TracedStack(log_dir=tmp_path, env=env) as stack:
