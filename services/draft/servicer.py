@@ -1,10 +1,12 @@
 """DraftService: a thin adapter from RPCs to draft sessions, the KV mirror and the method's drafter.
 
-Proposals are prepared ahead: when the KV feed delivers a commit (its chunk carries the committed tokens
-and the new root), the draft builds the next round's tree at once, on the model thread, while the
-router is still hearing back from the target and appending to Redis. The Propose that follows returns
-it if it asks for exactly that tree (same tokens, sampling params and seed), and builds a fresh one
-otherwise, so the tokens a client receives never depend on the timing.
+With `prepare_ahead` on (DraftServiceSettings), proposals are prepared ahead: when the KV feed delivers
+a commit (its chunk carries the committed tokens and the new root), the draft builds the next round's
+tree at once, on the model thread, while the router is still hearing back from the target and appending
+to Redis. The Propose that follows returns it if it asks for exactly that tree (same tokens, sampling
+params and seed), and builds a fresh one otherwise, so the tokens a client receives never depend on the
+timing. (A tree built ahead and then not used has still taught the stop policy one round; only
+adaptivity, never output, notices.)
 """
 
 from __future__ import annotations
