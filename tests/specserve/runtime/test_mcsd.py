@@ -28,16 +28,6 @@ CAPACITY = 256
 GREEDY = SamplingParams(max_new_tokens=40)
 
 
-@pytest.fixture(scope="module")
-def target() -> ModelRunner:
-    return ModelRunner(tiny_llama())
-
-
-@pytest.fixture(scope="module")
-def draft(target) -> ModelRunner:
-    return ModelRunner(noisy_copy(target.model, scale=0.6))
-
-
 def run(target, drafter, params, seed=0, prompt=PROMPT):
     finish = FinishChecker(params.max_new_tokens, frozenset())
     stats = speculative_generate(prompt, LocalVerifier(target, CAPACITY), drafter, params, seed, finish)

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny_llama import noisy_copy, tiny_llama
 
 from specserve.core.cape import CapeSettings
 from specserve.core.finish import FinishChecker
@@ -118,16 +117,6 @@ def true_round(draft: DraftTree, outcome: VerifyOutcome) -> tuple[int, int]:
 
 
 # --- models -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def target() -> ModelRunner:
-    return ModelRunner(tiny_llama())
-
-
-@pytest.fixture(scope="module")
-def draft(target: ModelRunner) -> ModelRunner:
-    return ModelRunner(noisy_copy(target.model, scale=0.6))  # accepts some tokens, rejects others
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from tiny_llama import noisy_copy, tiny_llama
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.sampling_params import SamplingParams
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
-from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
 PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
@@ -25,16 +23,6 @@ class CheckedVerifier(LocalVerifier):
         assert len(self.token_ids) == self.cache.length + 1
         assert self.root_token == self.token_ids[-1]
         return outcome
-
-
-@pytest.fixture(scope="module")
-def target() -> ModelRunner:
-    return ModelRunner(tiny_llama())
-
-
-@pytest.fixture(scope="module")
-def draft(target) -> ModelRunner:
-    return ModelRunner(noisy_copy(target.model, scale=0.6))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

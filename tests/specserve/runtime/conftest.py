@@ -1,0 +1,19 @@
+"""The runtime tests' tiny models: a random target and a noisy copy of it as the draft (it accepts some
+tokens and rejects others). One of each per test module."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_llama import noisy_copy, tiny_llama
+
+from specserve.runtime.runner import ModelRunner
+
+
+@pytest.fixture(scope="module")
+def target() -> ModelRunner:
+    return ModelRunner(tiny_llama())
+
+
+@pytest.fixture(scope="module")
+def draft(target: ModelRunner) -> ModelRunner:
+    return ModelRunner(noisy_copy(target.model, scale=0.6))
