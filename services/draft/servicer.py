@@ -15,12 +15,11 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
-from services.draft.sessions import DraftSession, DraftSessionStore, PreparedProposal
+from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
 from specserve.core.rng import Stream, round_seed
 from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
@@ -33,7 +32,7 @@ from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
-from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2
+from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -124,30 +123,29 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
         self.metrics.kv_wait.observe(waited)
         with telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span:
-            proposal = self.model.run(self._propose, session, token_ids, params, request.step_seed)
+            proposal, prepared = self.model.run(self._propose, session, token_ids, params, request.step_seed)
             span.set_attribute(telemetry.ATTR_TREE_SIZE, proposal.num_nodes)
             span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, proposal.depth)
-            span.set_attribute(telemetry.ATTR_PREPARED, proposal.prepared)
-        self.metrics.proposals.labels("prepared" if proposal.prepared else "on_request").inc()
+            span.set_attribute(telemetry.ATTR_PREPARED, prepared)
+        self.metrics.proposals.labels("prepared" if prepared else "on_request").inc()
         self.metrics.propose_latency.observe(time.perf_counter() - start)
         return draft_pb2.ProposeResponse(
             tree=proposal.tree,
             kv_wait_seconds=waited,
             kv_feed_bytes=session.mirror.received_bytes,
             handler_seconds=time.perf_counter() - start,
-            prepared=proposal.prepared,
+            prepared=prepared,
         )
 
     @staticmethod
     def _propose(
         session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
-    ) -> _Proposal:
-        """On the model thread: the prepared tree if it answers this call, else a fresh one."""
+    ) -> tuple[Proposal, bool]:
+        """On the model thread: the prepared tree if it answers this call, else a fresh one; and which."""
         prepared, session.prepared = session.prepared, None
         if prepared is not None and prepared.answers(token_ids, params, step_seed):
-            return _Proposal(prepared.tree, prepared.num_nodes, prepared.depth, prepared=True)
-        built = _build(session, token_ids, params, step_seed)
-        return _Proposal(built.tree, built.num_nodes, built.depth, prepared=False)
+            return prepared, True
+        return _build(session, token_ids, params, step_seed), False
 
     def _on_chunk(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
         """On the session's feed thread, after the chunk is in the mirror."""
@@ -208,23 +206,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             self._channels.clear()
 
 
-@dataclass(frozen=True)
-class _Proposal:
-    tree: common_pb2.DraftTree
-    num_nodes: int
-    depth: int
-    prepared: bool  # built ahead from the KV feed
-
-
 def _build(
     session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
-) -> PreparedProposal:
+) -> Proposal:
     """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
     root_position = len(token_ids) - 1
     session.mirror.visible = root_position
     session.proposed_root = root_position
     draft = session.drafter.propose(list(token_ids), params, step_seed)
     tree = draft_to_pb(draft)
-    return PreparedProposal(
-        tuple(token_ids), params, step_seed, tree, draft.tree.num_nodes, max(draft.tree.depths())
-    )
+    return Proposal(tuple(token_ids), params, step_seed, tree, draft.tree.num_nodes, max(draft.tree.depths()))

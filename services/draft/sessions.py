@@ -15,8 +15,8 @@ from specserve.v1 import common_pb2
 
 
 @dataclass(frozen=True)
-class PreparedProposal:
-    """A tree built before it was asked for (when the KV feed delivered the commit it starts from)."""
+class Proposal:
+    """A drafted tree, ready for the wire, and what it was drafted from."""
 
     token_ids: tuple[int, ...]  # the committed tokens it was drafted from, the root last
     params: SamplingParams
@@ -42,7 +42,7 @@ class DraftSession:
     params: SamplingParams | None = None  # the sampling params of the last Propose
     # Written and read on the model thread only:
     proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
-    prepared: PreparedProposal | None = None
+    prepared: Proposal | None = None  # built ahead, when the KV feed delivered its commit
     closed: bool = False
 
     def close(self) -> None:
