@@ -20,6 +20,7 @@ from opentelemetry.propagate import inject
 
 from specserve.errors import FailedPrecondition, Unavailable
 from specserve.serving import telemetry
+from specserve.serving.model_thread import run_inline
 from specserve.serving.tensor_convert import DTYPE_FROM_PB, chunk_payload_bytes, kv_from_bytes
 from specserve.v1 import target_pb2, target_pb2_grpc
 
@@ -97,7 +98,7 @@ class FeedSubscriber:
         on_chunk: Callable[[target_pb2.KVChunk], None] = lambda chunk: None,
         on_resync: Callable[[], None] = lambda: None,
         # how a chunk reaches the mirror: the servicer runs it on its model thread (model_thread.py)
-        run: Callable[..., object] = lambda fn, *args: fn(*args),
+        run: Callable[..., object] = run_inline,
     ) -> None:
         self.session_id = session_id
         self.mirror = mirror

@@ -11,6 +11,7 @@ from services.draft.mirror import FeedSubscriber, KVMirror
 from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import NotFound
+from specserve.serving.model_thread import run_inline
 from specserve.v1 import common_pb2
 
 
@@ -63,7 +64,7 @@ class DraftSessionStore:
         self,
         max_sessions: int,
         on_evict: Callable[[], None] = lambda: None,
-        run: Callable[..., object] = lambda fn, *args: fn(*args),
+        run: Callable[..., object] = run_inline,
     ) -> None:
         self.max_sessions = max_sessions
         self.on_evict = on_evict

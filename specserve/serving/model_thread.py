@@ -23,6 +23,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def run_inline(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """ModelThread.run's stand-in where no model thread is given (tests, tools): runs fn right here."""
+    return fn(*args, **kwargs)
+
+
 class ModelThread:
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
