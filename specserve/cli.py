@@ -212,7 +212,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
     engine = Engine(_settings(args))
     cost = calibrate_engine(engine)
-    path = save_calibration(cost, args.out or engine.calibration_path, {"model": str(engine.model_dir)})
+    path = save_calibration(cost, args.out or engine.calibration_path, engine.calibration_about())
     print(json.dumps({"path": str(path), **cost.to_json()}))
     return 0
 

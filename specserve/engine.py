@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from specserve.core.cost import CostModel
+from specserve.core.cost import CostModel, default_calibration_name
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.rng import fresh_seed
@@ -93,8 +93,9 @@ class Engine:
 
     @property
     def calibration_path(self) -> Path:
-        default = self.settings.cache_dir / f"calibration-{Path(self.model_dir).name}.json"
-        return self.settings.calibration_path or default
+        return self.settings.calibration_path or self.settings.cache_dir / default_calibration_name(
+            Path(self.model_dir).name, self.settings.device, self.settings.dtype
+        )
 
     @functools.cached_property
     def cost_model(self) -> CostModel:
@@ -106,8 +107,12 @@ class Engine:
 
         logger.warning("no cost calibration at %s: measuring this machine's costs once", path)
         cost = calibrate_engine(self)
-        save_calibration(cost, path, {"model": str(self.model_dir)})
+        save_calibration(cost, path, self.calibration_about())
         return cost
+
+    def calibration_about(self) -> dict:
+        """What a calibration was measured on, saved beside it."""
+        return {"model": str(self.model_dir), "device": self.settings.device, "dtype": self.settings.dtype}
 
     def _shipped(self, kind: DraftKind) -> Path | None:
         """Shipped drafts were trained for the default target only."""

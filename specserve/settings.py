@@ -47,7 +47,7 @@ class EngineSettings:
     max_prompt_tokens: int = 1536
     max_new_tokens_limit: int = 4096
     max_tree_nodes: int = 64
-    calibration_path: Path | None = None  # None = <cache_dir>/calibration-<model dir name>.json
+    calibration_path: Path | None = None  # None = <cache_dir>/calibration-<model>-<device>-<dtype>.json
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> EngineSettings:

@@ -16,8 +16,9 @@ Growing by anything with expected gain dE and cost dT raises the rate iff dE / d
 rate beats the current one). After each spine token the policy looks ahead k = 1..K more spine tokens,
 assuming each is accepted with the last prediction a: dE_k = P_d (a + a^2 + ... + a^k),
 dT_k = k draft_step_s + verify_s(n + k) - verify_s(n); it stops when no k beats the current rate
-(one-step lookahead alone would miss a curve that is flat after a step, e.g. a GPU's). A leaf is kept
-when P_{i-1} l_{i,j} / (verify_s(n + 1) - verify_s(n)) beats the current rate.
+(one-step lookahead alone would miss a curve that is flat after a step, e.g. a GPU's). Leaves are taken
+in order of draft probability: as many as give the round its highest rate (every count is compared, so
+a curve with a dip, cheaper at 8 nodes than at 7, is used).
 
 Worked example (docs/adaptive.md has it in full): draft_step_s = 0.004, verify_s(1) = 0.060, rising by
 0.003 per node. One token with a = 0.9: E = 1.9, T = 0.004 + 0.063 = 0.067, 28.4 tok/s. A second token
@@ -85,6 +86,12 @@ class CostModel:
         return cls.from_json(json.loads(path.read_text()))
 
 
+def default_calibration_name(model_name: str, device: str, dtype: str) -> str:
+    """The file a calibration is saved under: costs hold for one model on one kind of device in one dtype
+    (bf16 on this CPU has a flat curve where fp32's doubles from 1 to 2 nodes), so none is reused across."""
+    return f"calibration-{model_name}-{device.replace(':', '')}-{dtype}.json"
+
+
 # Used when no calibration is given: the shape section 7 of the algorithms notes reports for a CPU
 # (16 tokens cost ~1.7x one token) and a draft step of 5% of a target forward. Only ratios matter: the
 # decisions compare rates, so the unit cancels.
@@ -129,8 +136,24 @@ def worth_extending(
     return False
 
 
-def worth_leaf(cost: CostModel, expected: float, gain: float, num_spine: int, num_nodes: int) -> bool:
-    """Whether one more leaf, adding `gain` expected tokens and one node, beats the current rate."""
-    seconds = cost.round_s(num_spine, num_nodes)
-    extra = cost.verify_s(num_nodes + 1) - cost.verify_s(num_nodes)
-    return extra <= 0 or beats_rate(expected, seconds, gain, extra)
+def leaves_worth_adding(
+    cost: CostModel,
+    expected: float,  # E of the round so far
+    gains: Sequence[float],  # expected tokens each offered leaf adds, best first
+    num_spine: int,
+    num_nodes: int,
+) -> int:
+    """How many of the offered leaves to add: the count k whose round (E + g_1 + ... + g_k over one
+    forward of num_nodes + k nodes) has the highest rate, 0 when none beats the current one.
+
+    Every k is compared, not just the next leaf, because a measured curve need not rise: on this CPU the
+    target verifies 8 nodes faster than 7 (MKL picks another kernel), so a leaf that does not pay alone
+    can pay together with the next."""
+    best_count, best_rate = 0, expected / cost.round_s(num_spine, num_nodes)
+    total = expected
+    for count, gain in enumerate(gains, start=1):
+        total += gain
+        rate = total / cost.round_s(num_spine, num_nodes + count)
+        if rate > best_rate:
+            best_count, best_rate = count, rate
+    return best_count

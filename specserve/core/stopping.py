@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from specserve.core.cost import NOMINAL_CPU_COST, CostModel, worth_extending, worth_leaf
+from specserve.core.cost import NOMINAL_CPU_COST, CostModel, leaves_worth_adding, worth_extending
 from specserve.core.decision import DecisionModel, load_decision_model
 from specserve.errors import InvalidArgument
 
@@ -421,9 +421,9 @@ class CostPolicy:
     """Grows a round while it raises the expected tokens per second (core/cost.py has the model).
 
     Round state is reset at depth 0. Each spine token adds P a to E and one node; with CaPE,
-    `choose_width` keeps the top leaves whose expected gain per second of verification beats the
-    current rate. A leaf's acceptance is its draft probability scaled like the spine token's
-    (a_leaf = q_leaf a_spine / q_spine): the predictor judges the spine token, the draft ranks the rest.
+    `choose_width` keeps as many of the top leaves as give the round its highest expected rate. A leaf's
+    acceptance is its draft probability scaled like the spine token's (a_leaf = q_leaf a_spine /
+    q_spine): the predictor judges the spine token, the draft ranks the rest.
     """
 
     def __init__(self, settings: StopSettings) -> None:
@@ -467,13 +467,11 @@ class CostPolicy:
         if width > 1:
             top = torch.topk(torch.softmax(logits.double(), dim=-1), width).values.tolist()  # [width]
             scale = spine / top[0] if top[0] > 0 else 0.0
-            for q in top[1:]:
-                gain = reach_before * min(1.0, q * scale)
-                if not worth_leaf(self.cost, self.expected, gain, self.num_spine, self.num_nodes):
-                    break
-                self.expected += gain
-                self.num_nodes += 1
-                kept += 1
+            gains = [reach_before * min(1.0, q * scale) for q in top[1:]]  # [width - 1]
+            leaves = leaves_worth_adding(self.cost, self.expected, gains, self.num_spine, self.num_nodes)
+            self.expected += sum(gains[:leaves])
+            self.num_nodes += leaves
+            kept += leaves
         self.reach = reach_before * spine
         return kept
 

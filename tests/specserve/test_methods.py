@@ -46,6 +46,18 @@ def test_the_cost_method_measured_this_machine_once(engine):
     assert engine.cost_model.verify_points[0][0] == 1 and engine.cost_model.draft_step_s >= 0
 
 
+def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_dir, tmp_path):
+    def default_path(**overrides) -> str:
+        settings = EngineSettings.from_env(
+            environ={}, model_dir=tiny_target_dir, cache_dir=tmp_path, **overrides
+        )
+        return Engine(settings).calibration_path.name
+
+    fp32, bf16, cuda = default_path(), default_path(dtype="bfloat16"), default_path(device="cuda:0")
+    assert len({fp32, bf16, cuda}) == 3
+    assert bf16.endswith("-cpu-bfloat16.json") and cuda.endswith("-cuda0-float32.json")
+
+
 def test_a_lossy_method_is_refused_at_t_above_0_without_the_opt_in(engine):
     spec = METHODS[Method.MCSD_TARGET_INIT]
     assert not spec.lossless

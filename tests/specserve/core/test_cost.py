@@ -11,8 +11,8 @@ import pytest
 from specserve.core.cost import (
     CostModel,
     expected_tokens,
+    leaves_worth_adding,
     worth_extending,
-    worth_leaf,
 )
 from specserve.errors import InvalidArgument, NotFound
 
@@ -96,9 +96,31 @@ def test_lookahead_sees_past_a_step_in_the_cost_curve():
 
 
 def test_leaf_rule_by_hand():
-    # after a spine token with a = .5: E = 1.5, T = .067 (22.4 tok/s); a leaf adds its gain for .003 s
-    assert worth_leaf(LINEAR, 1.5, gain=0.3, num_spine=1, num_nodes=2)  # 100 tok/s marginal
-    assert not worth_leaf(LINEAR, 1.95, gain=0.05, num_spine=1, num_nodes=4)  # 16.7 < 26.7 tok/s
+    # after a spine token with a = .5: E = 1.5, T = .067 (22.4 tok/s); a leaf adds its gain for .003 s:
+    # .3 (100 tok/s marginal, kept: 25.7), .15 (50, kept: 26.7), .05 (16.7 < 26.7: not kept)
+    assert leaves_worth_adding(LINEAR, 1.5, [0.3, 0.15, 0.05], num_spine=1, num_nodes=2) == 2
+    assert leaves_worth_adding(LINEAR, 1.95, [0.05], num_spine=1, num_nodes=4) == 0
+    assert leaves_worth_adding(LINEAR, 1.5, [], num_spine=1, num_nodes=2) == 0
+
+
+def test_leaves_use_a_dip_in_the_cost_curve():
+    """Measured on this CPU: 8 nodes verify faster than 7. From 6 nodes, one leaf costs a lot, a second
+    makes the forward cheaper than now, so two pay where one alone does not."""
+    dipped = CostModel(((1, 0.055), (6, 0.090), (7, 0.110), (8, 0.080)), draft_step_s=0.004)
+    expected = 1.5
+    assert leaves_worth_adding(dipped, expected, [0.05], num_spine=1, num_nodes=6) == 0
+    assert leaves_worth_adding(dipped, expected, [0.05, 0.01], num_spine=1, num_nodes=6) == 2
+
+
+def test_leaf_count_is_the_best_rate_of_every_count():
+    curve = CostModel(((1, 0.05), (3, 0.09), (4, 0.07), (9, 0.12), (10, 0.08)), draft_step_s=0.003)
+    gains = [0.2, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01, 0.01, 0.005]
+    count = leaves_worth_adding(curve, 1.3, gains, num_spine=1, num_nodes=2)
+
+    def rate(k: int) -> float:
+        return (1.3 + sum(gains[:k])) / curve.round_s(1, 2 + k)
+
+    assert rate(count) == max(rate(k) for k in range(len(gains) + 1))
 
 
 def test_cost_module_needs_no_torch():
