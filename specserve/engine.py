@@ -35,6 +35,15 @@ class Engine:
         self.settings = settings or EngineSettings.from_env()
         if self.settings.num_threads > 0:
             torch.set_num_threads(self.settings.num_threads)
+        if self.settings.dtype != "float32":
+            # Measured (docs/benchmarks.md section 5): in bf16 greedy output left the target's own decoding
+            # after 5-112 tokens on most prompts, because a forward over a tree rounds differently from a
+            # forward over one token. The distribution is still the target's, up to that rounding.
+            logger.warning(
+                "dtype %s: speculative output equals the target's own decoding only up to rounding; "
+                "use float32 where greedy output must match token for token",
+                self.settings.dtype,
+            )
 
     @property
     def methods(self) -> list[str]:

@@ -3,6 +3,8 @@ every lossless method samples the target's distribution, and a lossy method need
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -56,6 +58,20 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
     fp32, bf16, cuda = default_path(), default_path(dtype="bfloat16"), default_path(device="cuda:0")
     assert len({fp32, bf16, cuda}) == 3
     assert bf16.endswith("-cpu-bfloat16.json") and cuda.endswith("-cuda0-float32.json")
+
+
+def test_only_float32_is_promised_token_for_token(tiny_target_dir, tmp_path, caplog):
+    def engine_with(dtype: str) -> Engine:
+        settings = EngineSettings.from_env(
+            environ={}, model_dir=tiny_target_dir, cache_dir=tmp_path, dtype=dtype
+        )
+        return Engine(settings)
+
+    with caplog.at_level(logging.WARNING, logger="specserve.engine"):
+        engine_with("float32")
+        assert "up to rounding" not in caplog.text
+        engine_with("bfloat16")
+        assert "dtype bfloat16" in caplog.text and "up to rounding" in caplog.text
 
 
 def test_a_lossy_method_is_refused_at_t_above_0_without_the_opt_in(engine):
