@@ -43,6 +43,9 @@ def init_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
     else:
+        # Ray waits 30 s for its GCS server to bind a port; on 2 busy cores that once took longer (a CI
+        # run), so allow Ray's own operator override a longer default, as Ray does for slow GCS back ends.
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
         ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True)
 
 

@@ -14,7 +14,7 @@ import torch
 from specserve.glide import load_glide
 from specserve.models import load_causal_lm
 from specserve.training.corpus import Source
-from specserve.training.data import ANSWERS, DONE, FEATURES, MANIFEST, build_training_data
+from specserve.training.data import ANSWERS, DONE, FEATURES, MANIFEST, build_training_data, init_ray
 from specserve.training.settings import DataSettings, TrainSettings
 from specserve.training.trainer import CHECKPOINTS, LOG, SUMMARY, train_draft
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2)  # the pipeline's own start-up, with its GCS wait
     yield
     ray.shutdown()
 
