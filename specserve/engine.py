@@ -108,7 +108,7 @@ class Engine:
 
     @functools.cached_property
     def cost_model(self) -> CostModel:
-        """The cost policy's costs for this machine: loaded, or measured once and saved (a few seconds)."""
+        """The cost policy's costs for this machine: loaded, or measured once and saved (~30 s on 2 cores)."""
         path = self.calibration_path
         if path.is_file():
             return CostModel.load(path)

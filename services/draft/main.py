@@ -31,7 +31,7 @@ def start_draft(settings: DraftServiceSettings, engine_settings: EngineSettings)
 def _load(engine_settings: EngineSettings) -> Engine:
     engine = Engine(engine_settings)
     engine.glide_draft  # load the target's embedding and the draft before reporting SERVING  # noqa: B018
-    # The default method's cost policy needs this machine's costs: load them, or measure them once (a few
-    # seconds, cached on disk) now rather than inside the first request.
+    # The default method's cost policy needs this machine's costs: load them, or measure them once (~30 s
+    # on 2 CPU cores, cached on disk) now rather than inside the first request.
     engine.cost_model  # noqa: B018
     return engine
