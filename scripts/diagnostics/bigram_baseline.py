@@ -2,7 +2,7 @@
 
 For each input token, the most frequent target label after it in the training rows; scored on the same
 answer positions as eval-draft (after the first block of 5). docs/training.md quotes it:
-    python scripts/diagnostics/bigram_baseline.py /work/runs/draft-data
+    python scripts/diagnostics/bigram_baseline.py runs/draft-data
 (run `specserve eval-draft` once first: it writes the cached answers this reads).
 """
 

@@ -104,8 +104,9 @@ def test_leaf_rule_by_hand():
 
 
 def test_leaves_use_a_dip_in_the_cost_curve():
-    """Measured on this CPU: 8 nodes verify faster than 7. From 6 nodes, one leaf costs a lot, a second
-    makes the forward cheaper than now, so two pay where one alone does not."""
+    """Measured on a 2-core AMD EPYC in fp32 (docs/benchmarks.md): 8 nodes verify faster than 7. From 6
+    nodes, one leaf costs a lot, a second makes the forward cheaper than now, so two pay where one alone
+    does not."""
     dipped = CostModel(((1, 0.055), (6, 0.090), (7, 0.110), (8, 0.080)), draft_step_s=0.004)
     expected = 1.5
     assert leaves_worth_adding(dipped, expected, [0.05], num_spine=1, num_nodes=6) == 0
