@@ -17,10 +17,21 @@ def start_router(settings: RouterServiceSettings) -> RunningServer:
     state.ping()
     metrics = RouterMetrics.create()
     servicer = RouterServicer(settings, metrics, state)
+    http = None
+    if settings.http_port:  # up before gRPC reports SERVING, so a ready router serves both
+        from services.router.http.server import HttpServer
+
+        http = HttpServer(servicer, settings.host, settings.http_port, settings.drain_seconds).start()
+
+    def stop() -> None:
+        if http is not None:
+            http.stop()
+        servicer.close()
+
     return start_server(
         settings,
         lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server),
         (SERVICE_NAME,),
         metrics.registry,
-        on_stop=servicer.close,
+        on_stop=stop,
     )

@@ -20,7 +20,7 @@ from specserve.core.sampling_params import SamplingParams
 from specserve.errors import FailedPrecondition, NotFound, SpecserveError, Unavailable
 from specserve.serving.convert import outcome_from_pb, sampling_to_pb, tree_from_pb, tree_to_pb
 from specserve.serving.status import Cancelled, error_from_rpc
-from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class RemoteVerifier:
         counters: RoundCounters,
         is_cancelled: Callable[[], bool] = lambda: False,
         on_round: Callable[[int, int, float, int], None] = lambda *round_numbers: None,
+        logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
     ) -> None:
         self.session_id = session_id
         self.stub_for = stub_for
@@ -67,6 +68,8 @@ class RemoteVerifier:
         self._bytes_before_round = 0
         self.address = choose_target()
         self.history: list[int] = []  # committed tokens; the last is the root
+        self.logprobs = logprobs
+        self._logprobs: list[common_pb2.TokenLogprob] = []  # of the tokens the last call committed
 
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
         request = target_pb2.PrefillRequest(
@@ -75,8 +78,11 @@ class RemoteVerifier:
             capacity=self.capacity,
             sampling=sampling_to_pb(params),
             step_seed=seed,
+            logprobs=self.logprobs is not None,
+            top_logprobs=self.logprobs or 0,
         )
         response = self._call("Prefill", request, rebuild=None)
+        self._logprobs = [response.logprob] if response.HasField("logprob") else []
         self.history = [*prompt_ids, response.next_token]
         return response.next_token
 
@@ -91,17 +97,25 @@ class RemoteVerifier:
             committed_length=len(self.history),
             sampling=sampling_to_pb(params),
             step_seed=seed,
+            logprobs=self.logprobs is not None,
+            top_logprobs=self.logprobs or 0,
         )
         start = time.perf_counter()
         response = self._call("Verify", request, rebuild=self._rebuild)
         verify_s = time.perf_counter() - start
         self.counters.target_service_s += response.handler_seconds
         outcome = outcome_from_pb(response)
+        self._logprobs = list(response.logprobs)
         round_bytes = self.counters.rpc_bytes - self._bytes_before_round
         self._bytes_before_round = self.counters.rpc_bytes
         self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1, verify_s, round_bytes)
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
         return outcome
+
+    def take_logprobs(self) -> list[common_pb2.TokenLogprob]:
+        """The log-probabilities of the tokens the last Prefill or Verify committed (when asked for)."""
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
     def release(self) -> None:
         try:

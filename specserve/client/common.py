@@ -23,8 +23,18 @@ CHANNEL_OPTIONS = [
 
 
 @dataclass(frozen=True)
+class Round:
+    """One speculative round: the chunk's first num_accepted_tokens tokens are draft tokens the target
+    accepted, the rest (usually one) is the target's own token."""
+
+    num_draft_tokens: int
+    num_accepted_tokens: int
+
+
+@dataclass(frozen=True)
 class Chunk:
-    """Tokens as they are accepted. finish_reason and stats are set on the last chunk only."""
+    """Tokens as they are accepted, one chunk per round. finish_reason and stats are set on the last
+    chunk only; round on chunks that carry one round's tokens (not on tokens re-sent after a resume)."""
 
     session_id: str
     token_ids: list[int]
@@ -32,6 +42,7 @@ class Chunk:
     text: str
     finish_reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    round: Round | None = None
 
 
 @dataclass
@@ -87,6 +98,9 @@ def to_chunk(message: router_pb2.GenerateResponse) -> Chunk:
         text=message.text,
         finish_reason=_FINISH.get(message.finish_reason),
         stats=stats,
+        round=Round(message.round.num_draft_tokens, message.round.num_accepted_tokens)
+        if message.HasField("round")
+        else None,
     )
 
 

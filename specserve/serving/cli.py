@@ -46,6 +46,11 @@ def add_serve_parsers(subparsers: Any) -> None:
     stack.add_argument(
         "--base-port", type=int, default=0, help="router port; the others follow (0 = free ports)"
     )
+    stack.add_argument(
+        "--http-port",
+        type=int,
+        help="serve the OpenAI-compatible HTTP API and the playground page on this port (0 = a free one)",
+    )
 
 
 # libgomp's spin-wait before an idle OpenMP worker sleeps, for the target and draft processes (read when
@@ -102,7 +107,9 @@ def run_stack(args: argparse.Namespace) -> int:
     # `kill`, a container runtime or a CI timeout sends SIGTERM: stop the children as Ctrl-C does instead
     # of leaving Redis and three services orphaned on their ports.
     signal.signal(signal.SIGTERM, _interrupt)
-    with LocalStack(base_port=args.base_port) as stack:
+    with LocalStack(base_port=args.base_port, http_port=args.http_port) as stack:
+        if stack.http_url:
+            print(f"OpenAI-compatible API at {stack.http_url}, playground at {stack.playground_url}")
         stream_demo(stack.router_address, args.prompt, args.method, args.max_new_tokens)
         if not args.once:
             print(f"\nstack serving: router at {stack.router_address} (Ctrl-C stops it)", flush=True)

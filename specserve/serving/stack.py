@@ -73,6 +73,7 @@ class LocalStack:
         log_dir: Path | None = None,
         env: dict[str, str] | None = None,
         roles: tuple[str, ...] = ROLES,
+        http_port: int | None = None,  # the router's HTTP API: None = off, 0 = a free port
     ) -> None:
         ports = [base_port + i for i in range(4)] if base_port else [free_port() for _ in range(4)]
         self.ports = dict(zip(("router", "target", "draft", "redis"), ports, strict=True))
@@ -80,6 +81,16 @@ class LocalStack:
         self.env = env or {}
         self.roles = roles
         self.processes: dict[str, subprocess.Popen] = {}
+        self.http_port = free_port() if http_port == 0 else http_port
+
+    @property
+    def http_url(self) -> str | None:
+        """The OpenAI-compatible API's base URL (the playground is at its root)."""
+        return f"http://localhost:{self.http_port}/v1" if self.http_port else None
+
+    @property
+    def playground_url(self) -> str | None:
+        return f"http://localhost:{self.http_port}/" if self.http_port else None
 
     @property
     def router_address(self) -> str:
@@ -139,6 +150,8 @@ class LocalStack:
         env["SPECSERVE_ROUTER_TARGET_ADDRESSES"] = self.address("target")
         env["SPECSERVE_ROUTER_DRAFT_ADDRESSES"] = self.address("draft") if "draft" in self.roles else ""
         env["SPECSERVE_ROUTER_REDIS_URL"] = self.redis_url
+        if self.http_port:
+            env["SPECSERVE_ROUTER_HTTP_PORT"] = str(self.http_port)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

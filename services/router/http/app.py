@@ -1,0 +1,447 @@
+"""The OpenAI-compatible routes, served by the router process next to its gRPC API.
+
+Every generation goes through `RouterServicer.start_session` and `stream_session`, the path gRPC
+Generate takes: same validation, Redis state, rounds, metrics and cancellation. Streams are server-sent
+events, one chunk per speculative round, ending in `data: [DONE]`; each chunk carries the round in a
+`specserve` extension object (which tokens the target accepted from the draft, which it added itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from importlib.resources import files
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.router.http.errors import HttpError, error_body, from_specserve, invalid
+from services.router.http.generation import (
+    FINISH_REASONS,
+    Generation,
+    Round,
+    TextAssembler,
+    chat_logprobs,
+    check_model,
+    completion_logprobs,
+    generate_request,
+    usage,
+)
+from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.router.servicer import RouterServicer
+from specserve.errors import SpecserveError
+from specserve.v1 import router_pb2
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class BodyLimit:
+    """413 for request bodies over `max_bytes`, whether announced (Content-Length) or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = HttpError(
+            413, f"the request body exceeds {self.max_bytes} bytes", "invalid_request_error", None,
+            "request_too_large",
+        )  # fmt: skip
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await JSONResponse(error_body(too_large), 413)(scope, receive, send)
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class Admission:
+    """At most `limit` generations at once over HTTP; the next gets 429 at once (no queue)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.active = limit, 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> Callable[[], None]:
+        with self._lock:
+            if self.active >= self.limit:
+                raise HttpError(
+                    429, f"the server is at its limit of {self.limit} concurrent generations; retry later",
+                    "rate_limit_error", None, "overloaded",
+                )  # fmt: skip
+            self.active += 1
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                with self._lock:
+                    self.active -= 1
+
+        return release
+
+
+def create_app(servicer: RouterServicer) -> FastAPI:
+    settings = servicer.settings
+    app = FastAPI(title="specserve", docs_url=None, redoc_url=None, openapi_url=None)
+    admission = Admission(settings.max_concurrent_rpcs)
+    playground = files("services.router.http").joinpath("static/index.html").read_text()
+
+    @app.exception_handler(HttpError)
+    async def _http_error(request: Request, error: HttpError) -> JSONResponse:
+        return JSONResponse(error_body(error), error.status)
+
+    @app.exception_handler(SpecserveError)
+    async def _specserve_error(request: Request, error: SpecserveError) -> JSONResponse:
+        converted = from_specserve(error)
+        return JSONResponse(error_body(converted), converted.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _route_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(error.status_code)
+        body = error_body(HttpError(error.status_code, message, "invalid_request_error", None, code))
+        return JSONResponse(body, error.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error in %s %s", request.method, request.url.path)
+        body = error_body(HttpError(500, f"internal error: {type(error).__name__}", "server_error"))
+        return JSONResponse(body, 500)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(playground)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    async def model_name() -> str:
+        return (await asyncio.to_thread(lambda: servicer.model)).model_name
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(await model_name())]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        served = await model_name()
+        if model_id != served:
+            raise HttpError(404, f"the model {model_id!r} does not exist", "not_found_error", "model",
+                            "model_not_found")  # fmt: skip
+        return _model_card(served)
+
+    @app.get("/v1/methods")
+    async def methods() -> dict:
+        """specserve's extension: the draft methods a request may name in `method`."""
+        listed = servicer.ListMethods(router_pb2.ListMethodsRequest(), None).methods
+        return {
+            "object": "list",
+            "default": settings.default_method,
+            "data": [{"id": m.name, "description": m.description, "lossless": m.lossless} for m in listed],
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = _parse(await request.body(), ChatCompletionRequest)
+
+        def prompt_ids() -> list[int]:
+            return servicer.tokenizer.encode_chat(
+                [{"role": m.role, "content": m.text} for m in body.messages]
+            )
+
+        return await _serve(request, body, prompt_ids, ChatOutput)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = _parse(await request.body(), CompletionRequest)
+
+        def prompt_ids() -> list[int]:
+            prompt = body.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+                return list(prompt)
+            text = prompt[0] if isinstance(prompt, list) and prompt else prompt
+            return servicer.tokenizer.encode_text(text if isinstance(text, str) else "")
+
+        return await _serve(request, body, prompt_ids, CompletionOutput)
+
+    async def _serve(request: Request, body, prompt_ids: Callable[[], list[int]], output_type) -> Response:
+        release = admission.enter()
+        try:
+            served = await model_name()
+            check_model(body, served)
+
+            def start():
+                ids = prompt_ids()
+                generate = generate_request(body, ids, servicer)
+                return servicer.start_session(generate), generate
+
+            record, generate = await asyncio.to_thread(start)
+            generation = Generation(servicer, record, body.num_top_logprobs)
+        except BaseException:
+            release()
+            raise
+        output = output_type(servicer, body, record, served, generate.method)
+        loop = asyncio.get_running_loop()
+        deadline = None if body.timeout_seconds is None else loop.time() + body.timeout_seconds
+
+        def close() -> None:
+            generation.cancel()  # a no-op once the session finished
+            release()
+
+        if body.stream:
+            try:  # errors before the first round still get their HTTP status
+                first = await generation.next(deadline)
+            except BaseException:
+                close()
+                raise
+            return SessionStream(_events(output, generation, first, deadline), close)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, generation))
+        try:
+            while (message := await generation.next(deadline)) is not None:
+                output.add(message)
+            return JSONResponse(output.response())
+        finally:
+            watcher.cancel()
+            close()
+
+    return app
+
+
+def _model_card(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "specserve"}
+
+
+def _parse(raw: bytes, model):
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise invalid("the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        if first["type"] == "extra_forbidden":
+            raise invalid(f"unrecognized request argument supplied: {param}", param) from None
+        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param) from None
+
+
+async def _cancel_on_disconnect(request: Request, generation: Generation) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    generation.cancel()
+
+
+class SessionStream(StreamingResponse):
+    """Server-sent events whose session is cancelled however the response ends (finished, client gone,
+    or never started)."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def _events(output, generation: Generation, first, deadline: float | None) -> AsyncIterator[str]:
+    try:
+        for chunk in output.start_chunks():
+            yield _sse(chunk)
+        message = first
+        while message is not None:
+            for chunk in output.add(message):
+                yield _sse(chunk)
+            message = await generation.next(deadline)
+        for chunk in output.end_chunks():
+            yield _sse(chunk)
+        yield "data: [DONE]\n\n"
+    except HttpError as e:  # after the first event the status is sent: the error is an event
+        yield _sse(error_body(e))
+    except SpecserveError as e:
+        yield _sse(error_body(from_specserve(e)))
+
+
+class Output:
+    """Folds a session's messages into OpenAI's objects: stream chunks as they come, or one response."""
+
+    object_name = ""
+    id_prefix = ""
+
+    def __init__(self, servicer: RouterServicer, body, record, model: str, method: str) -> None:
+        self.tokenizer = servicer.tokenizer
+        self.body = body
+        self.id = f"{self.id_prefix}{record.session_id}"
+        self.session_id = record.session_id
+        self.prompt_tokens = len(record.prompt_ids)
+        self.model, self.method = model, method
+        self.created = int(time.time())
+        self.text = TextAssembler(self.tokenizer, body.stop_strings)
+        self.logprobs: list = []
+        self.finish_reason: str | None = None
+        self.stats: router_pb2.GenerationStats | None = None
+
+    def add(self, message: router_pb2.GenerateResponse) -> list[dict]:
+        """Accumulates one message; returns the stream chunks it makes."""
+        if message.HasField("stats"):
+            self.finish_reason = FINISH_REASONS.get(message.finish_reason, "stop")
+            self.stats = message.stats
+            rest = self.text.finish()
+            return [self._chunk(rest, [], None)] if rest else []
+        num_accepted = message.round.num_accepted_tokens
+        accepted, target = self.text.add(list(message.token_ids), num_accepted)
+        logprobs = list(message.logprobs)
+        self.logprobs.extend(logprobs)
+        round_ = Round(
+            message.index,
+            list(message.token_ids),
+            message.round.num_draft_tokens,
+            num_accepted,
+            accepted,
+            target,
+        )
+        return [self._chunk(accepted + target, logprobs, round_)]
+
+    def usage(self) -> dict:
+        assert self.stats is not None
+        return usage(self.prompt_tokens, self.stats, self.method, self.session_id)
+
+    def start_chunks(self) -> list[dict]:
+        return []
+
+    def end_chunks(self) -> list[dict]:
+        chunks = [self._finish_chunk()]
+        if self.body.include_usage:
+            chunks.append(self._envelope([]) | {"usage": self.usage()})
+        return chunks
+
+    def _envelope(self, choices: list[dict]) -> dict:
+        envelope = {
+            "id": self.id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.body.include_usage:
+            envelope["usage"] = None
+        return envelope
+
+    def _chunk(self, text: str, logprobs: list, round_: Round | None) -> dict:
+        raise NotImplementedError
+
+    def _finish_chunk(self) -> dict:
+        raise NotImplementedError
+
+    def response(self) -> dict:
+        raise NotImplementedError
+
+
+class ChatOutput(Output):
+    object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def start_chunks(self) -> list[dict]:
+        return [self._choice({"role": "assistant", "content": ""})]
+
+    def _choice(self, delta: dict, logprobs: dict | None = None, finish: str | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return self._envelope([choice])
+
+    def _chunk(self, text: str, logprobs: list, round_: Round | None) -> dict:
+        chunk = self._choice(
+            {"content": text}, chat_logprobs(self.tokenizer, logprobs) if self.body.logprobs else None
+        )
+        if round_ is not None:
+            chunk["specserve"] = {"round": round_.to_json()}
+        return chunk
+
+    def _finish_chunk(self) -> dict:
+        chunk = self._choice({}, None, self.finish_reason)
+        chunk["specserve"] = {"stats": self.usage()["specserve"]}
+        return chunk
+
+    def response(self) -> dict:
+        message = {"role": "assistant", "content": self.text.text}
+        logprobs = chat_logprobs(self.tokenizer, self.logprobs) if self.body.logprobs else None
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason}
+            ],
+            "usage": self.usage(),
+        }
+
+
+class CompletionOutput(Output):
+    object_name = "text_completion"
+    id_prefix = "cmpl-"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.text_offset = 0
+
+    def _logprobs(self, logprobs: list) -> dict | None:
+        if self.body.logprobs is None:
+            return None
+        result = completion_logprobs(self.tokenizer, logprobs, self.text_offset)
+        self.text_offset += sum(len(t) for t in result["tokens"])
+        return result
+
+    def _choice(self, text: str, logprobs: dict | None, finish: str | None) -> dict:
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def _chunk(self, text: str, logprobs: list, round_: Round | None) -> dict:
+        chunk = self._envelope([self._choice(text, self._logprobs(logprobs), None)])
+        if round_ is not None:
+            chunk["specserve"] = {"round": round_.to_json()}
+        return chunk
+
+    def _finish_chunk(self) -> dict:
+        chunk = self._envelope([self._choice("", None, self.finish_reason)])
+        chunk["specserve"] = {"stats": self.usage()["specserve"]}
+        return chunk
+
+    def response(self) -> dict:
+        self.text_offset = 0
+        choice = self._choice(self.text.text, self._logprobs(self.logprobs), self.finish_reason)
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage(),
+        }

@@ -1,0 +1,281 @@
+"""One generation for the HTTP API: a session started and streamed by the router's own `start_session`
+and `stream_session` (the path gRPC Generate takes), turned into OpenAI's objects.
+
+The router's stream is a blocking iterator, one message per round; `Generation` runs it on a thread of
+its own and hands the messages to the event loop. `cancel()` is what a client disconnect or a deadline
+calls: the router then stops the session and frees its draft, target and Redis state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from services.router.http.errors import HttpError, from_specserve, invalid
+from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from services.router.servicer import RouterServicer
+from services.router.tokenizer import INCOMPLETE, RouterTokenizer
+from specserve.catalog import CATALOG, Method
+from specserve.errors import SpecserveError
+from specserve.v1 import common_pb2, router_pb2
+
+FINISH_REASONS = {  # specserve's finish reason -> OpenAI's
+    common_pb2.FINISH_REASON_EOS: "stop",
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+}
+_END = object()
+
+
+def generate_request(
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt_ids: list[int],
+    servicer: RouterServicer,
+) -> router_pb2.GenerateRequest:
+    """The router's request for an HTTP body (sampling defaults are OpenAI's: temperature 1)."""
+    info = servicer.model
+    temperature = 1.0 if body.temperature is None else body.temperature
+    method = body.method or servicer.settings.default_method
+    known = method in {m.value for m in CATALOG}  # unknown methods get the router's own error
+    if known and not CATALOG[Method(method)].lossless and temperature > 0 and not body.allow_lossy:
+        raise invalid(
+            f"method {method!r} is lossy at temperature > 0; set allow_lossy to use it anyway", "method"
+        )
+    if body.seed is not None and not 0 <= body.seed < 2**63:
+        raise invalid(f"seed must be in [0, 2**63), got {body.seed}", "seed")
+    max_new_tokens = body.max_new_tokens
+    if max_new_tokens is None:  # as many as the context holds, up to the server's limit
+        room = info.max_context - info.max_tree_nodes - 1 - len(prompt_ids)
+        max_new_tokens = max(1, min(info.max_new_tokens_limit, room))
+    try:
+        sampling = common_pb2.SamplingParams(
+            temperature=temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+        )
+        if body.seed is not None:
+            sampling.seed = body.seed
+        top = body.num_top_logprobs
+        return router_pb2.GenerateRequest(
+            prompt_token_ids=prompt_ids,
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            stop=body.stop_strings,
+            ignore_eos=body.ignore_eos,
+            method=method,
+            logprobs=top is not None,
+            top_logprobs=top or 0,
+        )
+    except (ValueError, TypeError) as e:  # a number outside its protobuf type's range
+        raise invalid(f"a field is out of range: {e}") from None
+
+
+@dataclass
+class TextAssembler:
+    """Rounds of tokens -> text deltas as OpenAI streams them: the text never shows a stop string (what
+    could be the start of one is held back until it is not), and ends before the first stop string.
+    Each delta is split into the part the draft's accepted tokens produced and the target's own part."""
+
+    tokenizer: RouterTokenizer
+    stops: Sequence[str] = ()
+    token_ids: list[int] = field(default_factory=list)
+    sent: str = ""
+
+    def add(self, token_ids: Sequence[int], num_accepted: int) -> tuple[str, str]:
+        """Returns (accepted text, target text) of a round; their concatenation is the new content."""
+        sent_before = len(self.sent)
+        after_accepted = self._visible([*self.token_ids, *token_ids[:num_accepted]], final=False)
+        self.token_ids.extend(token_ids)
+        delta = self._delta(self._visible(self.token_ids, final=False))
+        boundary = min(max(0, len(after_accepted) - sent_before), len(delta))
+        return delta[:boundary], delta[boundary:]
+
+    def finish(self) -> str:
+        """The rest of the text once the generation ended."""
+        return self._delta(self._visible(self.token_ids, final=True))
+
+    @property
+    def text(self) -> str:
+        return self.sent
+
+    def _delta(self, visible: str) -> str:
+        if not visible.startswith(self.sent):
+            return ""
+        delta, self.sent = visible[len(self.sent) :], visible
+        return delta
+
+    def _visible(self, token_ids: Sequence[int], final: bool) -> str:
+        text = self.tokenizer.decode(token_ids)
+        if not final:
+            text = text.rstrip(INCOMPLETE)
+        hits = [text.find(s) for s in self.stops if s in text]
+        if hits:
+            return text[: min(hits)]
+        if not final:  # hold back a suffix that may grow into a stop string
+            held = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[: len(text) - held]
+        return text
+
+
+class Generation:
+    """A session's stream on a thread of its own, consumed from the event loop."""
+
+    def __init__(self, servicer: RouterServicer, record, logprobs: int | None) -> None:
+        self.record = record
+        self.session_id = record.session_id
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._lock = threading.Lock()
+        self._on_gone: list[Callable[[], None]] = []
+        self._gone = False
+        iterator = servicer.stream_session(record, self._register, logprobs)
+        threading.Thread(target=self._pump, args=(iterator,), name="http-generation", daemon=True).start()
+
+    def _register(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._on_gone.append(callback)
+            gone = self._gone
+        if gone:
+            callback()
+
+    def cancel(self) -> None:
+        """The client went away or its deadline passed: the router cancels the session."""
+        with self._lock:
+            self._gone = True
+            callbacks = list(self._on_gone)
+        for callback in callbacks:
+            callback()
+
+    def _pump(self, iterator) -> None:
+        item: object = _END
+        try:
+            for message in iterator:
+                self._put(message)
+        except BaseException as e:
+            item = e
+        finally:
+            iterator.close()
+        self._put(item)
+
+    def _put(self, item: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
+            self.cancel()
+
+    async def next(self, deadline: float | None) -> router_pb2.GenerateResponse | None:
+        """The next message (None once the stream ended); 504 once `deadline` (event-loop time) passed."""
+        try:
+            if deadline is None:
+                item = await self._queue.get()
+            else:
+                item = await asyncio.wait_for(self._queue.get(), max(0.0, deadline - self._loop.time()))
+        except TimeoutError:
+            self.cancel()
+            raise HttpError(
+                504,
+                "the generation did not finish within timeout_seconds",
+                "timeout_error",
+                "timeout_seconds",
+                "deadline_exceeded",
+            ) from None
+        if item is _END:
+            return None
+        if isinstance(item, SpecserveError):
+            raise from_specserve(item)
+        if isinstance(item, BaseException):
+            raise item
+        if item.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
+            raise HttpError(503, "the session was cancelled", "service_unavailable_error", code="cancelled")
+        return item
+
+
+def usage(prompt_tokens: int, stats: router_pb2.GenerationStats, method: str, session_id: str) -> dict:
+    """OpenAI's usage object plus specserve's speculative figures under "specserve"."""
+    completion = stats.num_generated_tokens
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "specserve": {
+            "session_id": session_id,
+            "method": method,
+            # target forwards after the prefill: one verification each, with or without a draft
+            "num_rounds": max(0, stats.num_target_forwards - 1),
+            "num_draft_tokens": stats.num_draft_tokens,
+            "num_accepted_tokens": stats.num_accepted_tokens,
+            "mean_accepted_length": stats.mean_accepted_length,
+            "tokens_per_second": stats.tokens_per_second,
+            "elapsed_seconds": stats.elapsed_seconds,
+        },
+    }
+
+
+def chat_logprobs(tokenizer: RouterTokenizer, logprobs: Sequence[common_pb2.TokenLogprob]) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = tokenizer.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            entry(lp.token_id, lp.logprob)
+            | {"top_logprobs": [entry(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]}
+            for lp in logprobs
+        ]
+    }
+
+
+def completion_logprobs(
+    tokenizer: RouterTokenizer, logprobs: Sequence[common_pb2.TokenLogprob], text_offset: int
+) -> dict:
+    tokens = [tokenizer.token_text(lp.token_id) for lp in logprobs]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [
+            {tokenizer.token_text(t): v for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)}
+            for lp in logprobs
+        ],
+        "text_offset": offsets,
+    }
+
+
+@dataclass
+class Round:
+    """One round as the HTTP API reports it (the `specserve.round` extension of a stream chunk)."""
+
+    index: int
+    token_ids: list[int]
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_text: str
+    target_text: str
+    unix_seconds: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict:
+        return {
+            "index": self.index,
+            "token_ids": self.token_ids,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_text": self.accepted_text,
+            "target_text": self.target_text,
+        }
+
+
+def check_model(body: GenerationFields, served: str) -> None:
+    if body.model not in (None, "", served):
+        raise HttpError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {served!r}",
+            "not_found_error",
+            "model",
+            "model_not_found",
+        )

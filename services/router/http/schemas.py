@@ -1,0 +1,138 @@
+"""Request bodies of the OpenAI-compatible API, validated once at the edge.
+
+Unknown fields are refused (400 naming the field), as OpenAI does, so a client never believes a setting
+took effect when it did not. Fields OpenAI has and specserve does not support yet are accepted only at
+their neutral value (n = 1, no penalties, no logit bias, echo false). specserve's own fields (`method`,
+`allow_lossy`, `top_k`, `ignore_eos`, `timeout_seconds`) go in the body next to OpenAI's (the `openai`
+client's `extra_body`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.router.http.errors import invalid
+
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class GenerationFields(Strict):
+    """What chat and completions share: sampling, stopping, streaming and specserve's extensions."""
+
+    model: str | None = None  # None = the served model; any other name is 404
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None  # OpenAI's default is 1
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # specserve's extensions
+    method: str | None = None  # draft method; "target" turns speculation off; None = the router's default
+    allow_lossy: bool = False  # opt in to a lossy method at temperature > 0
+    top_k: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
+    timeout_seconds: float | None = Field(default=None, gt=0)  # 504 when the generation takes longer
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> GenerationFields:
+        if self.n not in (None, 1):
+            raise invalid("n must be 1: specserve returns one choice per request", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise invalid(f"{name} is not supported (only 0)", name)
+        if self.logit_bias:
+            raise invalid("logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise invalid("stream_options needs stream: true", "stream_options")
+        return self
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(GenerationFields):
+    prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _completion(self) -> CompletionRequest:
+        batch = isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str)
+        if batch and len(self.prompt) != 1:
+            raise invalid("prompt must be one string or one list of token ids (no batches)", "prompt")
+        if self.echo:
+            raise invalid("echo is not supported", "echo")
+        if self.suffix:
+            raise invalid("suffix is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise invalid("best_of must be 1", "best_of")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        return self.logprobs

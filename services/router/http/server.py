@@ -1,0 +1,51 @@
+"""uvicorn on a thread of the router process: started before the router reports SERVING, stopped (with
+the same drain time as gRPC) when it stops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import uvicorn
+
+from services.router.http.app import BodyLimit, create_app
+from services.router.servicer import RouterServicer
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+class HttpServer:
+    def __init__(self, servicer: RouterServicer, host: str, port: int, drain_seconds: float) -> None:
+        app = BodyLimit(create_app(servicer), servicer.settings.http_max_body_bytes)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,  # keep the process's logging as it is
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=max(1, round(drain_seconds)),
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)
+        self.port = 0
+
+    def start(self) -> HttpServer:
+        self.thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise OSError(
+                    f"the HTTP API could not bind {self.server.config.host}:{self.server.config.port}"
+                )
+            time.sleep(0.02)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        logger.info("serving the HTTP API on port %d", self.port)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join()
