@@ -16,6 +16,8 @@ class StatusCode(StrEnum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     UNAVAILABLE = "UNAVAILABLE"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
     INTERNAL = "INTERNAL"
 
 
@@ -47,3 +49,15 @@ class Unavailable(SpecserveError):
 
 class FailedPrecondition(SpecserveError):
     code = StatusCode.FAILED_PRECONDITION
+
+
+class Unauthenticated(SpecserveError):
+    """No credentials, or credentials this service does not accept."""
+
+    code = StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(SpecserveError):
+    """Valid credentials, but not for this session or this call."""
+
+    code = StatusCode.PERMISSION_DENIED

@@ -9,7 +9,7 @@ from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import RunningServer, start_server
 from specserve.serving.settings import DraftServiceSettings
 from specserve.settings import EngineSettings
-from specserve.v1 import draft_pb2_grpc
+from specserve.v1 import draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = "specserve.v1.DraftService"
 
@@ -25,6 +25,9 @@ def start_draft(settings: DraftServiceSettings, engine_settings: EngineSettings)
         (SERVICE_NAME,),
         metrics.registry,
         on_stop=servicer.close,
+        release_session=lambda session_id: servicer.Release(
+            draft_pb2.DraftReleaseRequest(session_id=session_id), None
+        ),
     )
 
 

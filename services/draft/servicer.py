@@ -32,6 +32,8 @@ from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
+from specserve.serving.tls import open_channel
+from specserve.serving.validate import check_target_address, check_token_ids
 from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2
 
 logger = logging.getLogger(__name__)
@@ -57,9 +59,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         with self._channels_lock:
             if address not in self._channels:
                 # Plain: the feed injects trace context itself (the tracing wrapper hides cancel()).
-                self._channels[address] = grpc.insecure_channel(
-                    address, options=channel_options(self.settings)
-                )
+                self._channels[address] = open_channel(address, self.settings, channel_options(self.settings))
             return self._channels[address]
 
     def Prefill(self, request: draft_pb2.DraftPrefillRequest, context: grpc.ServicerContext):
@@ -70,6 +70,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             raise InvalidArgument("token_ids is empty")
         if not request.target_address:
             raise InvalidArgument("target_address is empty")
+        check_target_address(request.target_address, self.settings.target_addresses)
+        check_token_ids(request.token_ids, self.engine.target_model.config.vocab_size)
         if not len(request.token_ids) < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
         mirror = KVMirror(
@@ -103,6 +105,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
         start = time.perf_counter()
+        check_token_ids(request.new_token_ids, self.engine.target_model.config.vocab_size)
+        if request.target_address:
+            check_target_address(request.target_address, self.settings.target_addresses)
         session = self.store.get(request.session_id)
         if not 0 <= request.from_position <= len(session.token_ids):
             raise NotFound(

@@ -13,7 +13,14 @@ SERVICE_NAME = "specserve.v1.RouterService"
 
 
 def start_router(settings: RouterServiceSettings) -> RunningServer:
-    state = SessionState(settings.redis_url, settings.session_ttl_seconds)
+    state = SessionState(
+        settings.redis_url,
+        settings.session_ttl_seconds,
+        retry_seconds=settings.redis_retry_seconds,
+        ssl_ca_file=settings.redis_ca_file,
+        ssl_cert_file=settings.redis_cert_file,
+        ssl_key_file=settings.redis_key_file,
+    )
     state.ping()
     metrics = RouterMetrics.create()
     servicer = RouterServicer(settings, metrics, state)

@@ -4,36 +4,69 @@ Keys (both expire `ttl` seconds after the last round):
   specserve:session:<id>         hash: prompt_ids, params, method, seed, status, stats, target, draft
   specserve:session:<id>:tokens  list: generated token ids, appended after every round
 Tokens are written before they are streamed, so a resumed session never misses what a client saw.
+
+Redis faults: every call retries connection errors with backoff for `retry_seconds` (a restart, a
+failover), then raises Unavailable. A cancelled session leaves a short-lived tombstone (status
+"cancelled") rather than nothing, so a record that is simply *gone* can only mean Redis lost it (a
+restart without persistence, or the last second before a crash with `appendfsync everysec`); the router
+that drives the session then writes it back from what it holds, and the generation goes on unchanged.
+Appends carry the length they expect, so a retried append is never applied twice and tokens Redis lost
+are written again.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 import redis
 
 from specserve.errors import InvalidArgument, NotFound, Unavailable
 
 KEY_PREFIX = "specserve:session:"
+TOMBSTONE_SECONDS = 120  # how long a cancelled session's id stays known as cancelled
+RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
+MAX_LOCAL_SESSIONS = 10_000  # sessions whose written tokens this router remembers (LRU)
+T = TypeVar("T")
 
 
-# KEYS: session hash, token list. ARGV: ttl, running status (JSON), n, n tokens, then field/value pairs.
+# KEYS: session hash, token list. ARGV: ttl, running status (JSON), start (the list length the caller
+# expects), n, n tokens, then field/value pairs. Returns APPENDED, MISSING, NOT_RUNNING, or the list's
+# actual length when it is not `start` (the caller re-sends from there).
 _APPEND_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'status') ~= ARGV[2] then return 0 end
-local n = tonumber(ARGV[3])
-if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 4, 3 + n)) end
-for i = 4 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if redis.call('EXISTS', KEYS[1]) == 0 then return -2 end
+if redis.call('HGET', KEYS[1], 'status') ~= ARGV[2] then return -3 end
+local length = redis.call('LLEN', KEYS[2])
+if length ~= tonumber(ARGV[3]) then return length end
+local n = tonumber(ARGV[4])
+if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 5, 4 + n)) end
+for i = 5 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ARGV[1]) end
+return -1
+"""
+APPENDED, MISSING, NOT_RUNNING = -1, -2, -3
+
+# KEYS: session hash, token list. ARGV: ttl, cancelled status (JSON), replace (0/1), field/value pairs.
+# Creates the record unless a live one exists (a tombstone is replaced; `replace` restores a lost one).
+_CREATE_SCRIPT = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status and status ~= ARGV[2] and ARGV[3] == '0' then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
 
 class SessionStatus:
     RUNNING = "running"
-    FINISHED = "finished"  # Cancel deletes the state instead: a cancelled session is simply gone
+    FINISHED = "finished"
+    CANCELLED = "cancelled"  # a tombstone: no tokens, expires after TOMBSTONE_SECONDS
 
 
 @dataclass
@@ -49,74 +82,152 @@ class SessionRecord:
     target: str = ""
     draft: str = ""
     created_unix: float = field(default_factory=time.time)
+    owner: str = ""  # the creator's principal (serving/auth.py); "" when auth is off
 
 
 class SessionState:
-    def __init__(self, url: str, ttl_seconds: int) -> None:
-        self.redis = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    def __init__(
+        self,
+        url: str,
+        ttl_seconds: int,
+        retry_seconds: float = 15.0,
+        ssl_ca_file: str = "",
+        ssl_cert_file: str = "",
+        ssl_key_file: str = "",
+    ) -> None:
+        tls: dict[str, Any] = {}
+        if url.startswith("rediss://"):
+            tls = {
+                k: v
+                for k, v in [
+                    ("ssl_ca_certs", ssl_ca_file),
+                    ("ssl_certfile", ssl_cert_file),
+                    ("ssl_keyfile", ssl_key_file),
+                ]
+                if v
+            }
+        self.redis = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, **tls)
         self.ttl = ttl_seconds
+        self.retry_seconds = retry_seconds
         self._append = self.redis.register_script(_APPEND_SCRIPT)
+        self._create = self.redis.register_script(_CREATE_SCRIPT)
+        # What this router wrote for the sessions it drives: enough to write a lost record back.
+        self._local: OrderedDict[str, tuple[SessionRecord, list[int]]] = OrderedDict()
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """Retries connection errors (Redis restarting, loading its AOF, failing over) for
+        retry_seconds with backoff; then, and on any other Redis error, Unavailable."""
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                if time.monotonic() >= deadline:
+                    raise Unavailable(f"redis: {e}") from None
+                time.sleep(RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)])
+                attempt += 1
+            except redis.RedisError as e:
+                raise Unavailable(f"redis: {e}") from None
 
     def ping(self) -> None:
-        try:
-            self.redis.ping()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {e}") from None
+        self._retrying(self.redis.ping)
 
     @staticmethod
     def key(session_id: str) -> str:
         return KEY_PREFIX + session_id
 
-    def create(self, record: SessionRecord) -> None:
-        fields = {k: json.dumps(v) for k, v in asdict(record).items()}
+    def _remember(self, record: SessionRecord, tokens: list[int]) -> None:
+        self._local[record.session_id] = (record, tokens)
+        self._local.move_to_end(record.session_id)
+        while len(self._local) > MAX_LOCAL_SESSIONS:
+            self._local.popitem(last=False)
+
+    def _write_record(self, record: SessionRecord, replace: bool) -> bool:
         key = self.key(record.session_id)
-        try:
-            # HSETNX on session_id makes creation atomic: a second Generate with the same id loses.
-            if not self.redis.hsetnx(key, "session_id", fields.pop("session_id")):
-                raise InvalidArgument(f"session {record.session_id!r} already exists")
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, self.ttl)
-            pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {e}") from None
+        args: list[Any] = [self.ttl, json.dumps(SessionStatus.CANCELLED), int(replace)]
+        for name, value in asdict(record).items():
+            args += [name, json.dumps(value)]
+        return bool(self._retrying(lambda: self._create(keys=[key, key + ":tokens"], args=args)))
+
+    def create(self, record: SessionRecord) -> None:
+        # Atomic: a second Generate with the same id loses (unless the first was cancelled).
+        if not self._write_record(record, replace=False):
+            raise InvalidArgument(f"session {record.session_id!r} already exists")
+        self._remember(record, [])
 
     def load(self, session_id: str) -> tuple[SessionRecord, list[int]]:
-        try:
+        def read() -> list:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hgetall(self.key(session_id))
             pipe.lrange(self.key(session_id) + ":tokens", 0, -1)
-            raw, tokens = pipe.execute()
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {e}") from None
-        if not raw:
-            raise NotFound(f"no session {session_id!r} (finished long ago, cancelled, or never started)")
+            return pipe.execute()
+
+        raw, tokens = self._retrying(read)
         values = {k.decode(): json.loads(v) for k, v in raw.items()}
-        return SessionRecord(**values), [int(t) for t in tokens]
+        if not raw or values.get("status") == SessionStatus.CANCELLED:
+            raise NotFound(f"no session {session_id!r} (finished long ago, cancelled, or never started)")
+        try:
+            record, generated = SessionRecord(**values), [int(t) for t in tokens]
+        except (TypeError, ValueError):
+            raise NotFound(f"session {session_id!r} has an unreadable record") from None
+        self._remember(record, list(generated))
+        return record, generated
 
     def append(self, session_id: str, token_ids: list[int], **fields: object) -> bool:
         """Appends tokens and updates fields in one atomic round trip, only while the session is running;
-        returns False if it was cancelled, finished or expired meanwhile (nothing is written then)."""
+        returns False if it was cancelled or finished meanwhile (nothing is written then). A record
+        Redis lost is written back first (see the module doc)."""
         key = self.key(session_id)
-        args = [self.ttl, json.dumps(SessionStatus.RUNNING), len(token_ids), *token_ids]
-        for name, value in fields.items():
-            args += [name, json.dumps(value)]
-        try:
-            return bool(self._append(keys=[key, key + ":tokens"], args=args))
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {e}") from None
+        record, written = self._local.get(session_id, (None, None))
+        if record is None:  # not created or loaded here (cannot happen in the router): append blindly
+            record, written = None, []
+        tokens = [*written, *token_ids]
+        start = len(written)
+        for _ in range(4):
+            args: list[Any] = [self.ttl, json.dumps(SessionStatus.RUNNING), start, len(tokens) - start]
+            args += tokens[start:]
+            for name, value in fields.items():
+                args += [name, json.dumps(value)]
+            result = self._retrying(lambda args=args: self._append(keys=[key, key + ":tokens"], args=args))
+            if result == APPENDED:
+                if record is not None:
+                    self._remember(record, tokens)
+                return True
+            if result == NOT_RUNNING:
+                return False
+            if result == MISSING:
+                if record is None:
+                    return False
+                self._write_record(record, replace=True)  # lost by Redis: write it back, then the tokens
+                start = 0
+            elif 0 <= result <= len(tokens):
+                start = int(result)  # Redis lost the last few tokens, or a retried append already landed
+            else:
+                break
+        raise Unavailable(f"redis: the token list of session {session_id!r} does not match this router's")
 
     def update(self, session_id: str, **fields: object) -> None:
-        try:
-            self.redis.hset(self.key(session_id), mapping={k: json.dumps(v) for k, v in fields.items()})
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {e}") from None
+        """Sets fields (the finish) if the session is still running, restoring a lost record first."""
+        self.append(session_id, [], **fields)
+        self._local.pop(session_id, None)
 
     def delete(self, session_id: str) -> bool:
-        try:
-            return bool(self.redis.delete(self.key(session_id), self.key(session_id) + ":tokens"))
-        except redis.RedisError as e:
-            raise Unavailable(f"redis: {e}") from None
+        """Cancels: the record becomes a tombstone for TOMBSTONE_SECONDS, its tokens go. Returns whether
+        there was a live session."""
+        key = self.key(session_id)
+        self._local.pop(session_id, None)
+
+        def cancel() -> list:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hget(key, "status")
+            pipe.delete(key + ":tokens")
+            pipe.hset(key, "status", json.dumps(SessionStatus.CANCELLED))
+            pipe.expire(key, TOMBSTONE_SECONDS)
+            return pipe.execute()
+
+        status = self._retrying(cancel)[0]
+        return status is not None and json.loads(status) != SessionStatus.CANCELLED
 
     def close(self) -> None:
         self.redis.close()

@@ -9,7 +9,7 @@ from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import RunningServer, start_server
 from specserve.serving.settings import TargetServiceSettings
 from specserve.settings import EngineSettings
-from specserve.v1 import target_pb2_grpc
+from specserve.v1 import target_pb2, target_pb2_grpc
 
 SERVICE_NAME = "specserve.v1.TargetService"
 
@@ -25,6 +25,9 @@ def start_target(settings: TargetServiceSettings, engine_settings: EngineSetting
         (SERVICE_NAME,),
         metrics.registry,
         on_stop=servicer.close,
+        release_session=lambda session_id: servicer.Release(
+            target_pb2.ReleaseRequest(session_id=session_id), None
+        ),
     )
 
 

@@ -21,6 +21,7 @@ from specserve.serving.metrics import TargetMetrics
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.settings import TargetServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, dense_probs
+from specserve.serving.validate import check_rebuild
 from specserve.v1 import target_pb2, target_pb2_grpc
 
 
@@ -72,6 +73,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         vocab = self.engine.target_model.config.vocab_size
         if any(not 0 <= t < vocab for t in request.token_ids):
             raise InvalidArgument(f"token ids must be in [0, {vocab})")
+        if request.HasField("root_token"):
+            held = self.store.peek(request.session_id)
+            check_rebuild(request.token_ids, request.root_token, vocab, held and held.verifier.token_ids)
         params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
         rebuild = request.HasField("root_token")
         start = time.perf_counter()

@@ -18,13 +18,25 @@ from specserve.client.common import (
     generate_request,
     to_chunk,
 )
+from specserve.client.credentials import ClientSecurity, open_aio_channel
 from specserve.serving.status import error_from_rpc
 from specserve.v1 import router_pb2, router_pb2_grpc
 
 
 class AsyncClient:
-    def __init__(self, address: str, *, retries: int = 3) -> None:
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        *,
+        retries: int = 3,
+        token: str | None = None,  # as Client
+        tls: bool | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> None:
+        security = ClientSecurity.create(tls, tls_ca_file, tls_cert_file, tls_key_file, token)
+        self.channel = open_aio_channel(address, CHANNEL_OPTIONS, security)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
         self.retries = retries
 

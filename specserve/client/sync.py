@@ -17,13 +17,26 @@ from specserve.client.common import (
     generate_request,
     to_chunk,
 )
+from specserve.client.credentials import ClientSecurity, open_channel
 from specserve.serving.status import error_from_rpc
 from specserve.v1 import router_pb2, router_pb2_grpc
 
 
 class Client:
-    def __init__(self, address: str, *, retries: int = 3, channel: grpc.Channel | None = None) -> None:
-        self.channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        *,
+        retries: int = 3,
+        channel: grpc.Channel | None = None,
+        token: str | None = None,  # bearer token for a router with auth on
+        tls: bool | None = None,  # TLS with the system's roots (implied by any tls_* file)
+        tls_ca_file: str | None = None,  # the CA that signed the router's certificate
+        tls_cert_file: str | None = None,  # a client certificate, where the router asks for one
+        tls_key_file: str | None = None,
+    ) -> None:
+        security = ClientSecurity.create(tls, tls_ca_file, tls_cert_file, tls_key_file, token)
+        self.channel = channel or open_channel(address, CHANNEL_OPTIONS, security)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
         self.retries = retries
 

@@ -3,6 +3,7 @@ tensor-carrying parts (sparse q, KV chunks) are in tensor_convert.py."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
@@ -12,7 +13,9 @@ from specserve.errors import InvalidArgument
 from specserve.results import FinishReason, GenerationStats
 from specserve.v1 import common_pb2, router_pb2, target_pb2
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the whole id (fullmatch: "$" would let "id\n" in)
+MAX_TEMPERATURE = 100.0  # beyond this every distribution is uniform to float precision anyway
+PROBS_SUM_TOLERANCE = 1e-3  # float32 probabilities of a whole vocabulary sum to 1 within ~1e-5
 
 _KIND_TO_PB = {
     CandidateKind.FIXED: common_pb2.CANDIDATE_KIND_FIXED,
@@ -29,7 +32,7 @@ _FINISH_TO_PB = {
 
 
 def check_session_id(session_id: str) -> str:
-    if not SESSION_ID.match(session_id):
+    if not SESSION_ID.fullmatch(session_id):
         raise InvalidArgument(f"session_id must match {SESSION_ID.pattern}, got {session_id!r}")
     return session_id
 
@@ -49,7 +52,12 @@ def sampling_from_pb(
     stop: tuple[str, ...] = (),
     ignore_eos: bool = False,
 ) -> SamplingParams:
-    """Unvalidated: call .validate(limit) where the limit is known. top_p 0 means "off", like 1."""
+    """Checks finiteness here (inf and NaN pass SamplingParams' comparisons); call .validate(limit) where
+    the limit is known. top_p 0 means "off", like 1."""
+    if not 0.0 <= message.temperature <= MAX_TEMPERATURE:  # False for NaN and inf too
+        raise InvalidArgument(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {message.temperature}")
+    if not math.isfinite(message.top_p):
+        raise InvalidArgument(f"top_p must be in (0, 1], got {message.top_p}")
     return SamplingParams(
         temperature=message.temperature,
         top_p=message.top_p if message.top_p != 0 else 1.0,
@@ -83,6 +91,10 @@ def tree_from_pb(message: common_pb2.DraftTree, max_nodes: int) -> DraftTree:
     tree = TokenTree(tuple(message.token_ids), tuple(message.parent_ids))
     kind = _KIND_FROM_PB[message.kind]
     probs = {q.node: q for q in message.draft_probs}
+    if len(probs) != len(message.draft_probs):
+        raise InvalidArgument("draft_probs has two entries for one node")
+    for q in message.draft_probs:
+        check_sparse_probs(q)
     if kind is not CandidateKind.FIXED:
         internal = {p for p in tree.parent_ids if p >= 0}
         if set(probs) != internal:
@@ -90,6 +102,22 @@ def tree_from_pb(message: common_pb2.DraftTree, max_nodes: int) -> DraftTree:
     elif probs:
         raise InvalidArgument("fixed candidates carry no draft_probs")
     return DraftTree(tree, kind, probs)
+
+
+def check_sparse_probs(q: common_pb2.SparseProbs) -> None:
+    """A distribution over distinct token ids: one probability each, finite, in [0, 1], summing to at most
+    1 (float32 rounding allowed). The acceptance rule divides by these and compares against them, so
+    NaN, negative or huge values would be committed as if they were real probabilities."""
+    if len(q.token_ids) != len(q.probs):
+        raise InvalidArgument(
+            f"draft_probs of node {q.node}: {len(q.token_ids)} token ids but {len(q.probs)} probs"
+        )
+    if len(set(q.token_ids)) != len(q.token_ids):
+        raise InvalidArgument(f"draft_probs of node {q.node}: repeated token ids")
+    if not all(0.0 <= p <= 1.0 for p in q.probs):  # False for NaN too
+        raise InvalidArgument(f"draft_probs of node {q.node}: probabilities must be in [0, 1]")
+    if math.fsum(q.probs) > 1.0 + PROBS_SUM_TOLERANCE:
+        raise InvalidArgument(f"draft_probs of node {q.node}: probabilities sum to more than 1")
 
 
 def outcome_from_pb(message: target_pb2.VerifyResponse) -> VerifyOutcome:

@@ -22,6 +22,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from specserve.serving import tls
+from specserve.serving.auth import TokenAuthInterceptor, TokenSet
+from specserve.serving.idle import ActivityInterceptor, IdleSessions
 from specserve.serving.metrics import serve_metrics
 from specserve.serving.settings import ServerSettings
 from specserve.serving.status import ErrorInterceptor
@@ -57,16 +60,40 @@ class RunningServer:
         self.server.wait_for_termination()
 
 
+def security_interceptors(settings: ServerSettings) -> list[grpc.ServerInterceptor]:
+    """Bearer tokens (the router's auth settings), then which peers may call (mutual TLS settings)."""
+    interceptors: list[grpc.ServerInterceptor] = []
+    tokens = TokenSet(getattr(settings, "auth_tokens", ()), getattr(settings, "auth_token_file", ""))
+    if tokens.enabled:
+        interceptors.append(TokenAuthInterceptor(tokens))
+    allowed = getattr(settings, "tls_allowed_clients", None)
+    if tls.tls_enabled(settings) and settings.tls_ca_file and settings.tls_client_auth and allowed:
+        per_method = {}
+        if getattr(settings, "tls_kv_feed_clients", None):
+            per_method["StreamKV"] = settings.tls_kv_feed_clients
+        interceptors.append(tls.PeerInterceptor(allowed, per_method))
+    return interceptors
+
+
 def start_server(
     settings: ServerSettings,
     add_servicers: Callable[[grpc.Server], None],
     service_names: tuple[str, ...],  # fully qualified, e.g. "specserve.v1.TargetService"
     registry: CollectorRegistry | None = None,
     on_stop: Callable[[], None] | None = None,
+    release_session: Callable[[str], object] | None = None,  # with settings.session_idle_seconds
 ) -> RunningServer:
+    idle_seconds = getattr(settings, "session_idle_seconds", 0)
+    idle = IdleSessions(idle_seconds, release_session) if release_session and idle_seconds else None
+    activity = [ActivityInterceptor(idle)] if idle is not None else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.num_worker_threads),
-        interceptors=[*server_interceptors(), ErrorInterceptor()],
+        interceptors=[
+            *server_interceptors(),
+            *security_interceptors(settings),
+            ErrorInterceptor(),
+            *activity,
+        ],
         # gRPC binds with SO_REUSEPORT by default: a second server on a busy port would start "fine" and
         # silently take half the connections. A port in use must be an error.
         options=[*channel_options(settings), ("grpc.so_reuseport", 0)],
@@ -75,16 +102,36 @@ def start_server(
     add_servicers(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    try:
-        port = server.add_insecure_port(settings.address)  # grpcio >= 1.60 raises, older ones return 0
+    if settings.reflection:
+        reflection.enable_server_reflection(
+            (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+    credentials = tls.server_credentials(settings)
+    try:  # grpcio >= 1.60 raises, older ones return 0
+        if credentials is None:
+            port = server.add_insecure_port(settings.address)
+        else:
+            port = server.add_secure_port(settings.address, credentials)
     except RuntimeError:
         port = 0
     if port == 0:
         raise OSError(f"cannot bind {settings.address} (is the port in use?)")
+    if credentials is None and not tls.is_loopback(settings.host):
+        logger.warning(
+            "serving PLAINTEXT on %s: anyone on the network can read and send requests; set "
+            "tls_cert_file, tls_key_file and tls_ca_file (docs/security.md)",
+            settings.address,
+        )
     server.start()
+    if idle is not None:
+        idle.start()
+        previous_on_stop = on_stop
+
+        def on_stop() -> None:
+            idle.close()
+            if previous_on_stop is not None:
+                previous_on_stop()
+
     for name in ("", *service_names):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if registry is not None:

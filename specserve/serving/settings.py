@@ -32,6 +32,13 @@ class ServerSettings:
     max_message_bytes: int = 16 * 1024 * 1024  # both directions
     drain_seconds: float = 20.0  # SIGTERM: stop accepting, let running RPCs finish for this long
     worker_threads: int = 0  # 0 = max_concurrent_rpcs + 8 (server-streaming RPCs hold a thread)
+    reflection: bool = True  # grpc.reflection: lets grpcurl and friends list the API; off hides it
+    # TLS (serving/tls.py): this service's certificate and key, served to callers and presented to the
+    # services it calls, and the CA that signs its peers. Empty = plaintext (warned about off loopback).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: bool = True  # with a CA: callers must present a certificate it signed (mutual TLS)
 
     @classmethod
     def from_env(cls: type[S], environ: dict[str, str] | None = None, **overrides: Any) -> S:
@@ -64,6 +71,10 @@ class ServerSettings:
             raise InvalidArgument("max_message_bytes must be >= 1024")
         if self.drain_seconds < 0:
             raise InvalidArgument("drain_seconds must be >= 0")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise InvalidArgument("tls_cert_file and tls_key_file go together")
+        if self.tls_ca_file and not self.tls_cert_file:
+            raise InvalidArgument("tls_ca_file needs tls_cert_file and tls_key_file")
         return self
 
 
@@ -80,11 +91,20 @@ class TargetServiceSettings(ServerSettings):
     # used idle sessions to fit; their routers rebuild them from the token history on the next call.
     kv_budget_tokens: int = 65536
     feed_chunk_positions: int = 256  # KV feed: positions per streamed chunk (bounds message size)
+    # A session no Prefill or Verify touched for this long is released (its router died or moved on;
+    # a router that comes back rebuilds it from the history in Redis). 0 = never.
+    session_idle_seconds: float = 600.0
+    # With mutual TLS, the certificate common names allowed to call (serving/tls.py): the router for
+    # everything but the KV feed, which only the draft may read (it carries every session's KV).
+    tls_allowed_clients: tuple[str, ...] = ("specserve-router",)
+    tls_kv_feed_clients: tuple[str, ...] = ("specserve-draft",)
 
     def validate(self) -> TargetServiceSettings:
         super().validate()
         if self.max_sessions < 1 or self.kv_budget_tokens < 1 or self.feed_chunk_positions < 1:
             raise InvalidArgument("max_sessions, kv_budget_tokens and feed_chunk_positions must be >= 1")
+        if self.session_idle_seconds < 0:
+            raise InvalidArgument("session_idle_seconds must be >= 0")
         return self
 
 
@@ -103,11 +123,20 @@ class DraftServiceSettings(ServerSettings):
     # 2-core machine) the early build competes with the router's own work and measured 5% slower end to
     # end (docs/benchmarks.md §3). Turn it on when the draft has its own GPU or cores.
     prepare_ahead: bool = False
+    # The only targets the draft subscribes to (host:port, as the router names them): a Prefill or
+    # Propose naming any other address is refused, so a caller cannot make the draft dial out.
+    target_addresses: tuple[str, ...] = ("localhost:50051",)  # env: comma-separated host:port
+    session_idle_seconds: float = 600.0  # a session no RPC touched for this long is released; 0 = never
+    tls_allowed_clients: tuple[str, ...] = ("specserve-router",)  # with mutual TLS: who may call
 
     def validate(self) -> DraftServiceSettings:
         super().validate()
         if self.max_sessions < 1 or self.kv_wait_seconds <= 0:
             raise InvalidArgument("max_sessions must be >= 1 and kv_wait_seconds > 0")
+        if not self.target_addresses:
+            raise InvalidArgument("target_addresses must name at least one target service")
+        if self.session_idle_seconds < 0:
+            raise InvalidArgument("session_idle_seconds must be >= 0")
         return self
 
 
@@ -127,9 +156,18 @@ class RouterServiceSettings(ServerSettings):
     default_method: str = DEFAULT_METHOD
     draft_timeout_seconds: float = 5.0  # per propose call; on failure the round verifies the root only
     target_timeout_seconds: float = 30.0  # per prefill / verify call
-    # The OpenAI-compatible HTTP API and the playground page (services/router/http); 0 = off.
-    http_port: int = 0
-    http_max_body_bytes: int = 1024 * 1024  # larger request bodies get 413
+    # Public clients authenticate with bearer tokens (serving/auth.py), not certificates.
+    tls_client_auth: bool = False
+    auth_tokens: tuple[str, ...] = ()  # accepted bearer tokens; prefer auth_token_file (not in env)
+    auth_token_file: str = ""  # one token per line, re-read when it changes (rotation without restart)
+    # Redis over TLS (a rediss:// redis_url): the CA that signs Redis's certificate and, if Redis asks
+    # for one, the router's client certificate and key. The password goes in the URL
+    # (redis://:PASSWORD@host:6379/0) or a user and password for an ACL user (redis://USER:PASSWORD@...).
+    redis_ca_file: str = ""
+    redis_cert_file: str = ""
+    redis_key_file: str = ""
+    # How long a round keeps retrying Redis (a restart, a failover) before the client gets UNAVAILABLE.
+    redis_retry_seconds: float = 15.0
 
     def validate(self) -> RouterServiceSettings:
         super().validate()
@@ -139,10 +177,8 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("session_ttl_seconds must be >= 1")
         if self.draft_timeout_seconds <= 0 or self.target_timeout_seconds <= 0:
             raise InvalidArgument("timeouts must be > 0")
-        if not 0 <= self.http_port <= 65535:
-            raise InvalidArgument(f"http_port must be in [0, 65535], got {self.http_port}")
-        if self.http_max_body_bytes < 1024:
-            raise InvalidArgument("http_max_body_bytes must be >= 1024")
+        if self.redis_retry_seconds < 0:
+            raise InvalidArgument("redis_retry_seconds must be >= 0")
         return self
 
 

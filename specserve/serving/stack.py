@@ -2,17 +2,25 @@
 
 `specserve stack` uses it to serve and stream a demo generation; the distributed tests use it to kill
 and restart single processes. Each process logs to `<log_dir>/<role>.log`.
+
+Redis runs with a generated password and append-only persistence (`appendfsync everysec`, files in
+`<log_dir>/redis`). With `tls=True` a fresh local CA (serving/tls.py) issues every service a
+certificate and the services talk mutual TLS; `auth_tokens` turns on bearer tokens at the router.
+While `wait()` runs, the stack supervises: a child that dies is restarted with backoff while the others
+keep serving, with one line on stderr saying what happened.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -20,9 +28,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specserve.errors import Unavailable
+from specserve.serving import tls
 
 ROLES = ("target", "draft", "router")
 STARTUP_TIMEOUT_SECONDS = 180.0
+RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # the Nth restart in a row waits this long
+HEALTHY_RESET_SECONDS = 60.0  # a child that ran this long starts its backoff over
+TLS_NAMES = {"router": tls.ROUTER_NAME, "target": tls.TARGET_NAME, "draft": tls.DRAFT_NAME}
 
 
 def free_port() -> int:
@@ -44,11 +56,18 @@ def redis_server_binary() -> str:
 
 
 def wait_serving(
-    address: str, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None
+    address: str,
+    timeout: float,
+    process: subprocess.Popen | None = None,
+    log: Path | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> None:
     """Polls grpc.health.v1 until the server reports SERVING."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    channel = (
+        grpc.insecure_channel(address) if credentials is None else grpc.secure_channel(address, credentials)
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
@@ -74,6 +93,8 @@ class LocalStack:
         env: dict[str, str] | None = None,
         roles: tuple[str, ...] = ROLES,
         http_port: int | None = None,  # the router's HTTP API: None = off, 0 = a free port
+        tls: bool = False,
+        auth_tokens: tuple[str, ...] = (),
     ) -> None:
         ports = [base_port + i for i in range(4)] if base_port else [free_port() for _ in range(4)]
         self.ports = dict(zip(("router", "target", "draft", "redis"), ports, strict=True))
@@ -82,6 +103,12 @@ class LocalStack:
         self.roles = roles
         self.processes: dict[str, subprocess.Popen] = {}
         self.http_port = free_port() if http_port == 0 else http_port
+        self.redis_password = secrets.token_hex(16)
+        self.auth_tokens = auth_tokens
+        # A fresh CA per stack: each service's certificate and one for clients (the SDK, the tests).
+        self.tls_files = _local_ca(self.log_dir / "tls") if tls else {}
+        self._stopping = threading.Event()
+        self.restarts: dict[str, int] = {}
 
     @property
     def http_url(self) -> str | None:
@@ -101,7 +128,19 @@ class LocalStack:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://localhost:{self.ports['redis']}/0"
+        return f"redis://:{self.redis_password}@localhost:{self.ports['redis']}/0"
+
+    @property
+    def client_tls(self) -> tls.TlsFiles | None:
+        """Files for a client of this stack (CA, client certificate and key); None without TLS."""
+        return self.tls_files.get(tls.CLIENT_NAME)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        files = self.client_tls
+        if files is None:
+            return None
+        read = lambda path: Path(path).read_bytes()  # noqa: E731
+        return grpc.ssl_channel_credentials(read(files.ca_file), read(files.key_file), read(files.cert_file))
 
     def __enter__(self) -> LocalStack:
         try:
@@ -118,19 +157,29 @@ class LocalStack:
 
     def start_redis(self) -> None:
         log = self.log_dir / "redis.log"
+        data_dir = self.log_dir / "redis"
+        data_dir.mkdir(exist_ok=True)
         self.processes["redis"] = subprocess.Popen(
             [
                 redis_server_binary(),
                 "--port",
                 str(self.ports["redis"]),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
                 "--bind",
                 "127.0.0.1",
+                "--requirepass",
+                self.redis_password,
+                # Append-only persistence: a restarted Redis comes back with the sessions (at most the
+                # last second of writes lost; the router writes those back, services/router/state.py).
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--dir",
+                str(data_dir),
             ],
-            stdout=log.open("w"),
+            stdout=log.open("a"),
             stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 20
@@ -152,6 +201,11 @@ class LocalStack:
         env["SPECSERVE_ROUTER_REDIS_URL"] = self.redis_url
         if self.http_port:
             env["SPECSERVE_ROUTER_HTTP_PORT"] = str(self.http_port)
+        env["SPECSERVE_DRAFT_TARGET_ADDRESSES"] = self.address("target")
+        if self.tls_files:
+            env |= self.tls_files[TLS_NAMES[role]].env(prefix)
+        if self.auth_tokens:
+            env["SPECSERVE_ROUTER_AUTH_TOKENS"] = ",".join(self.auth_tokens)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -164,7 +218,7 @@ class LocalStack:
             stderr=subprocess.STDOUT,
         )
         self.processes[role] = process
-        wait_serving(self.address(role), STARTUP_TIMEOUT_SECONDS, process, log)
+        wait_serving(self.address(role), STARTUP_TIMEOUT_SECONDS, process, log, self.channel_credentials())
 
     def kill(self, role: str) -> None:
         """SIGKILL: no drain, no cleanup (a crash)."""
@@ -183,17 +237,54 @@ class LocalStack:
             return process.wait()
 
     def stop(self) -> None:
+        self._stopping.set()
         for role in [r for r in ("router", "draft", "target") if r in self.processes]:
             self.terminate(role)
         if "redis" in self.processes:
             self.kill("redis")
 
     def wait(self) -> None:
+        """Supervises until Ctrl-C (or stop() from another thread): restarts any child that exits."""
+        started = {name: time.monotonic() for name in self.processes}
+        in_a_row: dict[str, int] = {}
         try:
-            while all(p.poll() is None for p in self.processes.values()):
-                time.sleep(0.5)
+            while not self._stopping.wait(0.5):
+                for name, process in list(self.processes.items()):
+                    if process.poll() is None or self._stopping.is_set():
+                        continue
+                    if time.monotonic() - started.get(name, 0.0) > HEALTHY_RESET_SECONDS:
+                        in_a_row[name] = 0
+                    n = in_a_row.get(name, 0)
+                    delay = RESTART_BACKOFF_SECONDS[min(n, len(RESTART_BACKOFF_SECONDS) - 1)]
+                    in_a_row[name] = n + 1
+                    self._restart(name, process, delay)
+                    started[name] = time.monotonic()
         except KeyboardInterrupt:
             print("\nstopping the stack", file=sys.stderr)
+
+    def _restart(self, name: str, process: subprocess.Popen, delay: float) -> None:
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        print(
+            f"stack: {name} (pid {process.pid}) exited with code {process.returncode}; the others keep "
+            f"serving; restarting it in {delay:.0f} s (restart {self.restarts[name]})",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self._stopping.wait(delay):
+            return
+        try:
+            if name == "redis":
+                self.start_redis()
+            else:
+                self.start(name)
+        except Unavailable as e:  # it died again while starting: the next poll sees it and backs off
+            print(f"stack: restarting {name} failed: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+            return
+        print(f"stack: {name} is serving again (pid {self.processes[name].pid})", file=sys.stderr, flush=True)
+
+
+def _local_ca(directory: Path) -> dict[str, tls.TlsFiles]:
+    return tls.make_local_ca(directory, (*TLS_NAMES.values(), tls.CLIENT_NAME))
 
 
 def stream_demo(router_address: str, prompt: str, method: str, max_new_tokens: int) -> None:

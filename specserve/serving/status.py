@@ -19,9 +19,11 @@ from specserve.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     SpecserveError,
     StatusCode,
+    Unauthenticated,
     Unavailable,
 )
 
@@ -37,6 +39,8 @@ _FROM_GRPC: dict[grpc.StatusCode, type[SpecserveError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.CANCELLED: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

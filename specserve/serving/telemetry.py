@@ -99,8 +99,14 @@ def server_interceptors() -> list[grpc.ServerInterceptor]:
     return [server_interceptor(tracer_provider=trace.get_tracer_provider())]
 
 
-def traced_channel(address: str, options: list[tuple[str, Any]]) -> grpc.Channel:
-    """An insecure channel whose calls carry the current trace context (W3C traceparent)."""
-    channel = grpc.insecure_channel(address, options=options)
+def traced_channel(
+    address: str, options: list[tuple[str, Any]], credentials: grpc.ChannelCredentials | None = None
+) -> grpc.Channel:
+    """A channel (TLS with `credentials`, else plaintext) whose calls carry the current trace context
+    (W3C traceparent)."""
+    if credentials is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        channel = grpc.secure_channel(address, credentials, options=options)
     # The instrumentation's client interceptor plugs in through its own grpcext wrapper.
     return intercept_channel(channel, client_interceptor(tracer_provider=trace.get_tracer_provider()))

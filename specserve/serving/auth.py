@@ -1,0 +1,166 @@
+"""Bearer tokens on the public router API, checked in one interceptor.
+
+Tokens come from `auth_tokens` (a list) and/or `auth_token_file` (one per line, `#` comments), which is
+re-read when it changes, so tokens rotate without a restart. A call without a valid
+`authorization: Bearer <token>` gets UNAUTHENTICATED with one fixed message: nothing says whether the
+token was unknown, malformed or missing. Health checks stay open (probes carry no token).
+
+A session is bound to its creator: the router stores the creator's `principal` (a hash of the token,
+never the token) with the session, and Resume and Cancel from anyone else get PERMISSION_DENIED.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from specserve.errors import PermissionDenied
+
+logger = logging.getLogger(__name__)
+
+AUTHORIZATION = "authorization"
+BEARER = "bearer "
+UNAUTHENTICATED_MESSAGE = "missing or invalid credentials"
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.",)
+FILE_CHECK_SECONDS = 1.0  # how often the token file's mtime is looked at, at most
+
+
+def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str:
+    """The token of an `authorization: Bearer <token>` entry ("" if there is none)."""
+    for key, value in metadata or ():
+        if key.lower() == AUTHORIZATION and isinstance(value, str) and value.lower().startswith(BEARER):
+            return value[len(BEARER) :].strip()
+    return ""
+
+
+def principal(token: str) -> str:
+    """Who a token stands for, as stored with the sessions it creates ("" when auth is off)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32] if token else ""
+
+
+# The principal of the call being handled, set by TokenAuthInterceptor around the handler (another
+# front end, such as an HTTP API, sets it with `as_caller` after checking its own credentials).
+_CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("specserve_caller", default="")
+
+
+def current_caller() -> str:
+    """The principal of the call being handled ("" when auth is off)."""
+    return _CALLER.get()
+
+
+@contextmanager
+def as_caller(caller: str) -> Iterator[None]:
+    token = _CALLER.set(caller)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
+
+
+def check_owner(owner: str) -> None:
+    """Resume and Cancel: only the session's creator. Sessions created without auth have no owner."""
+    if owner and not hmac.compare_digest(owner, current_caller()):
+        raise PermissionDenied("this session belongs to other credentials")
+
+
+class TokenSet:
+    """The accepted tokens: a fixed list plus a file re-read when its mtime or size changes."""
+
+    def __init__(self, tokens: Iterable[str] = (), token_file: str = "") -> None:
+        self.fixed = tuple(t for t in tokens if t)
+        self.token_file = token_file
+        self._from_file: tuple[str, ...] = ()
+        self._stamp: tuple[float, int] | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        if token_file:
+            self._reload()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.fixed or self.token_file)
+
+    def _reload(self) -> None:
+        try:
+            stat = os.stat(self.token_file)
+        except OSError:
+            logger.error("token file %s is missing: no file token is accepted", self.token_file)
+            self._from_file, self._stamp = (), None
+            return
+        stamp = (stat.st_mtime, stat.st_size)
+        if stamp == self._stamp:
+            return
+        lines = Path(self.token_file).read_text().splitlines()
+        self._from_file = tuple(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+        self._stamp = stamp
+        logger.info("loaded %d tokens from %s", len(self._from_file), self.token_file)
+
+    def tokens(self) -> tuple[str, ...]:
+        if self.token_file:
+            with self._lock:
+                now = time.monotonic()
+                if now - self._checked >= FILE_CHECK_SECONDS:
+                    self._checked = now
+                    self._reload()
+        return self.fixed + self._from_file
+
+    def accepts(self, token: str) -> bool:
+        if not token:
+            return False
+        # Compare against every token in constant time: no early exit tells how many matched.
+        matches = [hmac.compare_digest(token.encode(), t.encode()) for t in self.tokens()]
+        return any(matches)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    def __init__(self, tokens: TokenSet) -> None:
+        self.tokens = tokens
+
+        def deny(request: Any, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+
+    def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler], details: Any
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(details)
+        if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
+            return handler
+        token = bearer_token(details.invocation_metadata)
+        if not self.tokens.accepts(token):
+            return self._deny_stream if handler.unary_stream else self._deny_unary
+        caller = principal(token)
+        if handler.unary_unary:
+            inner_unary = handler.unary_unary
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                with as_caller(caller):
+                    return inner_unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                with as_caller(caller):
+                    yield from inner_stream(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler

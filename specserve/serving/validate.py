@@ -1,0 +1,59 @@
+"""Checks on what callers send that need more than the message itself: the vocabulary, the session the
+service holds, its configured peers. Pure functions, torch-free; each raises InvalidArgument (or
+PermissionDenied for a peer the service was not configured to trust) with a message for the caller.
+
+The handlers call them first thing, so a bad id never reaches a tensor index (where it would surface as
+INTERNAL) and a prompt is never tokenized before its size is known to be sane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specserve.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, what: str = "token ids") -> None:
+    """Every id in [0, vocab_size): embedding lookups index with them."""
+    if any(not 0 <= t < vocab_size for t in token_ids):
+        raise InvalidArgument(f"{what} must be in [0, {vocab_size})")
+
+
+def check_prompt_chars(prompt: str, max_prompt_tokens: int, max_token_chars: int) -> None:
+    """Rejects a prompt that cannot fit `max_prompt_tokens` before tokenizing it.
+
+    No token of the vocabulary covers more than `max_token_chars` characters, so a prompt longer than
+    max_prompt_tokens * max_token_chars has more tokens than allowed whatever the tokenizer does, and
+    tokenizing megabytes to find that out would hold a worker (and everyone queued behind it) for seconds.
+    """
+    limit = max_prompt_tokens * max(1, max_token_chars)
+    if len(prompt) > limit:
+        raise InvalidArgument(
+            f"the prompt has {len(prompt)} characters; more than {max_prompt_tokens} tokens can hold"
+        )
+
+
+def check_rebuild(
+    token_ids: Sequence[int], root_token: int, vocab_size: int, held: Sequence[int] | None
+) -> None:
+    """A target Prefill that rebuilds a session (token_ids and the root) from the router's history.
+
+    `held` is the history the target still holds for that session id, if any. A legitimate rebuild
+    agrees with it on every position both have (the router may be behind, after a lost Verify
+    response, or the target may have been rebuilt shorter); one that disagrees would silently change
+    another session's output, so it is refused.
+    """
+    if not 0 <= root_token < vocab_size:
+        raise InvalidArgument(f"root_token must be in [0, {vocab_size}), got {root_token}")
+    if not held:
+        return
+    history = [*token_ids, root_token]
+    common = min(len(history), len(held))
+    if list(history[:common]) != list(held[:common]):
+        raise FailedPrecondition("the rebuild disagrees with the history this session holds")
+
+
+def check_target_address(address: str, allowed: Sequence[str]) -> None:
+    """The draft dials only targets from its own configuration (never an address a caller made up)."""
+    if address not in allowed:
+        raise PermissionDenied("target_address is not one of this draft's configured targets")
