@@ -9,7 +9,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -21,6 +21,7 @@ from services.router.state import SessionRecord, SessionState, SessionStatus
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.catalog import CATALOG, Method
 from specserve.core.finish import FinishChecker
+from specserve.core.logprobs import MAX_TOP_LOGPROBS
 from specserve.core.loop import speculative_generate
 from specserve.core.rng import fresh_seed
 from specserve.core.sampling_params import SamplingParams
@@ -48,6 +49,21 @@ class _Done:
     reason: FinishReason
     stats: router_pb2.GenerationStats
     text: str  # the finished text (cut before a stop string)
+
+
+@dataclass
+class _Round:
+    """One round's tokens as the worker hands them to the stream."""
+
+    token_ids: list[int]
+    num_draft_tokens: int
+    num_accepted_tokens: int  # the first this many of token_ids came from the draft
+    logprobs: list[common_pb2.TokenLogprob]
+
+
+# Called with a function to run once the client has gone (disconnect, deadline): gRPC's
+# context.add_callback, or the HTTP API's own registry.
+OnClientGone = Callable[[Callable[[], None]], object]
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
@@ -114,9 +130,21 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         )
 
     def Generate(self, request: router_pb2.GenerateRequest, context: grpc.ServicerContext) -> Iterator:
+        record = self.start_session(request)
+        yield from self.stream_session(record, context.add_callback, top_logprobs(request))
+
+    def start_session(self, request: router_pb2.GenerateRequest) -> SessionRecord:
+        """Validates a request and stores its new session. The HTTP API starts sessions here too."""
         record = self._new_record(request)
         self.state.create(record)
-        yield from self._stream(record, [], 0, context)
+        return record
+
+    def stream_session(
+        self, record: SessionRecord, on_client_gone: OnClientGone, logprobs: int | None = None
+    ) -> Iterator[router_pb2.GenerateResponse]:
+        """A new session's stream, one message per round. logprobs: None, or how many most likely
+        tokens to report with each token's log-probability."""
+        return self._stream(record, [], 0, on_client_gone, logprobs)
 
     def Resume(self, request: router_pb2.ResumeRequest, context: grpc.ServicerContext) -> Iterator:
         check_session_id(request.session_id)
@@ -124,7 +152,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         check_owner(record.owner)
         if not 0 <= request.received_tokens <= len(generated):
             raise InvalidArgument(f"received_tokens must be in [0, {len(generated)}]")
-        yield from self._stream(record, generated, request.received_tokens, context)
+        yield from self._stream(record, generated, request.received_tokens, context.add_callback)
 
     def Cancel(self, request: router_pb2.CancelRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
@@ -171,13 +199,26 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             raise InvalidArgument(f"method {method!r} runs in-process only")
         if info_m.drafts and self.drafts is None:
             raise InvalidArgument(f"method {method!r} needs a draft service; this router has none")
+        if request.logprobs and not info.supports_logprobs:
+            raise InvalidArgument("logprobs are not supported by this deployment's target service yet")
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {request.top_logprobs}"
+            )
+        if request.top_logprobs and not request.logprobs:
+            raise InvalidArgument("top_logprobs needs logprobs")
         session_id = check_session_id(request.session_id) if request.session_id else uuid.uuid4().hex
         seed = params.seed if params.seed is not None else fresh_seed()
         params_dict = asdict(params) | {"seed": seed, "stop": list(params.stop)}
         return SessionRecord(session_id, prompt_ids, params_dict, method, seed, owner=current_caller())
 
     def _stream(
-        self, record: SessionRecord, generated: list[int], received: int, context: grpc.ServicerContext
+        self,
+        record: SessionRecord,
+        generated: list[int],
+        received: int,
+        on_client_gone: OnClientGone,
+        logprobs: int | None = None,
     ) -> Iterator[router_pb2.GenerateResponse]:
         session_id = record.session_id
         cancel = threading.Event()
@@ -185,7 +226,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if session_id in self._cancel_events:
                 raise InvalidArgument(f"session {session_id!r} is already streaming on this router")
             self._cancel_events[session_id] = cancel
-        context.add_callback(cancel.set)  # the client went away or its deadline passed
+        on_client_gone(cancel.set)  # the client went away or its deadline passed
         out: queue.Queue = queue.Queue()
         text = IncrementalText(self.tokenizer, generated[:received])
         index = received
@@ -197,7 +238,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     # In the RPC's context, so the worker's spans join the caller's trace (a pool
                     # thread does not inherit context variables).
                     worker_context = contextvars.copy_context()
-                    self._workers.submit(worker_context.run, self._generate, record, generated, out, cancel)
+                    self._workers.submit(
+                        worker_context.run, self._generate, record, generated, out, cancel, logprobs
+                    )
                 except RuntimeError:
                     raise ResourceExhausted("the router is shutting down") from None
             else:
@@ -226,7 +269,22 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                         stats=item.stats,
                     )
                     return
-                yield router_pb2.GenerateResponse(
+                if isinstance(item, _Round):
+                    yield router_pb2.GenerateResponse(
+                        session_id=session_id,
+                        token_ids=item.token_ids,
+                        index=index,
+                        text=text.add(item.token_ids),
+                        round=router_pb2.RoundInfo(
+                            index=index,
+                            num_draft_tokens=item.num_draft_tokens,
+                            num_accepted_tokens=item.num_accepted_tokens,
+                        ),
+                        logprobs=item.logprobs,
+                    )
+                    index += len(item.token_ids)
+                    continue
+                yield router_pb2.GenerateResponse(  # tokens generated before a Resume
                     session_id=session_id, token_ids=item, index=index, text=text.add(item)
                 )
                 index += len(item)
@@ -242,13 +300,26 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         )
 
     def _generate(
-        self, record: SessionRecord, generated: list[int], out: queue.Queue, cancel: threading.Event
+        self,
+        record: SessionRecord,
+        generated: list[int],
+        out: queue.Queue,
+        cancel: threading.Event,
+        logprobs: int | None = None,
     ) -> None:
         """Runs on a worker thread until the session finishes, fails or is cancelled."""
         session_id, info = record.session_id, self.model
         params = SamplingParams(**(record.params | {"stop": tuple(record.params["stop"])}))
         capacity = len(record.prompt_ids) + params.max_new_tokens + info.max_tree_nodes + 1
         counters = RoundCounters()
+        # (draft tokens, accepted draft tokens) of the round the loop is about to emit; the prefill's
+        # first token is a round without a draft.
+        this_round = [(0, 0)]
+
+        def on_round(num_draft: int, num_accepted: int, verify_s: float, round_bytes: int) -> None:
+            this_round[0] = (num_draft, num_accepted)
+            self.metrics.observe_round(num_draft, num_accepted, verify_s, round_bytes)
+
         target_address = self.targets.choose(session_id, record.target)
         self.targets.acquire(target_address)
         verifier = RemoteVerifier(
@@ -260,7 +331,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self.settings.target_timeout_seconds,
             counters,
             is_cancelled=cancel.is_set,
-            on_round=self.metrics.observe_round,
+            on_round=on_round,
+            logprobs=logprobs,
         )
         verifier.address = target_address
         drafter = None
@@ -305,7 +377,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self.metrics.redis_latency.observe(time.perf_counter() - t0)
             if not running or cancel.is_set():
                 raise Cancelled(f"session {session_id} was cancelled")
-            out.put(token_ids)
+            num_draft, num_accepted = this_round[0]
+            this_round[0] = (0, 0)
+            # The loop keeps a prefix of the round's tokens (it may end inside it).
+            round_logprobs = verifier.take_logprobs()[: len(token_ids)]
+            out.put(_Round(token_ids, num_draft, min(num_accepted, len(token_ids)), round_logprobs))
 
         def round_scope(position: int):
             return telemetry.span(
@@ -377,6 +453,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             for channel in self._channels.values():
                 channel.close()
         self.state.close()
+
+
+def top_logprobs(request: router_pb2.GenerateRequest) -> int | None:
+    """None, or how many most likely tokens to return with each token's log-probability."""
+    return request.top_logprobs if request.logprobs else None
 
 
 def _add_stats(previous: GenerationStats, stats: GenerationStats) -> GenerationStats:

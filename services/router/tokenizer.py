@@ -36,15 +36,32 @@ class RouterTokenizer:
     def encode_prompt(self, user_message: str) -> list[int]:
         if not user_message.strip():
             raise InvalidArgument("the prompt is empty")
+        return self.encode_chat([{"role": "user", "content": user_message}])
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """A conversation ({"role", "content"} dicts, any number of turns) through the chat template, with
+        the assistant's turn opened. Without a template the contents are joined by newlines."""
+        if not any(m["content"].strip() for m in messages):
+            raise InvalidArgument("the messages are empty")
         if self.template is None:
-            return self.tokenizer.encode(user_message).ids
+            return self.tokenizer.encode("\n".join(m["content"] for m in messages)).ids
         text = self.template.render(
-            messages=[{"role": "user", "content": user_message}],
+            messages=list(messages),
             add_generation_prompt=True,
             bos_token=self.info.bos_token,
             eos_token=self.info.eos_token,
         )
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Raw text, no template (the completions API's prompt)."""
+        if not text:
+            raise InvalidArgument("the prompt is empty")
+        return self.tokenizer.encode(text).ids
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text (special tokens included; a partial UTF-8 character shows as U+FFFD)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -156,6 +156,9 @@ class RouterServiceSettings(ServerSettings):
     default_method: str = DEFAULT_METHOD
     draft_timeout_seconds: float = 5.0  # per propose call; on failure the round verifies the root only
     target_timeout_seconds: float = 30.0  # per prefill / verify call
+    # The OpenAI-compatible HTTP API and the playground page (services/router/http); 0 = off.
+    http_port: int = 0
+    http_max_body_bytes: int = 1024 * 1024  # larger request bodies get 413
     # Public clients authenticate with bearer tokens (serving/auth.py), not certificates.
     tls_client_auth: bool = False
     auth_tokens: tuple[str, ...] = ()  # accepted bearer tokens; prefer auth_token_file (not in env)
@@ -177,6 +180,10 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("session_ttl_seconds must be >= 1")
         if self.draft_timeout_seconds <= 0 or self.target_timeout_seconds <= 0:
             raise InvalidArgument("timeouts must be > 0")
+        if not 0 <= self.http_port <= 65535:
+            raise InvalidArgument(f"http_port must be in [0, 65535], got {self.http_port}")
+        if self.http_max_body_bytes < 1024:
+            raise InvalidArgument("http_max_body_bytes must be >= 1024")
         if self.redis_retry_seconds < 0:
             raise InvalidArgument("redis_retry_seconds must be >= 0")
         return self
