@@ -1,0 +1,95 @@
+"""The playground page in a real headless Chromium (Debian chromium + chromium-driver, driven by Selenium):
+it streams a chat completion from the router, shows the draft's accepted tokens and the target's own in
+two colours, renders the figures, and its text is the gRPC SDK's greedy output for the same prompt.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import pytest
+from PIL import Image
+
+from specserve.client import Client
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model]
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+CHROMEDRIVER = "/usr/bin/chromedriver"  # Debian's; Selenium Manager cannot download one offline
+PROMPT = "Write a haiku about rain."
+METHOD = "glide"
+MAX_TOKENS = 24
+TIMEOUT_SECONDS = 120
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if shutil.which("chromium") is None or shutil.which(CHROMEDRIVER) is None:
+        pytest.fail("needs Debian chromium and chromium-driver (scripts/setup.sh installs them)")
+    options = webdriver.ChromeOptions()
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-extensions",
+        "--no-first-run",
+        "--window-size=1280,900",
+    ):
+        options.add_argument(flag)
+    options.binary_location = shutil.which("chromium")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_the_page_streams_rounds_in_two_colours_with_figures(browser, http_router, tmp_path) -> None:
+    with Client(http_router.grpc_address) as sdk:
+        reference = sdk.generate(
+            PROMPT, method=METHOD, max_new_tokens=MAX_TOKENS, temperature=0.0, timeout=TIMEOUT_SECONDS
+        )
+    browser.get(http_router.page_url)
+    wait = WebDriverWait(browser, TIMEOUT_SECONDS)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#method option")) > 1)
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys(PROMPT)
+    Select(browser.find_element(By.ID, "method")).select_by_value(METHOD)
+    for field, value in (("max-tokens", MAX_TOKENS), ("temperature", 0)):
+        element = browser.find_element(By.ID, field)
+        element.clear()
+        element.send_keys(str(value))
+    browser.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith(("done", "error")))
+    status = browser.find_element(By.ID, "status").text
+    assert status.startswith("done: length"), status
+
+    assert browser.execute_script("return document.getElementById('output').textContent") == reference.text
+    accepted = browser.find_elements(By.CSS_SELECTOR, "#output .accepted")
+    target = browser.find_elements(By.CSS_SELECTOR, "#output .target")
+    assert accepted and target, "both the draft's accepted tokens and the target's own must be shown"
+    assert accepted[0].value_of_css_property("color") != target[0].value_of_css_property("color")
+    rounds = browser.find_elements(By.CSS_SELECTOR, "#output .round")
+
+    def figure(name: str) -> float:
+        return float(browser.find_element(By.ID, name).text.rstrip("%"))
+
+    assert figure("tokens") == MAX_TOKENS
+    assert figure("rounds") == len(rounds) == len(browser.find_elements(By.CSS_SELECTOR, "#chart div"))
+    assert figure("tokens-per-second") > 0
+    assert figure("mean-accepted") == pytest.approx(MAX_TOKENS / len(rounds), abs=0.01)
+    assert 0 < figure("accepted-share") < 100
+
+    png = browser.get_screenshot_as_png()
+    (tmp_path / "playground.png").write_bytes(png)  # kept with pytest's temporary files, for a look
+    screenshot = Image.open(io.BytesIO(png)).convert("RGB")
+    colours = screenshot.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50, "the screenshot is blank or nearly so"
+    most_common = max(count for count, _ in colours)
+    assert most_common < 0.9 * screenshot.width * screenshot.height
