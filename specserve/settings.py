@@ -1,11 +1,15 @@
-"""Engine settings: one typed object, defaults in exactly one place, overridable from SPECSERVE_* env."""
+"""Engine settings: one typed object, defaults in exactly one place, overridable from SPECSERVE_* env
+(specserve.config.load_settings)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from specserve.config import load_settings
+from specserve.core.sampling_params import MAX_NEW_TOKENS_LIMIT
 from specserve.errors import InvalidArgument
 
 _ENV_PREFIX = "SPECSERVE_"
@@ -45,21 +49,14 @@ class EngineSettings:
     num_threads: int = 0  # 0 = leave torch's default
     max_context: int = 2048  # prompt + generated tokens + one draft tree
     max_prompt_tokens: int = 1536
-    max_new_tokens_limit: int = 4096
+    max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT
     max_tree_nodes: int = 64
     calibration_path: Path | None = None  # None = <cache_dir>/calibration-<model>-<device>-<dtype>.json
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> EngineSettings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:
         """Defaults, then SPECSERVE_<FIELD> variables, then explicit overrides (None = keep)."""
-        environ = dict(os.environ if environ is None else environ)
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            raw = environ.get(_ENV_PREFIX + f.name.upper())
-            if raw is not None and raw != "":
-                values[f.name] = _parse(f.name, raw, f.type)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values).validate()
+        return load_settings(cls, _ENV_PREFIX, environ, overrides).validate()
 
     def validate(self) -> EngineSettings:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -71,15 +68,3 @@ class EngineSettings:
         if self.max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
         return self
-
-
-def _parse(name: str, raw: str, type_: object) -> object:
-    type_name = str(type_)
-    try:
-        if "Path" in type_name:
-            return Path(raw).expanduser()
-        if "int" in type_name:
-            return int(raw)
-        return raw
-    except ValueError as e:
-        raise InvalidArgument(f"{_ENV_PREFIX}{name.upper()}={raw!r}: {e}") from None

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from specserve.errors import InvalidArgument
 
-# Bounds every request must respect; services and the CLI share them.
-MAX_NEW_TOKENS_LIMIT = 8192
+# Bounds every request must respect; services and the CLI share them. The new-token cap is the default
+# of EngineSettings.max_new_tokens_limit (SPECSERVE_MAX_NEW_TOKENS_LIMIT), which the services report.
+MAX_NEW_TOKENS_LIMIT = 4096
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 

@@ -1,0 +1,78 @@
+"""The one settings loader: every supported type from its environment variable, bad values named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from specserve.config import load_settings
+from specserve.core.sampling_params import MAX_NEW_TOKENS_LIMIT, SamplingParams
+from specserve.errors import InvalidArgument
+from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
+from specserve.settings import EngineSettings
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str = "a"
+    count: int = 1
+    ratio: float = 0.5
+    flag: bool = False
+    where: Path | None = None
+    hosts: tuple[str, ...] = ("x:1",)
+
+
+def test_every_supported_type_parses_from_its_variable() -> None:
+    env = {
+        "EX_NAME": "b",
+        "EX_COUNT": "7",
+        "EX_RATIO": "2.5",
+        "EX_FLAG": "yes",
+        "EX_WHERE": "~/data",
+        "EX_HOSTS": " a:1, b:2 ,",
+    }
+    loaded = load_settings(Example, "EX_", env)
+    assert loaded == Example("b", 7, 2.5, True, Path.home() / "data", ("a:1", "b:2"))
+
+
+def test_empty_variables_keep_defaults_and_overrides_win_unless_none() -> None:
+    loaded = load_settings(Example, "EX_", {"EX_COUNT": "", "EX_NAME": "env"}, {"name": "arg", "count": None})
+    assert (loaded.name, loaded.count) == ("arg", 1)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"), [("EX_COUNT", "seven"), ("EX_RATIO", "x"), ("EX_FLAG", "maybe")]
+)
+def test_a_bad_value_names_its_variable(variable: str, raw: str) -> None:
+    with pytest.raises(InvalidArgument, match=variable):
+        load_settings(Example, "EX_", {variable: raw})
+
+
+def test_engine_and_service_settings_read_their_variables() -> None:
+    engine = EngineSettings.from_env(
+        {"SPECSERVE_MAX_NEW_TOKENS_LIMIT": "100", "SPECSERVE_CACHE_DIR": "~/c", "SPECSERVE_DTYPE": "bfloat16"}
+    )
+    assert (engine.max_new_tokens_limit, engine.cache_dir, engine.dtype) == (
+        100,
+        Path.home() / "c",
+        "bfloat16",
+    )
+    draft = DraftServiceSettings.from_env(
+        {"SPECSERVE_DRAFT_PREPARE_AHEAD": "true", "SPECSERVE_DRAFT_PORT": "9"}
+    )
+    assert (draft.prepare_ahead, draft.port) == (True, 9)
+    router = RouterServiceSettings.from_env({"SPECSERVE_ROUTER_TARGET_ADDRESSES": "t1:1,t2:2"})
+    assert router.target_addresses == ("t1:1", "t2:2")
+    with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
+        TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
+    with pytest.raises(InvalidArgument, match="max_prompt_tokens"):  # validation still runs
+        EngineSettings.from_env({"SPECSERVE_MAX_PROMPT_TOKENS": "5000"})
+
+
+def test_one_new_token_limit() -> None:
+    assert EngineSettings().max_new_tokens_limit == MAX_NEW_TOKENS_LIMIT == 4096
+    SamplingParams(max_new_tokens=MAX_NEW_TOKENS_LIMIT).validate()
+    with pytest.raises(InvalidArgument, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=MAX_NEW_TOKENS_LIMIT + 1).validate()
