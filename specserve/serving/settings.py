@@ -7,13 +7,12 @@ Model settings (model dir, device, dtype, bounds) are the engine's own `EngineSe
 
 from __future__ import annotations
 
-import os
-import types
-import typing
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from specserve.catalog import DEFAULT_METHOD
+from specserve.config import load_settings
 from specserve.errors import InvalidArgument
 
 S = TypeVar("S", bound="ServerSettings")
@@ -41,17 +40,9 @@ class ServerSettings:
     tls_client_auth: bool = True  # with a CA: callers must present a certificate it signed (mutual TLS)
 
     @classmethod
-    def from_env(cls: type[S], environ: dict[str, str] | None = None, **overrides: Any) -> S:
+    def from_env(cls: type[S], environ: Mapping[str, str] | None = None, **overrides: Any) -> S:
         """Defaults, then <ENV_PREFIX><FIELD> variables, then explicit overrides (None = keep)."""
-        environ = dict(os.environ if environ is None else environ)
-        hints = typing.get_type_hints(cls)
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(cls.ENV_PREFIX + f.name.upper())
-            if raw:
-                values[f.name] = _parse(cls.ENV_PREFIX + f.name.upper(), raw, hints[f.name])
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values).validate()
+        return load_settings(cls, cls.ENV_PREFIX, environ, overrides).validate()
 
     @property
     def address(self) -> str:
@@ -119,9 +110,9 @@ class DraftServiceSettings(ServerSettings):
     max_sessions: int = 64
     kv_wait_seconds: float = 2.0  # how long a propose waits for the KV version it needs
     # Build each round's tree when the KV feed delivers the commit, before the router asks
-    # (services/draft/servicer.py). Off by default: where the draft shares CPU cores with the router (this
-    # 2-core machine) the early build competes with the router's own work and measured 5% slower end to
-    # end (docs/benchmarks.md §3). Turn it on when the draft has its own GPU or cores.
+    # (services/draft/servicer.py). Off by default: where the draft shares CPU cores with the router (as
+    # measured on 2 cores, docs/benchmarks.md, the distributed stack) the early build competes with the
+    # router's own work and gained nothing. Turn it on when the draft has its own GPU or cores.
     prepare_ahead: bool = False
     # The only targets the draft subscribes to (host:port, as the router names them): a Prefill or
     # Propose naming any other address is refused, so a caller cannot make the draft dial out.
@@ -187,19 +178,3 @@ class RouterServiceSettings(ServerSettings):
         if self.redis_retry_seconds < 0:
             raise InvalidArgument("redis_retry_seconds must be >= 0")
         return self
-
-
-def _parse(name: str, raw: str, type_: Any) -> Any:
-    origin = typing.get_origin(type_)
-    try:
-        if origin is tuple:
-            return tuple(part.strip() for part in raw.split(",") if part.strip())
-        if origin in (typing.Union, types.UnionType):
-            type_ = next(a for a in typing.get_args(type_) if a is not type(None))
-        if type_ is bool:
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError("expected true or false")
-            return raw.lower() in ("1", "true", "yes")
-        return type_(raw)
-    except ValueError as e:
-        raise InvalidArgument(f"{name}={raw!r}: {e}") from None
