@@ -28,6 +28,9 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=max(1, round(drain_seconds)),
+            # HTTPS with the router's own certificate when its gRPC API uses TLS
+            ssl_certfile=servicer.settings.tls_cert_file or None,
+            ssl_keyfile=servicer.settings.tls_key_file or None,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)

@@ -1,7 +1,8 @@
 """A second router process with the HTTP API on, in front of the shared stack's target, draft and Redis
 (a router has no model, so it starts in about a second; the stack's models load once per session).
 
-Its limits are small so that tests can reach them: 2 concurrent generations, 64 KiB request bodies.
+Its limits are small so that tests can reach them: 2 concurrent generations, 64 KiB request bodies. It
+asks for a bearer token, as a public deployment would.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from specserve.serving.stack import LocalStack, free_port, wait_serving
 
 MAX_CONCURRENT = 2
 MAX_BODY_BYTES = 65536
+TOKEN = "http-api-test-token"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class HttpRouter:
     stack: LocalStack
     max_concurrent: int = MAX_CONCURRENT
     max_body_bytes: int = MAX_BODY_BYTES
+    token: str = TOKEN
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +40,7 @@ def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFacto
         "SPECSERVE_ROUTER_HTTP_PORT": str(http_port),
         "SPECSERVE_ROUTER_MAX_CONCURRENT_RPCS": str(MAX_CONCURRENT),
         "SPECSERVE_ROUTER_HTTP_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "SPECSERVE_ROUTER_AUTH_TOKENS": TOKEN,
     }
     log = tmp_path_factory.mktemp("http-router") / "router.log"
     process = subprocess.Popen(

@@ -35,7 +35,7 @@ TIMEOUT_SECONDS = 120
 def client(http_router) -> openai.OpenAI:
     # max_retries=0: a 429 or 503 must reach the test, not be retried away.
     return openai.OpenAI(
-        base_url=http_router.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT_SECONDS
+        base_url=http_router.base_url, api_key=http_router.token, max_retries=0, timeout=TIMEOUT_SECONDS
     )
 
 
@@ -48,7 +48,7 @@ def model(client: openai.OpenAI) -> str:
 @pytest.fixture(scope="module")
 def grpc_reference(http_router):
     """The gRPC SDK's greedy completion of PROMPT (the router applies the chat template to it)."""
-    with Client(http_router.grpc_address) as sdk:
+    with Client(http_router.grpc_address, token=http_router.token) as sdk:
         return sdk.generate(
             PROMPT, method=METHOD, max_new_tokens=MAX_TOKENS, temperature=0.0, timeout=TIMEOUT_SECONDS
         )
@@ -189,12 +189,28 @@ def test_bad_requests_get_400_with_openais_error_object(client, model, kwargs, p
         assert body["param"] == param
 
 
+def test_a_missing_or_wrong_token_gets_401(http_router, model) -> None:
+    wrong = openai.OpenAI(base_url=http_router.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as raised:
+        chat(wrong, model)
+    assert raised.value.status_code == 401 and raised.value.body["code"] == "invalid_api_key"
+    with pytest.raises(urllib.error.HTTPError) as http_error:
+        urllib.request.urlopen(http_router.base_url + "/models", timeout=30)
+    assert http_error.value.code == 401
+    with urllib.request.urlopen(http_router.page_url + "health", timeout=30) as health:  # probes need none
+        assert json.loads(health.read()) == {"status": "ok"}
+
+
 def test_unknown_model_url_and_method_get_404_and_405(client, http_router) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         chat(client, "no-such-model")
     assert raised.value.body["code"] == "model_not_found"
     for method, path, status in (("GET", "/nothing", 404), ("GET", "/chat/completions", 405)):
-        request = urllib.request.Request(http_router.base_url + path, method=method)
+        request = urllib.request.Request(
+            http_router.base_url + path,
+            method=method,
+            headers={"Authorization": f"Bearer {http_router.token}"},
+        )
         with pytest.raises(urllib.error.HTTPError) as http_error:
             urllib.request.urlopen(request, timeout=30)
         assert http_error.value.code == status
@@ -243,7 +259,8 @@ def test_curl_reads_the_event_stream_to_done(http_router, model: str) -> None:
     body = {"model": model, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "stream": True}
     result = subprocess.run(
         ["curl", "-N", "-sS", "--fail-with-body", f"{http_router.base_url}/completions",
-         "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+         "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {http_router.token}",
+         "-d", json.dumps(body)],
         capture_output=True, text=True, timeout=TIMEOUT_SECONDS, check=True,
     )  # fmt: skip
     events = [e for e in result.stdout.split("\n\n") if e]

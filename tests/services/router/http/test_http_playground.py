@@ -50,12 +50,14 @@ def browser():
 
 
 def test_the_page_streams_rounds_in_two_colours_with_figures(browser, http_router, tmp_path) -> None:
-    with Client(http_router.grpc_address) as sdk:
+    with Client(http_router.grpc_address, token=http_router.token) as sdk:
         reference = sdk.generate(
             PROMPT, method=METHOD, max_new_tokens=MAX_TOKENS, temperature=0.0, timeout=TIMEOUT_SECONDS
         )
     browser.get(http_router.page_url)
     wait = WebDriverWait(browser, TIMEOUT_SECONDS)
+    browser.find_element(By.ID, "api-key").send_keys(http_router.token)
+    browser.find_element(By.ID, "prompt").click()  # leaving the key's field loads the methods with it
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#method option")) > 1)
     prompt = browser.find_element(By.ID, "prompt")
     prompt.clear()
