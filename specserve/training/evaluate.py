@@ -98,26 +98,54 @@ def evaluate_draft(
 ) -> Agreement:
     """Teacher-forced agreement on the answer positions (input = an answer token, label = the target's
     argmax for the next one), under the training block mask of the draft's block size."""
+    batches = held_out_features(
+        target, sequences, answer_starts, pad_id, draft.config.target_layer, batch_size, progress
+    )
+    return score_draft(draft, batches, draft.config.block_size)
+
+
+@torch.inference_mode()
+def held_out_features(
+    target: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    answer_starts: Sequence[int],
+    pad_id: int,
+    layer: int,
+    batch_size: int = 4,
+    progress: bool = False,
+) -> list[dict[str, torch.Tensor]]:
+    """The target's side of the evaluation, once: per batch input_ids, labels (IGNORE outside the
+    answers) and the K/V of `layer`; `score_draft` then scores any draft that reads that layer."""
     from tqdm import tqdm
 
-    block_size = draft.config.block_size
-    dtype = next(draft.parameters()).dtype
-    parts = []
+    out = []
     batches = range(0, len(sequences), batch_size)
     for start in tqdm(batches, desc="eval-draft", unit="batch", disable=not progress):
         rows = sequences[start : start + batch_size]
         lengths = [len(r) for r in rows]
         width = max(lengths)
         input_ids = pad_rows(rows, width, pad_id)  # [B, S]
-        features = target_features(target, input_ids, lengths, draft.config.target_layer)
+        features = target_features(target, input_ids, lengths, layer)
         labels = features["labels"].long()  # [B, S]
         positions = torch.arange(width)[None]  # [1, S]
         starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]
         labels = torch.where(positions >= starts, labels, torch.full_like(labels, IGNORE))
-        kv = (features["target_k"].to(dtype), features["target_v"].to(dtype))
-        hidden = draft(input_ids, kv, blockwise_cross_mask(width, block_size))  # [B, S, H]
+        out.append(
+            {"input_ids": input_ids, "labels": labels, "k": features["target_k"], "v": features["target_v"]}
+        )
+    return out
+
+
+@torch.inference_mode()
+def score_draft(draft: GlideDraft, batches: Sequence[dict[str, torch.Tensor]], block_size: int) -> Agreement:
+    dtype = next(draft.parameters()).dtype
+    parts = []
+    for batch in batches:
+        width = batch["input_ids"].shape[1]
+        kv = (batch["k"].to(dtype), batch["v"].to(dtype))
+        hidden = draft(batch["input_ids"], kv, blockwise_cross_mask(width, block_size))  # [B, S, H]
         predicted = draft.logits(hidden).argmax(-1)  # [B, S] full ids
-        parts.append(count_agreement(predicted, labels, block_size))
+        parts.append(count_agreement(predicted, batch["labels"], block_size))
     return merge(parts)
 
 

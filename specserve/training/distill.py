@@ -1,0 +1,564 @@
+"""Knowledge distillation of a GliDe draft from the target's own answers (see `generation.py`).
+
+1. Features: a teacher-forced float32 forward of the target over each prompt + answer gives, at every
+   position, the K/V of the layer the draft reads, its top-k next-token probabilities and its argmax.
+   One feature file per generation shard, written atomically, so extraction resumes and can run beside
+   generation; the features are recomputable from the shipped token ids and are never committed.
+2. Training: loss = kd_weight * KL(target top-k, renormalised || draft) + ce_weight * CE(draft, argmax),
+   over the answer positions (from the last prompt token on), under training's block-wise cross mask.
+   A plain loop in one process (AdamW, warm-up + cosine); checkpoints every N steps resume exactly
+   (the batch of step s is a pure function of (seed, s)); held-out agreement (`eval-draft`'s MT-Bench
+   answers and metric) every N steps goes into the log and the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.glide.model import (
+    GlideDraft,
+    blockwise_cross_mask,
+    build_glide,
+    frequency_ranked_ids,
+    save_glide,
+)
+from specserve.training.features import IGNORE
+from specserve.training.generation import ANSWERS, INSTRUCT, Rows
+
+FEATURES, CHECKPOINTS, LOG, SUMMARY = "features", "checkpoints", "training_log.jsonl", "training.json"
+
+# --- the loss --------------------------------------------------------------------------------------------
+
+
+def kd_loss(
+    scores: torch.Tensor,  # [N, V_draft] draft logits
+    topk_index: torch.Tensor,  # [N, K] the target's top-k as draft-head indices; -1 = outside the head
+    topk_probs: torch.Tensor,  # [N, K] the target's probabilities of those tokens
+    labels: torch.Tensor,  # [N] the target's argmax as a draft-head index; IGNORE = no loss
+    kd_weight: float = 1.0,
+    ce_weight: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (loss, kl, ce). KL(p || q) with p the target's top-k renormalised over the tokens the head can
+    score, q the draft's softmax over its head; averaged over positions with any such token. CE against
+    the argmax, averaged over positions whose label the head can score."""
+    log_q = F.log_softmax(scores.float(), dim=-1)  # [N, V_draft]
+    valid = topk_index >= 0  # [N, K]
+    p = torch.where(valid, topk_probs.float(), torch.zeros_like(topk_probs, dtype=torch.float32))
+    mass = p.sum(-1, keepdim=True)  # [N, 1]
+    rows = mass.squeeze(-1) > 0  # [N]
+    p = p / mass.clamp_min(1e-12)
+    log_q_topk = log_q.gather(-1, topk_index.clamp_min(0))  # [N, K]
+    per_row = (p * (torch.log(p.clamp_min(1e-12)) - log_q_topk)).masked_fill(~valid, 0.0).sum(-1)  # [N]
+    kl = per_row[rows].mean() if rows.any() else scores.sum() * 0.0
+    scored = labels != IGNORE
+    ce = F.nll_loss(log_q[scored], labels[scored]) if scored.any() else scores.sum() * 0.0
+    return kd_weight * kl + ce_weight * ce, kl.detach(), ce.detach()
+
+
+# --- features ----------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def sequence_features(
+    target: nn.Module,  # HF causal LM, float32
+    sequences: Sequence[Sequence[int]],
+    layer: int,
+    top_k: int,
+    chunk: int = 1024,
+) -> list[dict[str, np.ndarray]]:
+    """Per sequence: k, v [L, Hkv, D] fp16; topk_ids [L, K] uint16; topk_probs [L, K] fp16.
+
+    One right-padded batch: causal attention never looks right, so every real position's values are
+    those of an unpadded run. Logits are formed a chunk of positions at a time (never [B, S, V]).
+    """
+    lengths = [len(s) for s in sequences]
+    width = max(lengths)
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        input_ids[i, : len(s)] = torch.tensor(list(s))
+    out = target.model(input_ids=input_ids, use_cache=True)
+    hidden = out.last_hidden_state  # [B, S, H]
+    cache = out.past_key_values.layers[layer]
+    keys, values = cache.keys.transpose(1, 2), cache.values.transpose(1, 2)  # [B, S, Hkv, D]
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [B*S, H]
+    ids, probs = [], []
+    for start in range(0, flat.shape[0], chunk):
+        logits = target.lm_head(flat[start : start + chunk]).float()  # [C, V]
+        top = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
+        ids.append(top.indices)
+        probs.append(top.values)
+    topk_ids = torch.cat(ids).view(len(sequences), width, top_k)
+    topk_probs = torch.cat(probs).view(len(sequences), width, top_k)
+    result = []
+    for i, n in enumerate(lengths):
+        result.append(
+            {
+                "k": keys[i, :n].to(torch.float16).numpy(),
+                "v": values[i, :n].to(torch.float16).numpy(),
+                "topk_ids": topk_ids[i, :n].numpy().astype(np.uint16),
+                "topk_probs": topk_probs[i, :n].to(torch.float16).numpy(),
+            }
+        )
+    return result
+
+
+def shard_features(
+    target: nn.Module, rows: Rows, layer: int, top_k: int, max_len: int, batch_tokens: int
+) -> dict[str, np.ndarray]:
+    """Features of every row of a generation shard, flat over positions, in row order."""
+    seqs = [(p + a)[:max_len] for p, a in rows.sequences()]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    per_row: list[dict[str, np.ndarray] | None] = [None] * len(seqs)
+    batch: list[int] = []
+    for i in [*order, None]:
+        if i is not None and (not batch or (len(batch) + 1) * len(seqs[i]) <= batch_tokens):
+            batch.append(i)
+            continue
+        for j, feats in zip(
+            batch, sequence_features(target, [seqs[j] for j in batch], layer, top_k), strict=True
+        ):
+            per_row[j] = feats
+        batch = [i] if i is not None else []
+    done = [r for r in per_row if r is not None]
+    assert len(done) == len(seqs)
+    return {
+        "tokens": np.concatenate([np.asarray(s, dtype=np.uint16) for s in seqs]),
+        "lengths": np.asarray([len(s) for s in seqs], dtype=np.int32),
+        "prompt_lengths": np.minimum(rows.prompt_lengths, [len(s) for s in seqs]).astype(np.int32),
+        "temperature": rows.temperature,
+        **{name: np.concatenate([r[name] for r in done]) for name in ("k", "v", "topk_ids", "topk_probs")},
+    }
+
+
+def extract_features(
+    target: nn.Module,
+    data_dir: Path,
+    out_dir: Path,
+    layer: int = -1,
+    top_k: int = 32,
+    max_len: int = 512,
+    batch_tokens: int = 4096,
+    follow: bool = False,  # keep polling for new generation shards (run beside generation)
+    log: Callable[[str], None] = print,
+) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        todo = []
+        for stage in (INSTRUCT, ANSWERS):
+            for shard in sorted((data_dir / stage).glob("shard-*[0-9].npz")):
+                dest = out_dir / f"{stage}-{shard.stem}.npz"
+                if not dest.is_file():
+                    todo.append((shard, dest))
+        for shard, dest in todo:
+            started = time.monotonic()
+            feats = shard_features(target, Rows.load(shard), layer, top_k, max_len, batch_tokens)
+            tmp = dest.with_name(dest.name + ".tmp.npz")
+            np.savez(tmp, **feats)
+            os.replace(tmp, dest)
+            seconds = time.monotonic() - started
+            log(
+                f"features {dest.name}: {len(feats['tokens'])} tokens in {seconds:.0f} s "
+                f"({len(feats['tokens']) / seconds:.0f} tok/s)"
+            )
+        if not follow:
+            return
+        if not todo:
+            time.sleep(30)
+
+
+# --- the training set in memory --------------------------------------------------------------------------
+
+
+@dataclass
+class FeatureSet:
+    tokens: np.ndarray  # [T] uint16
+    k: np.ndarray  # [T, Hkv, D] fp16
+    v: np.ndarray
+    topk_ids: np.ndarray  # [T, K] uint16
+    topk_probs: np.ndarray  # [T, K] fp16
+    starts: np.ndarray  # [N] offset of each sequence
+    lengths: np.ndarray  # [N]
+    prompt_lengths: np.ndarray  # [N]
+
+    @classmethod
+    def load(cls, feature_dir: Path, fraction: float = 1.0, max_files: int | None = None) -> FeatureSet:
+        """The first `fraction` of the sequences, in file order (files hold randomly ordered prompts)."""
+        files = sorted(Path(feature_dir).glob("*-shard-*[0-9].npz"))
+        files = sorted(files, key=lambda f: (not f.name.startswith(INSTRUCT), f.name))[:max_files]
+        parts: dict[str, list[np.ndarray]] = {}
+        for f in files:
+            with np.load(f, allow_pickle=False) as z:
+                for name in ("tokens", "k", "v", "topk_ids", "topk_probs", "lengths", "prompt_lengths"):
+                    parts.setdefault(name, []).append(z[name])
+        cat = {name: np.concatenate(arrays) for name, arrays in parts.items()}
+        lengths = cat.pop("lengths")
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        keep = max(1, round(len(lengths) * fraction))
+        end = int(starts[keep - 1] + lengths[keep - 1])
+        return cls(
+            tokens=cat["tokens"][:end],
+            k=cat["k"][:end],
+            v=cat["v"][:end],
+            topk_ids=cat["topk_ids"][:end],
+            topk_probs=cat["topk_probs"][:end],
+            starts=starts[:keep],
+            lengths=lengths[:keep],
+            prompt_lengths=cat["prompt_lengths"][:keep],
+        )
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def answer_tokens(self) -> int:
+        return int((self.lengths - self.prompt_lengths).sum())
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Right-padded: input_ids, loss_mask [B, S]; target_k/v [B, Hkv, S, D]; topk [B, S, K]."""
+        width = int(max(self.lengths[i] for i in indices))
+        n = len(indices)
+        hkv, d = self.k.shape[1:]
+        kk = self.topk_ids.shape[1]
+        input_ids = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.bool)
+        k = torch.zeros((n, width, hkv, d), dtype=torch.float16)
+        v = torch.zeros_like(k)
+        ids = torch.zeros((n, width, kk), dtype=torch.long)
+        probs = torch.zeros((n, width, kk), dtype=torch.float16)
+        for row, i in enumerate(indices):
+            s, L, P = int(self.starts[i]), int(self.lengths[i]), int(self.prompt_lengths[i])
+            input_ids[row, :L] = torch.from_numpy(self.tokens[s : s + L].astype(np.int64))
+            mask[row, max(P - 1, 0) : L - 1] = True  # predictions of the answer tokens
+            k[row, :L] = torch.from_numpy(self.k[s : s + L])
+            v[row, :L] = torch.from_numpy(self.v[s : s + L])
+            ids[row, :L] = torch.from_numpy(self.topk_ids[s : s + L].astype(np.int64))
+            probs[row, :L] = torch.from_numpy(self.topk_probs[s : s + L])
+        return {
+            "input_ids": input_ids,
+            "loss_mask": mask,
+            "target_k": k.transpose(1, 2),
+            "target_v": v.transpose(1, 2),
+            "topk_ids": ids,
+            "topk_probs": probs,
+        }
+
+    def label_counts(self, vocab_size: int) -> torch.Tensor:
+        return torch.from_numpy(np.bincount(self.topk_ids[:, 0].astype(np.int64), minlength=vocab_size))
+
+
+def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """The sequences of training step `step`: a seeded shuffle per epoch, a pure function of the step."""
+    per_epoch = max(1, num_sequences // batch_size)
+    epoch, i = divmod(step, per_epoch)
+    order = list(range(num_sequences))
+    random.Random(seed * 7_919 + epoch).shuffle(order)
+    return order[i * batch_size : (i + 1) * batch_size]
+
+
+# --- training ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    features: Path
+    out_dir: Path
+    fraction: float = 1.0  # of the feature set's sequences (the data-scaling curve)
+    steps: int = 1000
+    batch_size: int = 8  # sequences per step
+    lr: float = 1e-3
+    warmup_fraction: float = 0.03
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    kd_weight: float = 1.0
+    ce_weight: float = 1.0
+    draft_vocab_size: int = 8192
+    block_size: int = 5
+    init_from: Path | None = None  # start from a trained draft (its head ids are kept)
+    bf16: bool = True
+    eval_every: int = 100
+    log_every: int = 10
+    checkpoint_every: int = 100
+    eval_per_category: int = 5  # MT-Bench first turns per category, as `eval-draft`
+    eval_max_new_tokens: int = 128
+    threads: int | None = None
+    seed: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def new_draft(settings: DistillSettings, target: nn.Module, data: FeatureSet) -> GlideDraft:
+    from specserve.glide.model import load_glide
+
+    if settings.init_from is not None:
+        draft = load_glide(settings.init_from, target)
+    else:
+        ids = frequency_ranked_ids(data.label_counts(target.config.vocab_size), settings.draft_vocab_size)
+        draft = build_glide(
+            target,
+            seed=settings.seed,
+            draft_token_ids=ids,
+            share_target_embeddings=True,
+            draft_vocab_size=settings.draft_vocab_size,
+            block_size=settings.block_size,
+        )
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
+            draft.norm.weight.copy_(target.model.norm.weight)
+    return draft.float().train().requires_grad_(True)
+
+
+def step_loss(
+    draft: GlideDraft, batch: dict[str, torch.Tensor], settings: DistillSettings
+) -> tuple[torch.Tensor, dict[str, float]]:
+    dtype = torch.float32
+    width = batch["input_ids"].shape[1]
+    cross = blockwise_cross_mask(width, draft.config.block_size)
+    kv = (batch["target_k"].to(dtype), batch["target_v"].to(dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+        hidden = draft(batch["input_ids"], kv, cross)  # [B, S, H]
+        positions = batch["loss_mask"]  # [B, S]
+        scores = draft.draft_logits(hidden[positions])  # [N, V_draft]
+    index = draft.draft_index  # [V] full id -> head index, -100 outside
+    topk = index[batch["topk_ids"][positions]]  # [N, K]
+    topk = torch.where(topk >= 0, topk, torch.full_like(topk, -1))
+    labels = index[batch["topk_ids"][positions][:, 0]]  # [N]
+    loss, kl, ce = kd_loss(
+        scores, topk, batch["topk_probs"][positions], labels, settings.kd_weight, settings.ce_weight
+    )
+    with torch.no_grad():
+        scored = labels >= 0
+        agree = (scores.argmax(-1) == labels) & scored
+        accuracy = float(agree.sum() / scored.sum().clamp_min(1))
+    return loss, {"loss": float(loss.detach()), "kl": float(kl), "ce": float(ce), "accuracy": accuracy}
+
+
+def held_out_eval(target: nn.Module, tokenizer: Any, settings: DistillSettings, cache_dir: Path, layer: int):
+    """-> a function draft -> Agreement on `eval-draft`'s held-out MT-Bench answers (features cached)."""
+    from specserve.bench.prompts import load_prompts, per_category
+    from specserve.training.evaluate import held_out_answers, held_out_features, score_draft
+
+    prompts = [p.text for p in per_category(load_prompts(), settings.eval_per_category)]
+    name = Path(target.config._name_or_path).name or "target"
+    cache = cache_dir / f"eval-answers-{name}-{len(prompts)}x{settings.eval_max_new_tokens}.json"
+    sequences, starts = held_out_answers(target, tokenizer, prompts, settings.eval_max_new_tokens, cache)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = held_out_features(target, sequences, starts, pad, layer, batch_size=8)
+    return lambda draft: score_draft(draft, batches, settings.block_size)
+
+
+def train(
+    settings: DistillSettings, model_dir: Path, cache_dir: Path, log: Callable[[str], None] = print
+) -> Path:
+    from specserve.models import load_causal_lm, load_tokenizer
+    from specserve.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from specserve.training.trainer import make_scheduler
+
+    torch.set_num_threads(settings.threads or os.cpu_count() or 1)
+    torch.manual_seed(settings.seed)
+    out = Path(settings.out_dir)
+    (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+    data = FeatureSet.load(settings.features, settings.fraction)
+    log(
+        f"training data: {len(data)} sequences, {data.answer_tokens} answer tokens "
+        f"({settings.fraction:g} of the set)"
+    )
+    target = load_causal_lm(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    draft = new_draft(settings, target, data)
+    evaluate = held_out_eval(target, tokenizer, settings, cache_dir, draft.config.target_layer)
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        trainable, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay
+    )
+    state: dict[str, Any] = {"step": 0}
+    resume = latest_checkpoint(out / CHECKPOINTS)
+    if resume is not None:
+        state = load_checkpoint(resume, draft, optimizer)
+        draft.train()
+        log(f"resumed from {resume.name} at step {state['step']}")
+    scheduler = make_scheduler(optimizer, settings.steps, settings.warmup_fraction, state["step"])
+    if state["step"] == 0:
+        (out / LOG).write_text("")
+        _eval_record(out, 0, evaluate(draft), log)
+    started, window, first = time.monotonic(), [], state["step"]
+    window_start, window_tokens = time.monotonic(), 0
+    while state["step"] < settings.steps:
+        indices = batch_indices(len(data), settings.batch_size, state["step"], settings.seed)
+        batch = data.batch(indices)
+        loss, metrics = step_loss(draft, batch, settings)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        state["step"] += 1
+        step = state["step"]
+        window.append(metrics)
+        window_tokens += int(batch["loss_mask"].sum())
+        if step % settings.log_every == 0 or step == settings.steps:
+            now = time.monotonic()
+            record = {
+                "step": step,
+                **{k: sum(m[k] for m in window) / len(window) for k in window[0]},
+                "lr": scheduler.get_last_lr()[0],
+                "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                "elapsed_s": now - started,
+            }
+            eta = (settings.steps - step) * (now - started) / max(1, step - first)
+            log(
+                f"step {step}/{settings.steps} loss {record['loss']:.3f} kl {record['kl']:.3f} "
+                f"ce {record['ce']:.3f} "
+                f"agree {record['accuracy']:.3f} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min"
+            )
+            with open(out / LOG, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            window, window_start, window_tokens = [], now, 0
+        if step % settings.eval_every == 0 or step == settings.steps:
+            draft.eval()
+            _eval_record(out, step, evaluate(draft), log)
+            draft.train()
+            plot(out)
+        if step % settings.checkpoint_every == 0 or step == settings.steps:
+            save_checkpoint(out / CHECKPOINTS, draft, optimizer, state)
+    save_glide(draft.eval(), out, dtype=torch.bfloat16)
+    summary = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        "sequences": len(data),
+        "answer_tokens": data.answer_tokens,
+        "seconds_last_run": round(time.monotonic() - started, 1),
+        "size_bytes": (out / "model.safetensors").stat().st_size,
+    }
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    plot(out)
+    return out
+
+
+def _eval_record(out: Path, step: int, agreement: Any, log: Callable[[str], None]) -> None:
+    record = {"step": step, "eval": agreement.to_json()}
+    log(
+        f"eval step {step}: held-out agreement {agreement.overall:.3f}, "
+        f"first token {agreement.by_lag[0]:.3f}, "
+        f"chain of 4 accepts {agreement.chain_accepted(4):.2f}"
+    )
+    with open(out / LOG, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def plot(out: Path) -> None:
+    """training.png: loss, training agreement and held-out agreement over the steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
+    train_r = [r for r in records if "loss" in r]
+    eval_r = [r for r in records if "eval" in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    if train_r:
+        a.plot([r["step"] for r in train_r], [r["loss"] for r in train_r], label="loss")
+        a.plot([r["step"] for r in train_r], [r["kl"] for r in train_r], label="KL top-k")
+        a.plot([r["step"] for r in train_r], [r["ce"] for r in train_r], label="CE argmax")
+        a.legend()
+        b.plot(
+            [r["step"] for r in train_r],
+            [r["accuracy"] for r in train_r],
+            label="training batches",
+            alpha=0.6,
+        )
+    a.set(xlabel="step", title="distillation loss")
+    if eval_r:
+        steps = [r["step"] for r in eval_r]
+        b.plot(steps, [r["eval"]["overall"] for r in eval_r], "o-", label="held out (eval-draft)")
+        b.plot(steps, [r["eval"]["by_lag"][0] for r in eval_r], "s--", label="held out, first token")
+    b.set(xlabel="step", ylabel="top-1 agreement", title="agreement with the target")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(out / "training.png", dpi=110)
+    plt.close(fig)
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m specserve.training.distill",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("features", help="target features of generated answers (resumable)")
+    f.add_argument("--data", type=Path, required=True, help="the generation directory")
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--top-k", type=int, default=32)
+    f.add_argument("--max-len", type=int, default=512)
+    f.add_argument("--follow", action="store_true", help="keep extracting new shards as they appear")
+    f.add_argument("--threads", type=int)
+    t = sub.add_parser("train", help="distil a GliDe draft (resumes from --out)")
+    t.add_argument("--features", type=Path, required=True)
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--fraction", type=float, default=1.0)
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--kd-weight", type=float, default=1.0)
+    t.add_argument("--ce-weight", type=float, default=1.0)
+    t.add_argument("--init-from", type=Path)
+    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--checkpoint-every", type=int, default=100)
+    t.add_argument("--threads", type=int)
+    t.add_argument("--seed", type=int, default=0)
+    for sp in (f, t):
+        sp.add_argument("--model-dir", type=Path)
+    args = p.parse_args(argv)
+    from specserve.models import load_causal_lm, resolve_model_dir
+    from specserve.settings import EngineSettings
+
+    engine = EngineSettings.from_env(model_dir=args.model_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
+    if args.command == "features":
+        torch.set_num_threads(args.threads or os.cpu_count() or 1)
+        target = load_causal_lm(model_dir)
+        extract_features(
+            target,
+            args.data,
+            args.out,
+            top_k=args.top_k,
+            max_len=args.max_len,
+            follow=args.follow,
+            log=lambda m: print(m, flush=True),
+        )
+        return
+    settings = DistillSettings(
+        features=args.features,
+        out_dir=args.out,
+        fraction=args.fraction,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        kd_weight=args.kd_weight,
+        ce_weight=args.ce_weight,
+        init_from=args.init_from,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        threads=args.threads,
+        seed=args.seed,
+    )
+    train(settings, model_dir, engine.cache_dir, log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    main()
