@@ -7,6 +7,11 @@ bash scripts/setup.sh
 PROMPT=${1:-"Write a short Python function that checks whether a number is prime, and explain it."}
 ARGS=(stack "$PROMPT" --method "${METHOD:-glide-cape-cost}" --max-new-tokens "${MAX_NEW_TOKENS:-128}")
 if [ "${ONCE:-0}" = "1" ]; then ARGS+=(--once); fi
-# Fixed ports when serving on, so `specserve generate --remote localhost:50050` works from another shell.
-if [ "${ONCE:-0}" != "1" ]; then ARGS+=(--base-port "${BASE_PORT:-50050}"); fi
+# Fixed ports when serving on, so `specserve generate --remote localhost:50050` works from another shell
+# and the OpenAI-compatible API (and the playground page) is at http://localhost:8000.
+if [ "${ONCE:-0}" != "1" ]; then
+  ARGS+=(--base-port "${BASE_PORT:-50050}" --http-port "${HTTP_PORT:-8000}")
+else
+  ARGS+=(--http-port 0)
+fi
 exec .venv/bin/specserve "${ARGS[@]}"
