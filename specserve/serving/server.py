@@ -123,6 +123,15 @@ def start_server(
             settings.address,
         )
     server.start()
+    health_only = _start_health_server(settings, health_servicer) if settings.health_port else None
+    if health_only is not None:
+        main_on_stop = on_stop
+
+        def on_stop() -> None:
+            health_only.stop(0)
+            if main_on_stop is not None:
+                main_on_stop()
+
     if idle is not None:
         idle.start()
         previous_on_stop = on_stop
@@ -138,6 +147,21 @@ def start_server(
         serve_metrics(registry, settings.metrics_port, settings.host)
     logger.info("serving %s on port %d", ", ".join(service_names), port)
     return RunningServer(server, port, health_servicer, service_names, settings.drain_seconds, on_stop)
+
+
+def _start_health_server(settings: ServerSettings, health_servicer: health.HealthServicer) -> grpc.Server:
+    """grpc.health.v1 alone, in plaintext, on settings.health_port (it shares the main server's status)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{settings.host}:{settings.health_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot bind the health port {address} (is the port in use?)")
+    server.start()
+    return server
 
 
 def serve_until_signal(running: RunningServer) -> None:

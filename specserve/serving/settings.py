@@ -38,6 +38,9 @@ class ServerSettings:
     tls_key_file: str = ""
     tls_ca_file: str = ""
     tls_client_auth: bool = True  # with a CA: callers must present a certificate it signed (mutual TLS)
+    # A second, plaintext port serving grpc.health.v1 alone: for probes that cannot speak TLS (the
+    # kubelet's). It tells only whether the service is SERVING. 0 = off.
+    health_port: int = 0
 
     @classmethod
     def from_env(cls: type[S], environ: Mapping[str, str] | None = None, **overrides: Any) -> S:
@@ -53,7 +56,7 @@ class ServerSettings:
         return self.worker_threads or self.max_concurrent_rpcs + 8
 
     def validate(self: S) -> S:
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "health_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise InvalidArgument(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         if self.max_concurrent_rpcs < 1:

@@ -90,6 +90,7 @@ SPECIAL = {
     "host": "0.0.0.0",
     "port": 40001,
     "metrics_port": 40002,
+    "health_port": 40003,
     "http_port": 40003,
     "dtype": "bfloat16",
     "device": "cuda:1",

@@ -111,8 +111,14 @@ Args: prefix, settings map.
 {{- add (ceil .settings.drainSeconds | int64) .drainMarginSeconds }}
 {{- end }}
 
-{{/* Bundled Redis URL. */}}
+{{/* Bundled Redis URL; with auth, the password comes from the REDIS_PASSWORD env var (a Secret). */}}
 {{- define "specserve.bundledRedisURL" -}}
 {{- $redis := .Values.redis.bundled }}
-{{- printf "redis://%s:%d/%d" (include "specserve.serviceFQDN" (list . "redis")) (int $redis.port) (int $redis.database) }}
+{{- $userinfo := ternary ":$(REDIS_PASSWORD)@" "" $redis.auth.enabled }}
+{{- printf "redis://%s%s:%d/%d" $userinfo (include "specserve.serviceFQDN" (list . "redis")) (int $redis.port) (int $redis.database) }}
+{{- end }}
+
+{{/* The Secret holding the bundled Redis's password. */}}
+{{- define "specserve.redisSecretName" -}}
+{{- .Values.redis.bundled.auth.existingSecret | default (include "specserve.componentName" (list . "redis")) }}
 {{- end }}

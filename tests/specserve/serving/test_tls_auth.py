@@ -1,0 +1,143 @@
+"""TLS, peer names, bearer tokens and idle sessions on real gRPC servers started in-process (no model:
+the generated RouterService base answers UNIMPLEMENTED, so any other status is the security layer's)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specserve.serving import tls
+from specserve.serving.auth import FILE_CHECK_SECONDS, TokenSet
+from specserve.serving.idle import IdleSessions
+from specserve.serving.server import start_server
+from specserve.serving.settings import RouterServiceSettings, TargetServiceSettings
+from specserve.serving.stack import free_port
+from specserve.v1 import router_pb2, router_pb2_grpc
+
+SERVICE = "specserve.v1.RouterService"
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.TlsFiles]:
+    return tls.make_local_ca(
+        tmp_path_factory.mktemp("ca"), (tls.ROUTER_NAME, tls.DRAFT_NAME, tls.CLIENT_NAME)
+    )
+
+
+def serve(settings):
+    return start_server(
+        settings,
+        lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(
+            router_pb2_grpc.RouterServiceServicer(), server
+        ),
+        (SERVICE,),
+    )
+
+
+def credentials(files: tls.TlsFiles, with_cert: bool = True) -> grpc.ChannelCredentials:
+    read = lambda path: Path(path).read_bytes()  # noqa: E731
+    if not with_cert:
+        return grpc.ssl_channel_credentials(read(files.ca_file))
+    return grpc.ssl_channel_credentials(read(files.ca_file), read(files.key_file), read(files.cert_file))
+
+
+def list_methods_status(channel: grpc.Channel, token: str | None = None) -> grpc.StatusCode:
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    try:
+        router_pb2_grpc.RouterServiceStub(channel).ListMethods(
+            router_pb2.ListMethodsRequest(), timeout=10, metadata=metadata
+        )
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_mutual_tls_admits_only_allowed_certificate_names_and_probes_use_the_health_port(ca) -> None:
+    files = ca[tls.ROUTER_NAME]
+    health_port = free_port()
+    settings = TargetServiceSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        tls_cert_file=files.cert_file,
+        tls_key_file=files.key_file,
+        tls_ca_file=files.ca_file,
+        tls_allowed_clients=(tls.ROUTER_NAME,),
+        health_port=health_port,
+    )
+    running = serve(settings)
+    address = f"localhost:{running.port}"
+    try:
+        with grpc.secure_channel(address, credentials(ca[tls.ROUTER_NAME])) as channel:
+            assert list_methods_status(channel) == grpc.StatusCode.UNIMPLEMENTED  # got through
+        with grpc.secure_channel(address, credentials(ca[tls.CLIENT_NAME])) as channel:
+            assert list_methods_status(channel) == grpc.StatusCode.PERMISSION_DENIED  # same CA, wrong name
+        with grpc.secure_channel(address, credentials(ca[tls.CLIENT_NAME], with_cert=False)) as channel:
+            assert list_methods_status(channel) == grpc.StatusCode.UNAVAILABLE  # no client certificate
+        with grpc.insecure_channel(address) as channel:
+            assert list_methods_status(channel) == grpc.StatusCode.UNAVAILABLE  # plaintext
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            assert list_methods_status(channel) == grpc.StatusCode.UNIMPLEMENTED  # health only, no API
+    finally:
+        running.stop(0)
+
+
+def test_bearer_tokens_from_a_list_and_a_rotated_file(ca, tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text("# one per line\nfrom-file-1\n")
+    files = ca[tls.ROUTER_NAME]
+    settings = RouterServiceSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        tls_cert_file=files.cert_file,
+        tls_key_file=files.key_file,
+        auth_tokens=("listed",),
+        auth_token_file=str(token_file),
+    )
+    running = serve(settings)
+    try:
+        # TLS without client certificates (the router's public side), tokens decide.
+        with grpc.secure_channel(
+            f"localhost:{running.port}", credentials(ca[tls.CLIENT_NAME], False)
+        ) as channel:
+            assert list_methods_status(channel) == grpc.StatusCode.UNAUTHENTICATED
+            assert list_methods_status(channel, "wrong") == grpc.StatusCode.UNAUTHENTICATED
+            assert list_methods_status(channel, "listed") == grpc.StatusCode.UNIMPLEMENTED
+            assert list_methods_status(channel, "from-file-1") == grpc.StatusCode.UNIMPLEMENTED
+            token_file.write_text("from-file-2\n")  # rotation: no restart
+            time.sleep(FILE_CHECK_SECONDS + 0.2)
+            assert list_methods_status(channel, "from-file-1") == grpc.StatusCode.UNAUTHENTICATED
+            assert list_methods_status(channel, "from-file-2") == grpc.StatusCode.UNIMPLEMENTED
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no token
+    finally:
+        running.stop(0)
+
+
+def test_a_missing_token_file_accepts_no_file_token(tmp_path: Path) -> None:
+    tokens = TokenSet(("a",), str(tmp_path / "absent"))
+    assert tokens.accepts("a") and not tokens.accepts("") and not tokens.accepts("b")
+
+
+def test_idle_sessions_are_released_after_the_timeout() -> None:
+    now = [0.0]
+    released: list[str] = []
+    idle = IdleSessions(10.0, released.append, clock=lambda: now[0])
+    idle.touch("a")
+    now[0] = 6.0
+    idle.touch("b")
+    now[0] = 11.0
+    assert idle.reap() == ["a"]
+    idle.touch("b")  # activity keeps it
+    now[0] = 20.0
+    assert idle.reap() == []
+    idle.forget("b")  # released by its router
+    now[0] = 100.0
+    assert idle.reap() == [] and released == ["a"]
