@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from specserve.core.logprobs import TokenLogprob
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
@@ -122,6 +123,19 @@ def check_sparse_probs(q: common_pb2.SparseProbs) -> None:
 
 def outcome_from_pb(message: target_pb2.VerifyResponse) -> VerifyOutcome:
     return VerifyOutcome(list(message.accepted_nodes), message.next_token)
+
+
+def logprobs_to_pb(logprobs: list[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
+    """The target's Prefill and Verify responses carry these (core/logprobs.py computes them)."""
+    return [
+        common_pb2.TokenLogprob(
+            token_id=lp.token_id,
+            logprob=lp.logprob,
+            top_token_ids=[token for token, _ in lp.top],
+            top_logprobs=[value for _, value in lp.top],
+        )
+        for lp in logprobs
+    ]
 
 
 def finish_to_pb(reason: FinishReason | None) -> int:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specserve.core.logprobs import path_logprobs, token_logprobs
+from specserve.serving.convert import logprobs_to_pb
 
 
 def test_log_softmax_of_raw_logits_and_top_tokens() -> None:
@@ -47,3 +48,12 @@ def test_rejects_mismatched_rows_and_too_many_top_tokens() -> None:
         token_logprobs(torch.zeros(2, 4), [0, 1], [1])
     with pytest.raises(ValueError, match="num_top"):
         token_logprobs(torch.zeros(1, 4), [0], [1], num_top=21)
+
+
+def test_wire_form_keeps_every_value() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    [scored] = token_logprobs(logits, [0], [1], num_top=2)
+    [wire] = logprobs_to_pb([scored])
+    assert wire.token_id == 1 and wire.logprob == pytest.approx(scored.logprob)
+    assert list(wire.top_token_ids) == [3, 2]
+    assert list(wire.top_logprobs) == pytest.approx([v for _, v in scored.top])
