@@ -291,6 +291,7 @@ def run_stage(
     max_shards: int | None = None,
     log: Callable[[str], None] = print,
     stop_after_batches: int | None = None,
+    worker: tuple[int, int] = (0, 1),  # (index, count): this worker takes shards s with s % count == index
 ) -> None:
     """Generates every shard of a stage (or the first `max_shards`), resuming what is on disk."""
     from tqdm import tqdm
@@ -306,8 +307,9 @@ def run_stage(
         shards = min(shards, max_shards)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    todo = [s for s in range(shards) if not (stage_dir / f"shard-{s:05d}.npz").is_file()]
-    total_batches = sum(len(shard_batches(encoded, s, settings)) for s in range(shards))
+    mine = [s for s in range(shards) if s % worker[1] == worker[0]]
+    todo = [s for s in mine if not (stage_dir / f"shard-{s:05d}.npz").is_file()]
+    total_batches = sum(len(shard_batches(encoded, s, settings)) for s in mine)
     done = total_batches - sum(len(shard_batches(encoded, s, settings)) for s in todo)
     done += sum(len(list((stage_dir / f"shard-{s:05d}.part").glob("batch-*[0-9].npz"))) for s in todo)
     log(f"{stage_dir.name}: {len(prompts)} prompts, {shards} shards, {done}/{total_batches} batches done")
@@ -343,8 +345,28 @@ def run_stage(
     bar.close()
 
 
+class GenerationWorker:
+    """One copy of the target generating its share of a stage's shards (a Ray actor with --workers)."""
+
+    def __init__(self, model_dir: str, settings: GenerationSettings, threads: int) -> None:
+        from specserve.models import load_causal_lm, load_tokenizer
+
+        torch.set_num_threads(threads)
+        self.settings = settings
+        self.model = load_causal_lm(Path(model_dir), dtype=settings.dtype)
+        self.tokenizer = load_tokenizer(Path(model_dir))
+
+    def run(self, stage_dir: str, worker: tuple[int, int], max_shards: int | None = None) -> None:
+        def frozen() -> list[Prompt]:
+            raise RuntimeError("the driver freezes a stage's prompts before workers start")
+
+        run_stage(
+            self.model, self.tokenizer, Path(stage_dir), frozen, self.settings, max_shards, worker=worker
+        )
+
+
 def run_generation(args: argparse.Namespace) -> None:
-    from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
+    from specserve.models import load_tokenizer, resolve_model_dir
     from specserve.settings import EngineSettings
     from specserve.training.prompt_set import (
         Prompt,
@@ -355,7 +377,8 @@ def run_generation(args: argparse.Namespace) -> None:
         user,
     )
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
     engine = EngineSettings.from_env(model_dir=args.model_dir)
     model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
     settings = GenerationSettings(
@@ -371,15 +394,10 @@ def run_generation(args: argparse.Namespace) -> None:
     (out / "settings.json").write_text(
         json.dumps({**asdict(settings), "model": model_dir.name}, indent=2) + "\n"
     )
-    model = load_causal_lm(model_dir, dtype=settings.dtype)
     tokenizer = load_tokenizer(model_dir)
-    run_stage(
-        model,
-        tokenizer,
-        out / INSTRUCT,
-        lambda: finalise(self_instruct_requests(args.subjects_per_kind, args.seed), args.seed),
-        settings,
-    )
+
+    def stage1() -> list[Prompt]:
+        return finalise(self_instruct_requests(args.subjects_per_kind, args.seed), args.seed)
 
     def stage2() -> list[Prompt]:
         rows = read_stage(out / INSTRUCT)
@@ -389,7 +407,24 @@ def run_generation(args: argparse.Namespace) -> None:
             written += [Prompt("self-instruct", user(q)) for q in parse_requests(text)]
         return finalise([*base_prompts(args.seed, args.docstrings), *written], args.seed)
 
-    run_stage(model, tokenizer, out / ANSWERS, stage2, settings, max_shards=args.max_shards)
+    stages = [(out / INSTRUCT, stage1, None), (out / ANSWERS, stage2, args.max_shards)]
+    if not args.workers:  # here, in this process
+        local = GenerationWorker(str(model_dir), settings, threads)
+        for stage_dir, make_prompts, max_shards in stages:
+            run_stage(local.model, tokenizer, stage_dir, make_prompts, settings, max_shards)
+        return
+    import ray
+
+    from specserve.training.data import init_ray
+
+    init_ray()
+    actor = ray.remote(num_cpus=1)(GenerationWorker)
+    workers = [actor.remote(str(model_dir), settings, threads) for _ in range(args.workers)]
+    for stage_dir, make_prompts, max_shards in stages:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        if not (stage_dir / PROMPTS_FILE).is_file():  # frozen once, by the driver
+            save_prompts(stage_dir / PROMPTS_FILE, make_prompts())
+        ray.get([w.run.remote(str(stage_dir), (i, len(workers)), max_shards) for i, w in enumerate(workers)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -408,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--docstrings", type=int, default=1500)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--dynamic-cache", action="store_true")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=int, help="torch threads per copy of the target")
+    p.add_argument("--workers", type=int, default=0, help="Ray actors (0 = generate in this process)")
     p.add_argument("--seed", type=int, default=0)
     run_generation(p.parse_args(argv))
 

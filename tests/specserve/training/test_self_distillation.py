@@ -116,3 +116,26 @@ def test_the_prompt_set_holds_no_mtbench_question() -> None:
     assert len(prompts) > 1000
     leaked = [p for p in prompts if contains_mtbench(p, turns)]
     assert not leaked, leaked[:3]
+
+
+def test_features_hold_the_targets_top_k_of_each_generated_row(tiny, tmp_path) -> None:
+    from specserve.training.distill import FeatureSet, extract_features
+
+    model, _ = tiny
+    _generate(tiny, tmp_path / "gen" / ANSWERS)
+    extract_features(model, tmp_path / "gen", tmp_path / "features", top_k=4, log=lambda _: None)
+    data = FeatureSet.load(tmp_path / "features")
+    rows = read_stage(tmp_path / "gen" / ANSWERS).sequences()
+    assert len(data) == len(rows)
+    for i in (0, len(rows) - 1):
+        prompt, answer = rows[i]
+        start, length = int(data.starts[i]), int(data.lengths[i])
+        assert data.tokens[start : start + length].tolist() == prompt + answer
+        assert int(data.prompt_lengths[i]) == len(prompt)
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([prompt + answer])).logits[0], -1)  # [L, V]
+        top = probs.topk(4, dim=-1)
+        np.testing.assert_array_equal(data.topk_ids[start : start + length], top.indices.numpy())
+        np.testing.assert_allclose(data.topk_probs[start : start + length], top.values.numpy(), atol=1e-3)
+    batch = data.batch([0, 1])
+    assert batch["loss_mask"][0].sum() == len(rows[0][1])  # one prediction per answer token
