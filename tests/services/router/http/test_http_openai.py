@@ -20,7 +20,7 @@ import openai
 import pytest
 import redis
 
-from specserve.client import Client
+from specserve.client import Client, Completion
 from specserve.serving.stack import LocalStack
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
@@ -47,11 +47,28 @@ def model(client: openai.OpenAI) -> str:
 
 @pytest.fixture(scope="module")
 def grpc_reference(http_router):
-    """The gRPC SDK's greedy completion of PROMPT (the router applies the chat template to it)."""
+    """The gRPC SDK's greedy completion of PROMPT (the router applies the chat template to it), streamed:
+    one chunk per round, each with its round's boundaries."""
     with Client(http_router.grpc_address, token=http_router.token) as sdk:
-        return sdk.generate(
-            PROMPT, method=METHOD, max_new_tokens=MAX_TOKENS, temperature=0.0, timeout=TIMEOUT_SECONDS
+        chunks = list(
+            sdk.stream(
+                PROMPT, method=METHOD, max_new_tokens=MAX_TOKENS, temperature=0.0, timeout=TIMEOUT_SECONDS
+            )
         )
+    *rounds, last = chunks
+    assert all(
+        c.round is not None and 0 <= c.round.num_accepted_tokens <= c.round.num_draft_tokens for c in rounds
+    )
+    assert rounds[0].round.num_draft_tokens == 0  # the prefill's token
+    assert last.round is None and last.finish_reason == "length"
+    assert sum(c.round.num_accepted_tokens for c in rounds) == last.stats["num_accepted_tokens"]
+    return Completion(
+        last.session_id,
+        "".join(c.text for c in chunks),
+        [t for c in chunks for t in c.token_ids],
+        "length",
+        {},
+    )
 
 
 def chat(client: openai.OpenAI, model: str, **kwargs):
@@ -252,6 +269,34 @@ def test_overload_gets_429_and_a_disconnect_cancels_the_session(client, model, h
         assert time.monotonic() < deadline, "a disconnected client's session kept running"
         time.sleep(0.2)
     assert chat(client, model, max_tokens=2).usage.completion_tokens == 2  # the slots are free again
+
+
+def sessions_created_since(stack, since: float) -> dict[bytes, bytes | None]:
+    """Session key -> its status, for sessions created after `since` (Unix seconds)."""
+    store = redis.Redis.from_url(stack.redis_url)
+    found = {}
+    for key in store.scan_iter("specserve:session:*"):
+        if not key.endswith(b":tokens"):
+            created, status = store.hmget(key, "created_unix", "status")
+            if created is not None and json.loads(created) >= since:
+                found[key] = status
+    return found
+
+
+def test_a_client_that_gives_up_on_a_plain_request_cancels_it(http_router, model) -> None:
+    impatient = openai.OpenAI(
+        base_url=http_router.base_url, api_key=http_router.token, max_retries=0, timeout=3.0
+    )
+    since = time.time()
+    with pytest.raises(openai.APITimeoutError):
+        chat(impatient, model, max_tokens=400, extra_body={"ignore_eos": True})
+    deadline = time.monotonic() + 30
+    while True:
+        statuses = list(sessions_created_since(http_router.stack, since).values())
+        if statuses and all(status == b'"cancelled"' for status in statuses):
+            break
+        assert time.monotonic() < deadline, f"the abandoned request's session was not cancelled: {statuses}"
+        time.sleep(0.2)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
