@@ -59,7 +59,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         with self._channels_lock:
             if address not in self._channels:
                 # Plain: the feed injects trace context itself (the tracing wrapper hides cancel()).
-                self._channels[address] = open_channel(address, self.settings, channel_options(self.settings))
+                self._channels[address] = open_channel(
+                    address, self.settings, channel_options(self.settings), self.settings.tls_target_name
+                )
             return self._channels[address]
 
     def Prefill(self, request: draft_pb2.DraftPrefillRequest, context: grpc.ServicerContext):

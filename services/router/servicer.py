@@ -35,7 +35,7 @@ from specserve.serving.server import channel_options
 from specserve.serving.settings import RouterServiceSettings
 from specserve.serving.status import Cancelled, error_from_rpc
 from specserve.serving.telemetry import traced_channel
-from specserve.serving.tls import channel_credentials
+from specserve.serving.tls import channel_credentials, server_name_options
 from specserve.serving.validate import check_prompt_chars
 from specserve.v1 import common_pb2, draft_pb2_grpc, router_pb2, router_pb2_grpc, target_pb2, target_pb2_grpc
 
@@ -108,16 +108,18 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         return frozenset(self.model.eos_token_ids)
 
     # -- channels -----------------------------------------------------------------------------------
-    def _channel(self, address: str) -> grpc.Channel:
+    def _channel(self, address: str, server_name: str = "") -> grpc.Channel:
         with self._lock:
             if address not in self._channels:
-                self._channels[address] = traced_channel(
-                    address, channel_options(self.settings), channel_credentials(self.settings)
-                )
+                credentials = channel_credentials(self.settings)
+                options = channel_options(self.settings)
+                if credentials is not None:
+                    options += server_name_options(server_name)
+                self._channels[address] = traced_channel(address, options, credentials)
             return self._channels[address]
 
     def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub:
-        return target_pb2_grpc.TargetServiceStub(self._channel(address))
+        return target_pb2_grpc.TargetServiceStub(self._channel(address, self.settings.tls_target_name))
 
     # -- RPCs ---------------------------------------------------------------------------------------
     def ListMethods(self, request, context):
@@ -343,7 +345,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             drafter = RemoteDrafter(
                 session_id,
                 record.method,
-                draft_pb2_grpc.DraftServiceStub(self._channel(draft_address)),
+                draft_pb2_grpc.DraftServiceStub(self._channel(draft_address, self.settings.tls_draft_name)),
                 lambda: verifier.address,
                 capacity,
                 self.settings.draft_timeout_seconds,

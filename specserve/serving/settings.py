@@ -122,6 +122,7 @@ class DraftServiceSettings(ServerSettings):
     target_addresses: tuple[str, ...] = ("localhost:50051",)  # env: comma-separated host:port
     session_idle_seconds: float = 600.0  # a session no RPC touched for this long is released; 0 = never
     tls_allowed_clients: tuple[str, ...] = ("specserve-router",)  # with mutual TLS: who may call
+    tls_target_name: str = ""  # the name on the targets' certificates ("" = the address's host)
 
     def validate(self) -> DraftServiceSettings:
         super().validate()
@@ -155,6 +156,10 @@ class RouterServiceSettings(ServerSettings):
     http_max_body_bytes: int = 1024 * 1024  # larger request bodies get 413
     # Public clients authenticate with bearer tokens (serving/auth.py), not certificates.
     tls_client_auth: bool = False
+    # The names on the targets' and drafts' certificates when they are dialled by pod IP ("" = the
+    # address's host, e.g. localhost); the chart sets their Services' DNS names.
+    tls_target_name: str = ""
+    tls_draft_name: str = ""
     auth_tokens: tuple[str, ...] = ()  # accepted bearer tokens; prefer auth_token_file (not in env)
     auth_token_file: str = ""  # one token per line, re-read when it changes (rotation without restart)
     # Redis over TLS (a rediss:// redis_url): the CA that signs Redis's certificate and, if Redis asks

@@ -86,11 +86,19 @@ def channel_credentials(settings: Any) -> grpc.ChannelCredentials | None:
     )
 
 
-def open_channel(address: str, settings: Any, options: list[tuple[str, Any]]) -> grpc.Channel:
+def server_name_options(name: str) -> list[tuple[str, str]]:
+    """Verify the server's certificate against `name` rather than the address's host: replicas are
+    dialled by pod IP (dns:/// entries expand to ip:port), which no certificate names."""
+    return [("grpc.ssl_target_name_override", name)] if name else []
+
+
+def open_channel(
+    address: str, settings: Any, options: list[tuple[str, Any]], server_name: str = ""
+) -> grpc.Channel:
     credentials = channel_credentials(settings)
     if credentials is None:
         return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, credentials, options=options)
+    return grpc.secure_channel(address, credentials, options=[*options, *server_name_options(server_name)])
 
 
 def is_loopback(host: str) -> bool:

@@ -8,6 +8,8 @@ INTERNAL) and a prompt is never tokenized before its size is known to be sane.
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Sequence
 
 from specserve.errors import FailedPrecondition, InvalidArgument, PermissionDenied
@@ -53,7 +55,37 @@ def check_rebuild(
         raise FailedPrecondition("the rebuild disagrees with the history this session holds")
 
 
+DNS_SCHEME = "dns:///"
+RESOLVE_EVERY_SECONDS = 5.0
+_resolved: dict[str, tuple[float, frozenset[str]]] = {}  # dns:/// entry -> (when, its ip:port addresses)
+
+
 def check_target_address(address: str, allowed: Sequence[str]) -> None:
-    """The draft dials only targets from its own configuration (never an address a caller made up)."""
-    if address not in allowed:
-        raise PermissionDenied("target_address is not one of this draft's configured targets")
+    """The draft dials only targets from its own configuration (never an address a caller made up).
+
+    An entry `dns:///host:port` allows every address the name resolves to (`ip:port`, IPv6 in brackets:
+    how the router names the replicas it expands from the same entry), re-resolved every few seconds.
+    """
+    if address in allowed:
+        return
+    if any(address in _resolve(entry) for entry in allowed if entry.startswith(DNS_SCHEME)):
+        return
+    raise PermissionDenied("target_address is not one of this draft's configured targets")
+
+
+def _resolve(entry: str) -> frozenset[str]:
+    now = time.monotonic()
+    cached = _resolved.get(entry)
+    if cached is not None and now - cached[0] < RESOLVE_EVERY_SECONDS:
+        return cached[1]
+    host, _, port = entry.removeprefix(DNS_SCHEME).rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        infos = []
+    addresses = frozenset(
+        f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos
+    )
+    if addresses or cached is None:  # keep the last good answer through a DNS hiccup
+        _resolved[entry] = (now, addresses)
+    return _resolved[entry][1]

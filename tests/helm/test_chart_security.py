@@ -149,6 +149,11 @@ def test_tls_secrets_are_mounted_and_named_in_the_settings(secure_docs) -> None:
             f"{directory}/tls.key",
             f"{directory}/ca.crt",
         )
+        # Replicas are dialled by pod IP: certificates are checked against the Services' names.
+        if role != "target":
+            assert settings.tls_target_name == "rel-specserve-target.specserve-test.svc.cluster.local"
+        if role == "router":
+            assert settings.tls_draft_name == "rel-specserve-draft.specserve-test.svc.cluster.local"
         # Kubelet probes cannot speak TLS: they use the plaintext health-only port.
         assert settings.health_port == 8086
         for probe in ("startupProbe", "readinessProbe"):

@@ -113,3 +113,11 @@ def test_the_draft_dials_only_configured_targets() -> None:
     check_target_address("target:50051", ("target:50051",))
     with pytest.raises(PermissionDenied):
         check_target_address("evil.example:443", ("target:50051",))
+
+
+def test_a_dns_entry_allows_every_address_it_resolves_to() -> None:
+    allowed = ("dns:///localhost:50051",)
+    check_target_address("127.0.0.1:50051", allowed)
+    for address in ("127.0.0.1:50052", "10.0.0.1:50051", "localhost:50051"):
+        with pytest.raises(PermissionDenied):
+            check_target_address(address, allowed)
