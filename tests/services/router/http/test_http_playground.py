@@ -10,15 +10,14 @@ import shutil
 
 import pytest
 from PIL import Image
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from specserve.client import Client
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
-
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 CHROMEDRIVER = "/usr/bin/chromedriver"  # Debian's; Selenium Manager cannot download one offline
 PROMPT = "Write a haiku about rain."
