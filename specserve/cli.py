@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("--remote", metavar="HOST:PORT", help="generate through a router (client SDK)")
+    gen.add_argument("--token", help="--remote: bearer token (default: $SPECSERVE_TOKEN)")
+    gen.add_argument("--tls", action="store_true", help="--remote: TLS with the system's roots")
+    gen.add_argument("--tls-ca", metavar="FILE", help="--remote: TLS, verifying the router with this CA")
+    gen.add_argument("--tls-cert", metavar="FILE", help="--remote: a client certificate, if asked for")
+    gen.add_argument("--tls-key", metavar="FILE", help="--remote: its key")
     _add_sampling_options(gen, default_seed=None)
     _add_engine_options(gen)
 
@@ -76,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_stopper_parser(sub)
     add_eval_draft_parser(sub)
 
-    from specserve.serving.cli import add_serve_parsers
+    from specserve.app.serve import add_serve_parsers
 
     add_serve_parsers(sub)
     return parser
@@ -150,7 +156,14 @@ def _run_remote_generate(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": tuple(args.stop),
     }
-    with Client(args.remote) as client:
+    security = {
+        "token": args.token or os.environ.get("SPECSERVE_TOKEN") or None,
+        "tls": args.tls,
+        "tls_ca_file": args.tls_ca,
+        "tls_cert_file": args.tls_cert,
+        "tls_key_file": args.tls_key,
+    }
+    with Client(args.remote, **security) as client:
         if args.json:
             done = client.generate(args.prompt, **options)
             print(
@@ -237,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "calibrate":
             return _run_calibrate(args)
         if args.command in ("serve", "stack"):
-            from specserve.serving.cli import run_serve, run_stack
+            from specserve.app.serve import run_serve, run_stack
 
             return run_serve(args) if args.command == "serve" else run_stack(args)
         if args.command == "train-draft":

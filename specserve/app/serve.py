@@ -47,6 +47,17 @@ def add_serve_parsers(subparsers: Any) -> None:
         "--base-port", type=int, default=0, help="router port; the others follow (0 = free ports)"
     )
     stack.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS between the services and TLS to the router, from a fresh local CA",
+    )
+    stack.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        help="require this bearer token at the router (repeatable); the demo uses the first",
+    )
+    stack.add_argument(
         "--http-port",
         type=int,
         help="serve the OpenAI-compatible HTTP API and the playground page on this port (0 = a free one)",
@@ -107,10 +118,16 @@ def run_stack(args: argparse.Namespace) -> int:
     # `kill`, a container runtime or a CI timeout sends SIGTERM: stop the children as Ctrl-C does instead
     # of leaving Redis and three services orphaned on their ports.
     signal.signal(signal.SIGTERM, _interrupt)
-    with LocalStack(base_port=args.base_port, http_port=args.http_port) as stack:
+    with LocalStack(
+        base_port=args.base_port, http_port=args.http_port, tls=args.tls, auth_tokens=tuple(args.token)
+    ) as stack:
         if stack.http_url:
             print(f"OpenAI-compatible API at {stack.http_url}, playground at {stack.playground_url}")
-        stream_demo(stack.router_address, args.prompt, args.method, args.max_new_tokens)
+        stream_demo(
+            stack.router_address, args.prompt, args.method, args.max_new_tokens, **stack.client_options()
+        )
+        if stack.client_tls is not None:
+            print(f"\nTLS: clients verify the router with {stack.client_tls.ca_file}", flush=True)
         if not args.once:
             print(f"\nstack serving: router at {stack.router_address} (Ctrl-C stops it)", flush=True)
             stack.wait()

@@ -135,6 +135,13 @@ class LocalStack:
         """Files for a client of this stack (CA, client certificate and key); None without TLS."""
         return self.tls_files.get(tls.CLIENT_NAME)
 
+    def client_options(self) -> dict[str, str]:
+        """What a Client of this stack needs: the first token and the CA, when they are on."""
+        options = {"token": self.auth_tokens[0]} if self.auth_tokens else {}
+        if self.client_tls is not None:
+            options["tls_ca_file"] = self.client_tls.ca_file
+        return options
+
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         files = self.client_tls
         if files is None:
@@ -287,11 +294,14 @@ def _local_ca(directory: Path) -> dict[str, tls.TlsFiles]:
     return tls.make_local_ca(directory, (*TLS_NAMES.values(), tls.CLIENT_NAME))
 
 
-def stream_demo(router_address: str, prompt: str, method: str, max_new_tokens: int) -> None:
+def stream_demo(
+    router_address: str, prompt: str, method: str, max_new_tokens: int, **client_options: object
+) -> None:
+    """client_options: Client's security keywords (token, tls_ca_file, ...), see `client_options`."""
     from specserve.client import Client
 
     print(f"> {prompt}\n", flush=True)
-    with Client(router_address) as client:
+    with Client(router_address, **client_options) as client:
         last = None
         for chunk in client.stream(prompt, method=method, max_new_tokens=max_new_tokens):
             print(chunk.text, end="", flush=True)

@@ -8,7 +8,7 @@ supervising its children. One stack for the module (the model loads once).
   draft's alone;
 - faults: SIGKILL of Redis mid-generation (the supervisor restarts it from its append-only file) and
   of the router (restarted, the client resumes) both end token-identical to an undisturbed run;
-- idle timeouts: a target session nobody drives is released.
+- idle timeouts: target and draft sessions nobody drives are released.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specserve.client import Client
 from specserve.errors import PermissionDenied, Unauthenticated
 from specserve.serving import tls
 from specserve.serving.stack import LocalStack, wait_serving
-from specserve.v1 import target_pb2, target_pb2_grpc
+from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(600)]
 
@@ -41,6 +41,7 @@ NEW_TOKENS = 48
 def stack(tmp_path_factory: pytest.TempPathFactory):
     env = {
         "SPECSERVE_TARGET_SESSION_IDLE_SECONDS": str(IDLE_SECONDS),
+        "SPECSERVE_DRAFT_SESSION_IDLE_SECONDS": str(IDLE_SECONDS),
         "SPECSERVE_ROUTER_REDIS_RETRY_SECONDS": "30",
     }
     log_dir = tmp_path_factory.mktemp("secure-stack")
@@ -120,14 +121,27 @@ def test_internal_services_accept_only_the_peers_they_trust(stack, reference) ->
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_an_idle_target_session_is_released(stack, reference) -> None:
-    with secure_channel(stack, stack.tls_files[tls.ROUTER_NAME], "target") as channel:
-        stub = target_pb2_grpc.TargetServiceStub(channel)
-        stub.Prefill(
-            target_pb2.PrefillRequest(session_id="idle-one", token_ids=[1, 2, 3], capacity=128), timeout=60
+def test_idle_target_and_draft_sessions_are_released(stack, reference) -> None:
+    router_files = stack.tls_files[tls.ROUTER_NAME]
+    with (
+        secure_channel(stack, router_files, "target") as target_channel,
+        secure_channel(stack, router_files, "draft") as draft_channel,
+    ):
+        target = target_pb2_grpc.TargetServiceStub(target_channel)
+        draft = draft_pb2_grpc.DraftServiceStub(draft_channel)
+        prefill = target_pb2.PrefillRequest(session_id="idle-one", token_ids=[1, 2, 3], capacity=128)
+        target.Prefill(prefill, timeout=60)
+        draft_prefill = draft_pb2.DraftPrefillRequest(
+            session_id="idle-one",
+            method="glide",
+            token_ids=[1, 2, 3, 4],
+            target_address=stack.address("target"),
+            capacity=128,
         )
+        draft.Prefill(draft_prefill, timeout=60)
         time.sleep(IDLE_SECONDS * 2.5)
-        assert not stub.Release(target_pb2.ReleaseRequest(session_id="idle-one"), timeout=10).released
+        assert not target.Release(target_pb2.ReleaseRequest(session_id="idle-one"), timeout=10).released
+        assert not draft.Release(draft_pb2.DraftReleaseRequest(session_id="idle-one"), timeout=10).released
 
 
 def kill(stack: LocalStack, role: str) -> int:

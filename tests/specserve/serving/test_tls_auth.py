@@ -141,3 +141,26 @@ def test_idle_sessions_are_released_after_the_timeout() -> None:
     idle.forget("b")  # released by its router
     now[0] = 100.0
     assert idle.reap() == [] and released == ["a"]
+
+
+def test_replicas_dialled_by_ip_are_verified_against_the_configured_name(ca) -> None:
+    files = ca[tls.ROUTER_NAME]  # issued for specserve-router, localhost and 127.0.0.1
+    server_settings = RouterServiceSettings(
+        host="127.0.0.1", port=0, metrics_port=0, tls_cert_file=files.cert_file, tls_key_file=files.key_file
+    )
+    running = serve(server_settings)
+    client = ca[tls.CLIENT_NAME]
+    client_settings = RouterServiceSettings(
+        tls_cert_file=client.cert_file, tls_key_file=client.key_file, tls_ca_file=client.ca_file
+    )
+    try:
+        for name, expected in [
+            (tls.ROUTER_NAME, grpc.StatusCode.UNIMPLEMENTED),
+            ("specserve-other", grpc.StatusCode.UNAVAILABLE),
+        ]:
+            with tls.open_channel(
+                f"127.0.0.1:{running.port}", client_settings, [], server_name=name
+            ) as channel:
+                assert list_methods_status(channel, None) == expected, name
+    finally:
+        running.stop(0)
