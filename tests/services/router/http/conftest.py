@@ -10,7 +10,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -32,17 +34,9 @@ class HttpRouter:
     token: str = TOKEN
 
 
-@pytest.fixture(scope="session")
-def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpRouter]:
-    port, http_port = free_port(), free_port()
-    env = shared_stack.role_env("router") | {
-        "SPECSERVE_ROUTER_PORT": str(port),
-        "SPECSERVE_ROUTER_HTTP_PORT": str(http_port),
-        "SPECSERVE_ROUTER_MAX_CONCURRENT_RPCS": str(MAX_CONCURRENT),
-        "SPECSERVE_ROUTER_HTTP_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
-        "SPECSERVE_ROUTER_AUTH_TOKENS": TOKEN,
-    }
-    log = tmp_path_factory.mktemp("http-router") / "router.log"
+@contextmanager
+def router_process(env: dict[str, str], log: Path) -> Iterator[None]:
+    """`specserve serve router` as its own process, until SERVING; stopped (drained) at the end."""
     process = subprocess.Popen(
         [sys.executable, "-m", "specserve.cli", "serve", "router"],
         env=env,
@@ -50,13 +44,8 @@ def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFacto
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_serving(f"localhost:{port}", 60, process, log)
-        yield HttpRouter(
-            f"localhost:{port}",
-            f"http://localhost:{http_port}/v1",
-            f"http://localhost:{http_port}/",
-            shared_stack,
-        )
+        wait_serving(f"localhost:{env['SPECSERVE_ROUTER_PORT']}", 60, process, log)
+        yield
     finally:
         process.terminate()
         try:
@@ -64,3 +53,36 @@ def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFacto
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def router_env(stack: LocalStack, **settings: object) -> dict[str, str]:
+    """The stack's router environment on fresh gRPC and HTTP ports, plus SPECSERVE_ROUTER_<NAME> settings."""
+    env = stack.role_env("router") | {"SPECSERVE_ROUTER_PORT": str(free_port())}
+    env["SPECSERVE_ROUTER_HTTP_PORT"] = str(free_port())
+    return env | {f"SPECSERVE_ROUTER_{name.upper()}": str(value) for name, value in settings.items()}
+
+
+@pytest.fixture(scope="session")
+def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpRouter]:
+    env = router_env(
+        shared_stack,
+        max_concurrent_rpcs=MAX_CONCURRENT,
+        http_max_body_bytes=MAX_BODY_BYTES,
+        auth_tokens=TOKEN,
+    )
+    http_port = env["SPECSERVE_ROUTER_HTTP_PORT"]
+    with router_process(env, tmp_path_factory.mktemp("http-router") / "router.log"):
+        yield HttpRouter(
+            f"localhost:{env['SPECSERVE_ROUTER_PORT']}",
+            f"http://localhost:{http_port}/v1",
+            f"http://localhost:{http_port}/",
+            shared_stack,
+        )
+
+
+@pytest.fixture
+def lone_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[str]:
+    """A router with the HTTP API whose target address has nothing behind it; yields the API's URL."""
+    env = router_env(shared_stack, target_addresses=f"localhost:{free_port()}")
+    with router_process(env, tmp_path / "router.log"):
+        yield f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1"

@@ -234,6 +234,16 @@ def test_unknown_model_url_and_method_get_404_and_405(client, http_router) -> No
         assert set(json.loads(http_error.value.read())["error"]) == {"message", "type", "param", "code"}
 
 
+def test_no_reachable_target_gets_503(lone_router: str) -> None:
+    unserved = openai.OpenAI(base_url=lone_router, api_key="unused", max_retries=0, timeout=TIMEOUT_SECONDS)
+    with pytest.raises(openai.APIStatusError) as raised:
+        unserved.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+    assert raised.value.status_code == 503
+    assert raised.value.body["type"] == "service_unavailable_error"
+
+
 def test_an_oversized_body_gets_413(client, model, http_router) -> None:
     huge = "word " * (http_router.max_body_bytes // 5 + 10)
     with pytest.raises(openai.APIStatusError) as raised:
