@@ -30,15 +30,18 @@ def start_router(settings: RouterServiceSettings) -> RunningServer:
 
         http = HttpServer(servicer, settings.host, settings.http_port, settings.drain_seconds).start()
 
-    def stop() -> None:
+    def stop() -> None:  # after the gRPC drain: wait for the HTTP API's (begun alongside), then close
         if http is not None:
             http.stop()
         servicer.close()
 
-    return start_server(
+    running = start_server(
         settings,
         lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server),
         (SERVICE_NAME,),
         metrics.registry,
         on_stop=stop,
     )
+    if http is not None:  # both listeners drain at once, within the one drain time
+        running.on_drain = http.begin_stop
+    return running

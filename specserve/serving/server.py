@@ -48,10 +48,13 @@ class RunningServer:
     service_names: tuple[str, ...]
     drain_seconds: float
     on_stop: Callable[[], None] | None = None
+    on_drain: Callable[[], None] | None = None  # when the drain starts (another listener drains alongside)
 
     def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING first (load balancers stop sending), then wait for running RPCs."""
         self.health.enter_graceful_shutdown()
+        if self.on_drain is not None:
+            self.on_drain()
         self.server.stop(self.drain_seconds if grace is None else grace).wait()
         if self.on_stop is not None:
             self.on_stop()

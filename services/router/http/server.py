@@ -49,6 +49,10 @@ class HttpServer:
         logger.info("serving the HTTP API on port %d", self.port)
         return self
 
-    def stop(self) -> None:
+    def begin_stop(self) -> None:
+        """Stop accepting connections; open ones get the drain time to finish (then they are cancelled)."""
         self.server.should_exit = True
+
+    def stop(self) -> None:
+        self.begin_stop()
         self.thread.join()

@@ -35,7 +35,7 @@ class HttpRouter:
 
 
 @contextmanager
-def router_process(env: dict[str, str], log: Path) -> Iterator[None]:
+def router_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
     """`specserve serve router` as its own process, until SERVING; stopped (drained) at the end."""
     process = subprocess.Popen(
         [sys.executable, "-m", "specserve.cli", "serve", "router"],
@@ -45,7 +45,7 @@ def router_process(env: dict[str, str], log: Path) -> Iterator[None]:
     )
     try:
         wait_serving(f"localhost:{env['SPECSERVE_ROUTER_PORT']}", 60, process, log)
-        yield
+        yield process
     finally:
         process.terminate()
         try:
@@ -86,3 +86,11 @@ def lone_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[str]:
     env = router_env(shared_stack, target_addresses=f"localhost:{free_port()}")
     with router_process(env, tmp_path / "router.log"):
         yield f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1"
+
+
+@pytest.fixture
+def own_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A router of the test's own in front of the shared stack (it may stop it); yields (API URL, process)."""
+    env = router_env(shared_stack, drain_seconds=20)
+    with router_process(env, tmp_path / "router.log") as process:
+        yield f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1", process

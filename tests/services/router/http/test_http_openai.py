@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -242,6 +243,27 @@ def test_no_reachable_target_gets_503(lone_router: str) -> None:
         )
     assert raised.value.status_code == 503
     assert raised.value.body["type"] == "service_unavailable_error"
+
+
+def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests(own_router, model) -> None:
+    base_url, process = own_router
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=TIMEOUT_SECONDS)
+    stream = chat(client, model, max_tokens=12, stream=True)
+    chunks = [next(iter(stream))]
+    process.send_signal(signal.SIGTERM)  # the drain starts with this stream still running
+    chunks += list(stream)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert (
+        sum(
+            len(c.model_extra["specserve"]["round"]["token_ids"])
+            for c in chunks
+            if c.model_extra.get("specserve", {}).get("round")
+        )
+        == 12
+    )
+    assert process.wait(30) == 0
+    with pytest.raises(openai.APIConnectionError):
+        chat(client, model, max_tokens=2)
 
 
 def test_an_oversized_body_gets_413(client, model, http_router) -> None:
