@@ -22,6 +22,7 @@ from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.methods import METHODS, MethodSpec, method_spec
 from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.results import GenerationResult, GenerationStats
+from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
@@ -109,10 +110,11 @@ class Engine:
     @functools.cached_property
     def cost_model(self) -> CostModel:
         """The cost policy's costs for this machine: loaded, or measured once and saved (~30 s on 2 cores)."""
+        from specserve.runtime.calibrate import calibrate_engine, load_calibration, save_calibration
+
         path = self.calibration_path
         if path.is_file():
-            return CostModel.load(path)
-        from specserve.runtime.calibrate import calibrate_engine, save_calibration
+            return load_calibration(path)
 
         logger.warning("no cost calibration at %s: measuring this machine's costs once", path)
         cost = calibrate_engine(self)
@@ -199,6 +201,29 @@ class Engine:
             text = text[: finish.stop_text_end]
         assert finish.reason is not None
         return GenerationResult(list(finish.generated), text, finish.reason, stats)
+
+    def generate_many(
+        self,
+        prompt_ids: Sequence[list[int]],
+        spec: MethodSpec,
+        params: SamplingParams,
+        on_tokens: Sequence[Callable[[list[int]], None] | None] | None = None,
+        max_tokens_per_forward: int = 1024,
+    ) -> list[GenerationResult]:
+        """Generates for every prompt at once, continuously batched: each session runs its own loop, and
+        every round's forwards of all sessions (target and draft) run as one forward per model.
+
+        Each result equals what `generate_ids` gives for that prompt alone (token for token under
+        greedy decoding in float32; with a seed, the same tokens at any temperature).
+        """
+        callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompt_ids)
+        scheduler = Scheduler(max_tokens_per_forward)
+        jobs = [
+            functools.partial(self.generate_ids, list(ids), spec, params, callback)
+            for ids, callback in zip(prompt_ids, callbacks, strict=True)
+        ]
+        self.last_batch_stats = scheduler.stats
+        return scheduler.run_all(jobs)
 
     def _hf_generate(
         self,

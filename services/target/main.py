@@ -15,7 +15,7 @@ SERVICE_NAME = "specserve.v1.TargetService"
 
 
 def start_target(settings: TargetServiceSettings, engine_settings: EngineSettings) -> RunningServer:
-    model = ModelThread("target-model")
+    model = ModelThread.for_settings("target-model", settings)
     engine = model.run(_load, engine_settings)  # on the thread every later tensor op runs on
     metrics = TargetMetrics.create()
     servicer = TargetServicer(engine, settings, metrics, model)

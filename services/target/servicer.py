@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from services.target.feed import kv_feed
-from services.target.sessions import SessionStore
+from services.target.sessions import SessionStore, TargetSession
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
-from specserve.errors import FailedPrecondition, InvalidArgument
-from specserve.runtime.target import LocalVerifier
+from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb, tree_from_pb
 from specserve.serving.metrics import TargetMetrics
@@ -23,6 +23,8 @@ from specserve.serving.settings import TargetServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, dense_probs
 from specserve.serving.validate import check_rebuild
 from specserve.v1 import target_pb2, target_pb2_grpc
+
+R = TypeVar("R")
 
 
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
@@ -41,8 +43,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             settings.max_sessions,
             settings.kv_budget_tokens,
             on_evict=metrics.evictions.inc,
+            reserve=engine.settings.max_tree_nodes + 1,
+            prefill_chunk=settings.prefill_chunk_tokens,
         )
-        self.model = model or ModelThread("target-model")
+        self.model = model or ModelThread.for_settings("target-model", settings)
 
     def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
         tokenizer, limits = self.engine.tokenizer, self.engine.settings
@@ -83,24 +87,24 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             self.store.lock,
             telemetry.span(telemetry.SPAN_PREFILL, **{telemetry.ATTR_SESSION: request.session_id}),
         ):
-            session = self.store.create(request.session_id, request.capacity)
-            try:
-                if rebuild:
-                    self.model.run(session.verifier.resume, [*request.token_ids, request.root_token])
-                    next_token = request.root_token
-                else:
-                    next_token = self.model.run(
-                        session.verifier.prefill, list(request.token_ids), params, request.step_seed
-                    )
-            except Exception:
-                self.store.release(request.session_id)  # never leave a half-built session behind
-                raise
-            session.committed_at = time.time()
-            self.store.changed.notify_all()
-            committed = session.committed_length
-            self._update_gauges()
+            session = self.store.create(request.session_id, request.capacity, len(request.token_ids) + 1)
+            session.in_flight += 1
+        try:
+            if rebuild:
+                history = [*request.token_ids, request.root_token]
+                self._run(context, session.verifier.resume, history)
+                next_token = request.root_token
+            else:
+                next_token = self._run(
+                    context, session.verifier.prefill, list(request.token_ids), params, request.step_seed
+                )
+        except Exception:
+            self.store.release_if_current(session)  # never leave a half-built session behind
+            raise
+        finally:
+            self._done(session)
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
-        return target_pb2.PrefillResponse(next_token=next_token, committed_length=committed)
+        return target_pb2.PrefillResponse(next_token=next_token, committed_length=session.committed_length)
 
     def Verify(self, request: target_pb2.VerifyRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
@@ -118,8 +122,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     f"router expects {request.committed_length} committed tokens, the target has "
                     f"{session.committed_length + 1} (including the root)"
                 )
-            if session.committed_length + draft.tree.num_nodes > session.capacity:
+            end = session.committed_length + draft.tree.num_nodes
+            if end > session.capacity:
                 raise InvalidArgument("the tree does not fit the session's reserved capacity")
+            if session.in_flight:
+                raise FailedPrecondition("a request of this session is already running")
+            session.in_flight += 1
+        try:
+            with self.store.lock:
+                self.store.admit(session, end)
             with telemetry.span(
                 telemetry.SPAN_VERIFY,
                 **{
@@ -127,28 +138,46 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     telemetry.ATTR_TREE_SIZE: draft.tree.num_nodes,
                 },
             ) as span:
-                outcome = self.model.run(self._verify, session.verifier, draft, params, request.step_seed)
+                outcome = self._run(context, self._verify, session, draft, params, request.step_seed)
                 span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
-            session.committed_at = time.time()
-            self.store.changed.notify_all()
-            committed = session.committed_length
+        finally:
+            self._done(session)
         handler_seconds = time.perf_counter() - start
         self.metrics.verify_latency.observe(handler_seconds)
         return target_pb2.VerifyResponse(
             handler_seconds=handler_seconds,
             accepted_nodes=outcome.accepted_nodes,
             next_token=outcome.next_token,
-            committed_length=committed + 1,
+            committed_length=session.committed_length + 1,
         )
 
+    def _run(self, context: grpc.ServicerContext | None, fn: Callable[..., R], *args: object) -> R:
+        """Runs fn as a batching job on the model thread; a cancelled or expired RPC stops its job at
+        the next forward, which frees its place in the batch."""
+        future = self.model.submit(fn, *args)
+        if context is not None:
+            context.add_callback(lambda: self.model.cancel(future))
+        return future.result()
+
+    def _done(self, session: TargetSession) -> None:
+        with self.store.lock:
+            session.in_flight -= 1
+            if not session.closed:
+                session.committed_at = time.time()
+            self.store.changed.notify_all()
+            self._update_gauges()
+
     def _verify(
-        self, verifier: LocalVerifier, draft: DraftTree, params: SamplingParams, step_seed: int
+        self, session: TargetSession, draft: DraftTree, params: SamplingParams, step_seed: int
     ) -> VerifyOutcome:
         """On the model thread: the draft's sparse probabilities become dense rows there too."""
         dense = dense_probs(
             draft, self.engine.target_model.config.vocab_size, self.engine.target_runner.device
         )
-        return verifier.verify(dense, params, step_seed)
+        outcome = session.verifier.verify(dense, params, step_seed)
+        if session.closed:  # released or evicted while its forward ran: nothing of it may be reported
+            raise NotFound(f"session {session.session_id!r} was released while it was being verified")
+        return outcome
 
     def StreamKV(self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext) -> Iterator:
         check_session_id(request.session_id)

@@ -1,8 +1,11 @@
-"""Target sessions: one KV cache each, under a budget of reserved positions, evicted least recently used.
+"""Target sessions: one KV cache each, under a budget of KV positions, evicted least recently used.
 
-Every cache read or write happens under the store's one lock: on a GPU the model runs one forward at a
-time anyway, and it keeps a KV-feed reader from seeing a half-committed cache. Evicting a session is
-safe: the router rebuilds it from its token history (Prefill with root_token) on the next NOT_FOUND.
+A session's cache grows by need up to its capacity (runtime/kv_cache.py), so the budget counts the
+positions sessions actually hold (at least their committed tokens plus one tree), not their capacities.
+Commits happen under the store's one lock (the verifier's commit lock), so a KV-feed reader never sees
+a half-committed cache; forwards run outside it, batched across sessions on the model thread. Sessions
+with a request in flight are never evicted. Evicting an idle session is safe: the router rebuilds it
+from its token history (Prefill with root_token) on the next NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -24,12 +27,20 @@ class TargetSession:
     verifier: LocalVerifier
     capacity: int
     epoch: int
+    reserve: int  # positions a round may add beyond the committed ones (one tree)
     committed_at: float = field(default_factory=time.time)  # wall clock of the newest commit
     closed: bool = False
+    in_flight: int = 0  # requests running on the model thread; such a session is never evicted
 
     @property
     def committed_length(self) -> int:
-        return self.verifier.cache.length
+        return self.verifier.committed_length
+
+    @property
+    def footprint(self) -> int:
+        """KV positions this session holds or is about to need (what the budget counts)."""
+        need = len(self.verifier.token_ids) + self.reserve
+        return min(self.capacity, max(self.verifier.cache.allocated, need))
 
 
 class SessionStore:
@@ -39,7 +50,10 @@ class SessionStore:
         max_sessions: int,
         kv_budget_tokens: int,
         on_evict: Callable[[], None] = lambda: None,
+        reserve: int = 65,
+        prefill_chunk: int = 256,
     ) -> None:
+        self.reserve, self.prefill_chunk = reserve, prefill_chunk
         self.on_evict = on_evict
         self.runner = runner
         self.max_sessions = max_sessions
@@ -51,32 +65,53 @@ class SessionStore:
 
     @property
     def reserved_positions(self) -> int:
-        return sum(s.capacity for s in self._sessions.values())
+        return sum(s.footprint for s in self._sessions.values())
+
+    @property
+    def allocated_positions(self) -> int:
+        return sum(s.verifier.cache.allocated for s in self._sessions.values())
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def create(self, session_id: str, capacity: int) -> TargetSession:
-        """Replaces any session of that id; evicts idle sessions to fit. Caller holds the lock."""
-        if not 1 <= capacity <= self.kv_budget_tokens:
-            raise InvalidArgument(f"capacity must be in [1, {self.kv_budget_tokens}], got {capacity}")
+    def create(self, session_id: str, capacity: int, num_tokens: int) -> TargetSession:
+        """Replaces any session of that id; evicts idle sessions to fit `num_tokens` plus one tree.
+
+        Caller holds the lock."""
+        if capacity < 1:
+            raise InvalidArgument(f"capacity must be >= 1, got {capacity}")
         self._drop(session_id)
-        while self._sessions and (
-            len(self._sessions) >= self.max_sessions
-            or self.reserved_positions + capacity > self.kv_budget_tokens
-        ):
-            self._drop(next(iter(self._sessions)))  # least recently used
-            self.on_evict()
-        if (
-            len(self._sessions) >= self.max_sessions
-            or self.reserved_positions + capacity > self.kv_budget_tokens
-        ):
-            raise ResourceExhausted("the target's KV budget is full")
+        need = min(capacity, num_tokens + self.reserve)
+        if need > self.kv_budget_tokens:
+            raise InvalidArgument(
+                f"{need} KV positions exceed the target's whole budget {self.kv_budget_tokens}"
+            )
+        self._make_room(need, new_session=True)
         self._epochs += 1
-        session = TargetSession(session_id, LocalVerifier(self.runner, capacity), capacity, self._epochs)
+        verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk)
+        session = TargetSession(session_id, verifier, capacity, self._epochs, self.reserve)
         self._sessions[session_id] = session
         self.changed.notify_all()
         return session
+
+    def admit(self, session: TargetSession, end: int) -> None:
+        """Makes room for `session` to hold `end` positions, evicting idle sessions. Caller holds the lock."""
+        extra = min(session.capacity, end) - session.footprint
+        if extra > 0:
+            self._make_room(extra, new_session=False)
+
+    def _make_room(self, positions: int, new_session: bool) -> None:
+        def full() -> bool:
+            too_many = new_session and len(self._sessions) >= self.max_sessions
+            return too_many or self.reserved_positions + positions > self.kv_budget_tokens
+
+        for victim in [s for s in self._sessions.values() if s.in_flight == 0]:  # least recently used first
+            if not full():
+                break
+            self._drop(victim.session_id)
+            self.on_evict()
+        if full():
+            raise ResourceExhausted("the target's KV budget is full (every session is busy); retry later")
 
     def get(self, session_id: str) -> TargetSession:
         """Caller holds the lock. Marks the session most recently used."""
@@ -88,6 +123,13 @@ class SessionStore:
 
     def peek(self, session_id: str) -> TargetSession | None:
         return self._sessions.get(session_id)
+
+    def release_if_current(self, session: TargetSession) -> None:
+        """Releases `session` unless a newer session of its id replaced it."""
+        with self.lock:
+            if self._sessions.get(session.session_id) is session:
+                self._drop(session.session_id)
+            self.changed.notify_all()
 
     def release(self, session_id: str) -> bool:
         with self.lock:

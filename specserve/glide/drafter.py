@@ -28,7 +28,9 @@ from specserve.core.sampling import make_generator
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import StopPolicy
 from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.glide.batch import GlideSegment, glide_batcher
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
+from specserve.runtime.batching import batched_call
 from specserve.runtime.drafter import (
     DraftShape,
     SpineFeedback,
@@ -145,10 +147,8 @@ class GlideDrafter:
     ) -> torch.Tensor:
         """Appends `token_ids` to the draft cache; returns full-vocabulary logits after the last, [V]."""
         assert self.cache.length == start, "the draft cache must end right before `token_ids`"
-        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
-        positions = torch.arange(start, start + len(token_ids), device=self.device)  # [n]
-        hidden = self.model(input_ids, target_kv, cross_mask, positions, self.cache)  # [1, n, H]
-        return self.model.logits(hidden[0, -1]).float()  # [V]
+        segment = GlideSegment(self.cache, list(token_ids), start, cross_mask, target_kv)
+        return batched_call(glide_batcher(self.model), segment)
 
     def release(self) -> None:
         """Ends the request: the cache and the pending round go; the policy's learning stays."""

@@ -1,6 +1,7 @@
 """A KV cache addressed by absolute position, usable by any Hugging Face causal LM.
 
-Buffers are allocated once per session at full capacity. A forward writes its tokens' K/V at
+Buffers grow by need (doubling, from `MIN_ALLOCATION` positions) up to the session's capacity, so a
+short session holds little memory whatever context it may use. A forward writes its tokens' K/V at
 [length, length + n); committing an accepted tree path copies those few slots down into contiguous
 positions and moves `length`; rejected slots are simply overwritten next round (as in gpt-fast), so
 there is no rollback machinery and no per-step copy of the whole cache.
@@ -15,6 +16,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specserve.errors import ResourceExhausted
 
+MIN_ALLOCATION = 256  # positions allocated at first use; growth doubles from there
+
 
 class PositionalLayer(CacheLayerMixin):
     is_sliding = False
@@ -23,16 +26,25 @@ class PositionalLayer(CacheLayerMixin):
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
-        self.capacity = capacity
+        self.capacity = capacity  # most positions this layer may ever hold
+        self.allocated = 0  # positions its buffers hold now
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, head_dim = key_states.shape
-        shape = (batch, heads, self.capacity, head_dim)
-        self.keys = key_states.new_zeros(shape)  # [B, H_kv, capacity, D]
-        self.values = value_states.new_zeros(shape)
         self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_zeros((*key_states.shape[:2], 0, key_states.shape[3]))  # [B, H_kv, 0, D]
+        self.values = value_states.new_zeros(self.keys.shape)
         self.is_initialized = True
+
+    def _grow(self, end: int) -> None:
+        """Reallocates to hold `end` positions (doubling, capped at capacity), keeping what is written."""
+        size = min(self.capacity, max(end, 2 * self.allocated, MIN_ALLOCATION))
+        batch, heads, _, head_dim = self.keys.shape
+        keys = self.keys.new_zeros((batch, heads, size, head_dim))  # [B, H_kv, size, D]
+        values = self.values.new_zeros(keys.shape)
+        keys[:, :, : self.allocated] = self.keys
+        values[:, :, : self.allocated] = self.values
+        self.keys, self.values, self.allocated = keys, values, size
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
@@ -43,6 +55,8 @@ class PositionalLayer(CacheLayerMixin):
         end = self.length + key_states.shape[-2]
         if end > self.capacity:
             raise ResourceExhausted(f"KV cache full: {end} positions needed, capacity {self.capacity}")
+        if end > self.allocated:
+            self._grow(end)
         self.keys[:, :, self.length : end] = key_states
         self.values[:, :, self.length : end] = value_states
         self.length = end
@@ -68,6 +82,16 @@ class PositionalKVCache(Cache):
     def __init__(self, num_layers: int, capacity: int) -> None:
         super().__init__(layers=[PositionalLayer(capacity) for _ in range(num_layers)])
         self.capacity = capacity
+
+    @property
+    def allocated(self) -> int:
+        """Positions the buffers hold now (what the session costs in memory)."""
+        return self.layers[0].allocated
+
+    def ensure_capacity(self, end: int) -> None:
+        """Raises before a forward that would need more than `capacity` positions."""
+        if end > self.capacity:
+            raise ResourceExhausted(f"KV cache full: {end} positions needed, capacity {self.capacity}")
 
     @property
     def length(self) -> int:

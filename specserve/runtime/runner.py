@@ -9,14 +9,21 @@ from transformers import PreTrainedModel
 
 from specserve.core.tree import tree_depths
 from specserve.core.tree_mask import tree_attention_mask
+from specserve.runtime.batching import batched_call
 from specserve.runtime.kv_cache import PositionalKVCache
+from specserve.runtime.ragged import Segment, forward_ragged, use_ragged_attention
 
 
 class ModelRunner:
-    """Owns a model (weights only); sessions own caches. Safe to share across sessions of one thread."""
+    """Owns a model (weights only); sessions own caches. Safe to share across sessions of one thread.
+
+    Every forward is a `Segment` of one session; inside a batching job (runtime/batching.py) segments of
+    concurrent sessions run as one ragged forward (runtime/ragged.py), otherwise alone.
+    """
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
+        use_ragged_attention(model)
         self.device = next(model.parameters()).device
         self.num_layers: int = model.config.num_hidden_layers
         self.vocab_size: int = model.config.vocab_size
@@ -24,7 +31,9 @@ class ModelRunner:
     def new_cache(self, capacity: int) -> PositionalKVCache:
         return PositionalKVCache(self.num_layers, capacity)
 
-    @torch.inference_mode()
+    def forward_batch(self, segments: Sequence[Segment]) -> list[torch.Tensor]:
+        return forward_ragged(self.model, segments)
+
     def forward(
         self,
         cache: PositionalKVCache,
@@ -39,18 +48,16 @@ class ModelRunner:
         """
         prefix = cache.length
         n = len(token_ids)
-        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
         if parent_ids is None:
-            positions = torch.arange(prefix, prefix + n, device=self.device)
-            mask = None  # the model builds its own causal mask from the cache's sizes
+            positions = torch.arange(prefix, prefix + n, device=self.device)  # [n]
+            attend = None  # causal
         else:
-            positions = prefix + torch.tensor(tree_depths(parent_ids), device=self.device)
+            positions = prefix + torch.tensor(tree_depths(parent_ids), device=self.device)  # [n]
             tree = tree_attention_mask(parent_ids, self.device)  # [n, n]
             seen = torch.ones(n, prefix, dtype=torch.bool, device=self.device)  # [n, prefix]
-            mask = torch.cat([seen, tree], dim=1)[None, None]  # [1, 1, n, prefix + n]
-        return self._run(cache, input_ids, positions, mask, last_only)
+            attend = torch.cat([seen, tree], dim=1)  # [n, prefix + n]
+        return batched_call(self, Segment(cache, list(token_ids), positions, attend, last_only))
 
-    @torch.inference_mode()
     def forward_masked(
         self,
         cache: PositionalKVCache,
@@ -63,26 +70,5 @@ class ModelRunner:
         For trees grown level by level (MCSD): earlier levels already sit in the cache, and each new node
         may see only the committed prefix and its own ancestors among them.
         """
-        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
-        return self._run(
-            cache, input_ids, positions.to(self.device), attend.to(self.device)[None, None], False
-        )
-
-    def _run(
-        self,
-        cache: PositionalKVCache,
-        input_ids: torch.Tensor,  # [1, n]
-        positions: torch.Tensor,  # [n]
-        mask: torch.Tensor | None,  # [1, 1, n, cache.length + n] or None (causal)
-        last_only: bool,
-    ) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions[None],  # [1, n]
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-        )
-        logits = out.logits[0].float()  # [n or 1, V]
-        return logits[-1] if last_only else logits
+        segment = Segment(cache, list(token_ids), positions.to(self.device), attend.to(self.device))
+        return batched_call(self, segment)

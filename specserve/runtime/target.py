@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+
+import torch
 
 from specserve.core.accept import accept_draft, choose_token
 from specserve.core.protocols import DraftTree, VerifyOutcome
@@ -10,35 +14,68 @@ from specserve.core.sampling_params import SamplingParams
 from specserve.errors import FailedPrecondition
 from specserve.runtime.runner import ModelRunner
 
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per forward: bounds how long a prefill holds up decoding
+
 
 class LocalVerifier:
-    """Target state of one sequence. The cache holds every committed token but the newest (the root)."""
+    """Target state of one sequence. The cache holds every committed token but the newest (the root).
 
-    def __init__(self, runner: ModelRunner, capacity: int) -> None:
+    commit_lock guards what readers on other threads see (token_ids, committed_length): it is held only
+    while a result is committed, never across a forward, so concurrent sessions' forwards can batch.
+    Prompts are prefilled `prefill_chunk` tokens per forward, so other sessions keep decoding between.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        capacity: int,
+        commit_lock: AbstractContextManager[object] | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
         self.runner = runner
         self.cache = runner.new_cache(capacity)
+        self.commit_lock = commit_lock if commit_lock is not None else threading.RLock()
+        self.prefill_chunk = prefill_chunk
         # Every committed token, the root last: len(token_ids) == cache.length + 1 once prefilled. The
         # service's KV feed sends them with the KV so a draft can start the next round on its own.
         self.token_ids: list[int] = []
+
+    @property
+    def committed_length(self) -> int:
+        """Positions of committed KV (every committed token but the root); stable while a forward runs."""
+        return max(0, len(self.token_ids) - 1)
+
+    def _encode(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Prefills `token_ids` from an empty cache in chunks; returns the logits after the last, [V]."""
+        self.cache.truncate(0)
+        logits = None
+        for start in range(0, len(token_ids), self.prefill_chunk):
+            logits = self.runner.forward(
+                self.cache, token_ids[start : start + self.prefill_chunk], last_only=True
+            )
+        assert logits is not None, "nothing to encode"
+        return logits
 
     @property
     def root_token(self) -> int | None:
         return self.token_ids[-1] if self.token_ids else None
 
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
-        self.cache.truncate(0)
-        logits = self.runner.forward(self.cache, prompt_ids, last_only=True)  # [V]
+        logits = self._encode(prompt_ids)  # [V]
         root = choose_token(logits, params, seed)
-        self.token_ids = [*prompt_ids, root]
+        with self.commit_lock:
+            self.token_ids = [*prompt_ids, root]
         return root
 
     def resume(self, token_ids: Sequence[int]) -> None:
         """Rebuilds the state after committed `token_ids` (the last is the root) without choosing anything:
         a target that lost a session's KV continues it exactly where it was."""
-        self.cache.truncate(0)
         if len(token_ids) > 1:
-            self.runner.forward(self.cache, token_ids[:-1], last_only=True)
-        self.token_ids = list(token_ids)
+            self._encode(token_ids[:-1])
+        else:
+            self.cache.truncate(0)
+        with self.commit_lock:
+            self.token_ids = list(token_ids)
 
     def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
         tree = draft.tree
@@ -51,16 +88,19 @@ class LocalVerifier:
             self.cache, tree.token_ids, None if tree.is_chain() else tree.parent_ids
         )  # [N, V]
         outcome = accept_draft(logits, draft, params, seed)
-        self.cache.commit_path(start, outcome.accepted_nodes)
-        self.token_ids += [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
-        if outcome.next_token is None:
-            # Target-rooted: no token after the path is committed, so the path's last token becomes the
-            # next root, and a root's KV is computed by the round that verifies it (once more, cheaply).
-            self.cache.truncate(start + len(outcome.accepted_nodes) - 1)
-        else:
-            self.token_ids.append(outcome.next_token)
+        accepted = [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
+        with self.commit_lock:
+            self.cache.commit_path(start, outcome.accepted_nodes)
+            if outcome.next_token is None:
+                # Target-rooted: no token after the path is committed, so the path's last token becomes
+                # the next root, and a root's KV is computed by the round that verifies it (once more).
+                self.cache.truncate(start + len(outcome.accepted_nodes) - 1)
+                self.token_ids = [*self.token_ids, *accepted]
+            else:
+                self.token_ids = [*self.token_ids, *accepted, outcome.next_token]
         return outcome
 
     def release(self) -> None:
-        self.cache.truncate(0)
-        self.token_ids = []
+        with self.commit_lock:
+            self.cache.truncate(0)
+            self.token_ids = []

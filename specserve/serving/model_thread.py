@@ -16,8 +16,9 @@ regions pays a sleep and a wake-up: a 7-node tree verify took 98 ms with one tea
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
+
+from specserve.runtime.batching import SchedulerThread
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,13 +29,25 @@ def run_inline(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     return fn(*args, **kwargs)
 
 
-class ModelThread:
-    def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+class ModelThread(SchedulerThread):
+    """The service's one model thread. Every call runs there as a batching job (runtime/batching.py):
+    concurrent requests' forwards are merged into one forward per model, continuously."""
 
-    def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Runs fn on the model thread and returns its result (its exception is re-raised here)."""
-        return self._executor.submit(fn, *args, **kwargs).result()
+    def __init__(
+        self,
+        name: str,
+        max_tokens_per_forward: int = 1024,
+        max_queue: int = 256,
+        max_wait_seconds: float = 0.0,
+    ) -> None:
+        super().__init__(name, max_tokens_per_forward, max_queue, max_wait_seconds)
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+    @classmethod
+    def for_settings(cls, name: str, settings: object) -> ModelThread:
+        """A model thread with a service's batching settings (those it has; defaults for the rest)."""
+        return cls(
+            name,
+            max_tokens_per_forward=getattr(settings, "max_tokens_per_forward", 1024),
+            max_queue=getattr(settings, "max_queued_requests", 256),
+            max_wait_seconds=getattr(settings, "batch_wait_ms", 0.0) / 1000,
+        )

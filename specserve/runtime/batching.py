@@ -1,0 +1,280 @@
+"""Continuous batching: sessions run as cooperative jobs on one model thread, their forwards merged.
+
+Each job is ordinary sequential code (a verify, a prefill, a draft proposal, or a whole in-process
+generation) run in its own greenlet. When it needs a model forward it calls `batched_call`, which
+suspends it; once every runnable job is suspended, the scheduler runs ONE forward per model over all of
+their segments (`BatchedModel.forward_batch`) and resumes each job with its own result. Jobs that arrive
+while a forward runs join the next one: there is no fixed window. Everything happens on one OS thread,
+so torch keeps one OpenMP team per process (serving/model_thread.py explains why that matters).
+
+Outside a scheduler `batched_call` just runs the one segment, so the same code serves a lone session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import greenlet
+
+from specserve.errors import Cancelled, ResourceExhausted
+
+S = TypeVar("S")  # a model's segment type
+R = TypeVar("R")  # its per-segment result
+
+
+class BatchedModel(Protocol[S, R]):
+    def forward_batch(self, segments: Sequence[S]) -> list[R]:
+        """One forward over every segment; results in the same order."""
+        ...
+
+
+def segment_tokens(segment: object) -> int:
+    """Tokens a segment puts into a forward (the unit of the per-forward budget)."""
+    return int(getattr(segment, "num_tokens", 1))
+
+
+@dataclass
+class _Request:
+    model: Any
+    segment: Any
+
+
+class _Job(greenlet.greenlet):
+    """One unit of work; `future` gets its return value or exception."""
+
+    def __init__(self, fn: Callable[[], Any], future: Future[Any], seq: int) -> None:
+        super().__init__(self._main)
+        self.fn, self.future, self.seq = fn, future, seq
+        self.cancelled = False
+
+    def _main(self, *_: object) -> None:  # the first switch passes the resume value; unused
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:  # the job's own failure goes to its caller, never to the scheduler
+            self.future.set_exception(exc)
+
+
+def batched_call(model: BatchedModel[S, R], segment: S) -> R:
+    """Runs `segment` through `model`: merged with other jobs' segments when called inside a job."""
+    current = greenlet.getcurrent()
+    if isinstance(current, _Job):
+        return current.parent.switch(_Request(model, segment))
+    return model.forward_batch([segment])[0]
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler did, for metrics and benchmarks."""
+
+    forwards: int = 0
+    tokens: int = 0
+    segments: int = 0
+    last_batch_segments: int = 0
+    last_batch_tokens: int = 0
+    queue_seconds: list[float] = field(default_factory=list)  # kept bounded by the consumer
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+
+class Scheduler:
+    """Runs jobs cooperatively and batches their forwards. Not thread-safe: one thread drives it.
+
+    max_tokens_per_forward bounds a forward's total tokens (the oldest pending segment always goes,
+    whatever its size, so nothing starves); jobs are served first in, first out.
+    """
+
+    def __init__(self, max_tokens_per_forward: int = 1024) -> None:
+        self.max_tokens_per_forward = max_tokens_per_forward
+        self._pending: list[tuple[_Job, _Request]] = []  # suspended jobs waiting for a forward, FIFO
+        self._seq = 0
+        self.stats = BatchStats()
+        self.on_batch: Callable[[int, int], None] | None = None  # (segments, tokens) per forward
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def start(self, fn: Callable[[], Any], future: Future[Any] | None = None) -> _Job:
+        """Starts a job now; it runs until its first forward (or to its end)."""
+        self._seq += 1
+        job = _Job(fn, future if future is not None else Future(), self._seq)
+        self._resume(job, None)
+        return job
+
+    def _resume(self, job: _Job, value: Any, error: BaseException | None = None) -> None:
+        request = job.throw(error) if error is not None else job.switch(value)
+        if isinstance(request, _Request):
+            self._pending.append((job, request))
+
+    def step(self) -> None:
+        """One forward per model over the oldest pending segments that fit the budget; resumes them."""
+        for job, _ in [p for p in self._pending if p[0].cancelled]:
+            self._pending = [p for p in self._pending if p[0] is not job]
+            self._resume(job, None, Cancelled("the request was cancelled"))
+        if not self._pending:
+            return
+        chosen, tokens = [], 0
+        for item in sorted(self._pending, key=lambda p: p[0].seq):
+            size = segment_tokens(item[1].segment)
+            if chosen and tokens + size > self.max_tokens_per_forward:
+                continue
+            chosen.append(item)
+            tokens += size
+        chosen_ids = {id(job) for job, _ in chosen}
+        self._pending = [p for p in self._pending if id(p[0]) not in chosen_ids]
+        groups: dict[int, list[tuple[_Job, _Request]]] = {}
+        for item in chosen:
+            groups.setdefault(id(item[1].model), []).append(item)
+        for group in groups.values():
+            model = group[0][1].model
+            segments = [request.segment for _, request in group]
+            try:
+                results = model.forward_batch(segments)
+            except Exception as exc:  # a failed forward fails the jobs in it, not the scheduler
+                for job, _ in group:
+                    self._resume(job, None, exc)
+                continue
+            self.stats.forwards += 1
+            self.stats.segments += len(segments)
+            batch_tokens = sum(segment_tokens(s) for s in segments)
+            self.stats.tokens += batch_tokens
+            self.stats.last_batch_segments, self.stats.last_batch_tokens = len(segments), batch_tokens
+            if self.on_batch is not None:
+                self.on_batch(len(segments), batch_tokens)
+            for (job, _), result in zip(group, results, strict=True):
+                self._resume(job, result)
+
+    def run_all(self, fns: Sequence[Callable[[], R]]) -> list[R]:
+        """Runs every fn as a job on this thread until all finish; returns their results in order."""
+        jobs = [self.start(fn) for fn in fns]
+        while self._pending:
+            self.step()
+        return [job.future.result() for job in jobs]
+
+
+class SchedulerThread:
+    """A model thread that serves jobs submitted from any thread, batching their forwards continuously.
+
+    `lock`, if given, is held while jobs run and forwards execute (released while idle), so readers on
+    other threads never see a cache mid-update. `max_queue` bounds jobs admitted but not finished:
+    beyond it `submit` raises ResourceExhausted. `max_wait_seconds` > 0 lets a forward wait that long
+    for more jobs when fewer than `max_tokens_per_forward` tokens are pending (off by default: on a CPU
+    the next forward is better started at once).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        max_tokens_per_forward: int = 1024,
+        max_queue: int = 256,
+        max_wait_seconds: float = 0.0,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        self.scheduler = Scheduler(max_tokens_per_forward)
+        self.max_queue = max_queue
+        self.max_wait_seconds = max_wait_seconds
+        self._lock = lock
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[Callable[[], Any], Future[Any], float]] = deque()
+        self._in_flight = 0
+        self._cancelled: set[int] = set()  # ids of futures whose jobs should stop
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def submit(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> Future[R]:
+        future: Future[R] = Future()
+        with self._cond:
+            if self._closed:
+                raise ResourceExhausted("the service is shutting down")
+            if self._in_flight >= self.max_queue:
+                raise ResourceExhausted(f"{self._in_flight} requests queued: the queue is full, retry later")
+            self._in_flight += 1
+            self._inbox.append((lambda: fn(*args, **kwargs), future, time.perf_counter()))
+            self._cond.notify()
+        future.add_done_callback(self._finished)
+        return future
+
+    def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Runs fn as a job and waits for its result (inline when called from a job or this thread)."""
+        if threading.current_thread() is self._thread:
+            return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result()
+
+    def cancel(self, future: Future[Any]) -> None:
+        """Marks the job of `future` cancelled: it gets Cancelled at its next forward, freeing its slot."""
+        with self._cond:
+            self._cancelled.add(id(future))
+            self._cond.notify()
+
+    def _finished(self, _: Future[Any]) -> None:
+        with self._cond:
+            self._in_flight -= 1
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inbox and not self.scheduler.busy and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._inbox and not self.scheduler.busy:
+                    return
+                if self.max_wait_seconds > 0 and not self._inbox_has_budget() and not self._closed:
+                    self._cond.wait(self.max_wait_seconds)
+                arrivals = list(self._inbox)
+                self._inbox.clear()
+                cancelled, self._cancelled = self._cancelled, set()
+            with self._lock if self._lock is not None else _NoLock():
+                for fn, future, queued_at in arrivals:
+                    self.scheduler.stats.queue_seconds.append(time.perf_counter() - queued_at)
+                    del self.scheduler.stats.queue_seconds[:-1024]
+                    if id(future) in cancelled:
+                        future.set_exception(Cancelled("the request was cancelled"))
+                        continue
+                    self.scheduler.start(fn, future)
+                for job, _ in self.scheduler._pending:
+                    if id(job.future) in cancelled:
+                        job.cancelled = True
+                self.scheduler.step()
+
+    def _inbox_has_budget(self) -> bool:
+        pending = sum(segment_tokens(r.segment) for _, r in self.scheduler._pending)
+        return pending + len(self._inbox) >= self.scheduler.max_tokens_per_forward
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class SegmentRunner(Generic[S, R]):
+    """Adapts a one-segment function into a BatchedModel that runs segments one after another.
+
+    For models without a batched forward: they still run as jobs (correct, not faster).
+    """
+
+    def __init__(self, fn: Callable[[S], R]) -> None:
+        self.fn = fn
+
+    def forward_batch(self, segments: Sequence[S]) -> list[R]:
+        return [self.fn(s) for s in segments]

@@ -1,0 +1,185 @@
+"""One forward of a Hugging Face causal LM over a ragged batch: many sessions, each its own cache.
+
+Every session's new tokens (a chain, a token tree, a prefill chunk) are packed into one sequence, so the
+linear layers, which dominate the cost of a small model, run once over all of them. Attention is the
+only per-session step: each session's queries attend its own cache (by absolute position, as in
+`PositionalKVCache`) under its own mask. It plugs into the model through transformers' attention
+registry (`ATTENTION_NAME`); a forward without a ragged plan (transformers `generate`, training) runs
+plain SDPA, so one model serves both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specserve.runtime.kv_cache import PositionalKVCache
+
+ATTENTION_NAME = "specserve_ragged"
+PLAN_KWARG = "specserve_ragged_plan"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One session's share of a forward: `token_ids` appended after its cache's committed positions.
+
+    attend None means a causal chain; otherwise row i may attend cache slot j where attend[i, j]
+    (trees, grown trees), over every slot up to and including the segment's own tokens.
+    """
+
+    cache: PositionalKVCache
+    token_ids: Sequence[int]
+    positions: torch.Tensor  # [n] position ids
+    attend: torch.Tensor | None = None  # [n, cache.length + n] bool
+    last_only: bool = False  # only the last token's logits are needed (prefill, chain sync)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    segments: Sequence[Segment]
+    bounds: Sequence[tuple[int, int]]  # [start, end) of each segment in the packed sequence
+    masks: Sequence[torch.Tensor | None]  # [1, 1, n, prefix + n] bool, None = attend everything
+
+
+def causal_attend(prefix: int, n: int, device: torch.device) -> torch.Tensor | None:
+    """[n, prefix + n] bool: a chain's mask; None for one token (it sees every slot)."""
+    if n == 1:
+        return None
+    seen = torch.ones(n, prefix, dtype=torch.bool, device=device)  # [n, prefix]
+    chain = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [n, n]
+    return torch.cat([seen, chain], dim=1)
+
+
+class _RaggedLayer(CacheLayerMixin):
+    """Writes each segment's slice of the packed K/V into that session's own cache layer."""
+
+    is_compileable = False
+
+    def __init__(self, plan: _Plan, layer_idx: int) -> None:
+        super().__init__()
+        self.plan, self.layer_idx = plan, layer_idx
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_states: [1, H_kv, N, D] packed -> returned as is; the attention reads the caches."""
+        for segment, (start, end) in zip(self.plan.segments, self.plan.bounds, strict=True):
+            segment.cache.layers[self.layer_idx].update(
+                key_states[:, :, start:end], value_states[:, :, start:end]
+            )
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        pass
+
+
+class _RaggedCache(Cache):
+    def __init__(self, plan: _Plan, num_layers: int) -> None:
+        super().__init__(layers=[_RaggedLayer(plan, i) for i in range(num_layers)])
+
+
+def ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [1, H_kv, N, D] (ignored with a plan: each session's cache is read instead)
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Per-session SDPA over each session's own cache; plain SDPA when no plan is given."""
+    plan = kwargs.pop(PLAN_KWARG, None)
+    if not isinstance(plan, _Plan):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    layer_idx = module.layer_idx
+    outputs = []
+    for segment, (start, end), mask in zip(plan.segments, plan.bounds, plan.masks, strict=True):
+        keys, values = segment.cache.layer_kv(layer_idx)  # [1, H_kv, prefix + n, D], written above
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:end], keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
+            )
+        )  # [1, H, n, D]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None  # [1, N, H, D]
+
+
+AttentionInterface.register(ATTENTION_NAME, ragged_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # plain forwards build SDPA's masks
+
+
+def use_ragged_attention(model: PreTrainedModel) -> None:
+    """Routes the model's attention through `ragged_attention` (plain SDPA when called without a plan)."""
+    model.config._attn_implementation = ATTENTION_NAME
+    for sub in model.modules():  # submodules that keep their own config copy
+        config = getattr(sub, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) is not None:
+            config._attn_implementation = ATTENTION_NAME
+
+
+@torch.inference_mode()
+def forward_ragged(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor]:
+    """One forward over every segment; returns each segment's logits, [n, V] (or [V] if last_only).
+
+    Each segment's K/V lands in its own cache at [length, length + n); like `PositionalKVCache.update`,
+    the cache's length moves past them (the caller commits or truncates afterwards).
+    """
+    device = next(model.parameters()).device
+    bounds, masks, keep = [], [], []
+    start = 0
+    for segment in segments:
+        n = segment.num_tokens
+        prefix = segment.cache.length
+        segment.cache.ensure_capacity(prefix + n)
+        attend = segment.attend if segment.attend is not None else causal_attend(prefix, n, device)
+        masks.append(None if attend is None else attend.to(device)[None, None])  # [1, 1, n, prefix + n]
+        bounds.append((start, start + n))
+        keep.extend([start + n - 1] if segment.last_only else range(start, start + n))
+        start += n
+    plan = _Plan(segments, bounds, masks)
+    input_ids = torch.tensor([[t for s in segments for t in s.token_ids]], device=device)  # [1, N]
+    positions = torch.cat([s.positions.to(device) for s in segments])[None]  # [1, N]
+    out = model(
+        input_ids=input_ids,
+        # A 4D mask is taken as given, so transformers builds none; the plan carries the real ones.
+        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
+        position_ids=positions,
+        past_key_values=_RaggedCache(plan, model.config.num_hidden_layers),
+        use_cache=True,
+        logits_to_keep=torch.tensor(keep, device=device),
+        **{PLAN_KWARG: plan},
+    )
+    logits = out.logits[0].float()  # [len(keep), V]
+    results, row = [], 0
+    for segment in segments:
+        rows = 1 if segment.last_only else segment.num_tokens
+        chunk = logits[row : row + rows]
+        results.append(chunk[-1] if segment.last_only else chunk)
+        row += rows
+    return results

@@ -1,0 +1,134 @@
+"""The continuous-batching scheduler: forwards merged across jobs, FIFO under a token budget, jobs
+joining and leaving between forwards, cancellation, failures kept to their own jobs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
+from specserve.runtime.batching import Scheduler, SchedulerThread, batched_call
+
+
+class Recorder:
+    """A fake 'model' that records each forward's segments; a segment is (job name, tokens)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def forward_batch(self, segments: Sequence[Segment]) -> list[str]:
+        if any(s.name == "boom" for s in segments):
+            raise InvalidArgument("a bad segment")
+        self.batches.append([s.name for s in segments])
+        return [f"{s.name}:{len(self.batches)}" for s in segments]
+
+
+class Segment:
+    def __init__(self, name: str, num_tokens: int = 1) -> None:
+        self.name, self.num_tokens = name, num_tokens
+
+
+def steps(model: Recorder, name: str, count: int, tokens: int = 1):
+    return lambda: [batched_call(model, Segment(name, tokens)) for _ in range(count)]
+
+
+def test_outside_a_job_a_call_runs_alone():
+    model = Recorder()
+    assert batched_call(model, Segment("a")) == "a:1"
+    assert model.batches == [["a"]]
+
+
+def test_jobs_share_forwards_and_leave_when_done():
+    model = Recorder()
+    results = Scheduler().run_all([steps(model, "a", 1), steps(model, "b", 3), steps(model, "c", 2)])
+    assert model.batches == [["a", "b", "c"], ["b", "c"], ["b"]]
+    assert results[1] == ["b:1", "b:2", "b:3"]
+
+
+def test_budget_is_first_in_first_out_and_never_starves_a_big_segment():
+    model = Recorder()
+    scheduler = Scheduler(max_tokens_per_forward=4)
+    scheduler.run_all([steps(model, "big", 1, tokens=10), steps(model, "x", 2, 2), steps(model, "y", 1, 2)])
+    assert model.batches[0] == ["big"]  # the oldest goes alone although it exceeds the budget
+    assert model.batches[1] == ["x", "y"]
+    assert scheduler.stats.forwards == 3
+
+
+def test_models_are_batched_separately():
+    target, draft = Recorder(), Recorder()
+
+    def session(name: str):
+        return lambda: (batched_call(draft, Segment(name)), batched_call(target, Segment(name)))
+
+    Scheduler().run_all([session("a"), session("b")])
+    assert draft.batches == [["a", "b"]] and target.batches == [["a", "b"]]
+
+
+def test_a_failed_forward_fails_its_jobs_only():
+    model = Recorder()
+    other = Recorder()
+    scheduler = Scheduler()
+    with pytest.raises(InvalidArgument):
+        scheduler.run_all([steps(model, "boom", 1), steps(other, "fine", 2)])
+    assert other.batches == [["fine"], ["fine"]]
+
+
+def test_thread_serves_jobs_from_many_threads_and_joins_them_continuously():
+    model = Recorder()
+    thread = SchedulerThread("test-scheduler")
+    try:
+        futures = [thread.submit(steps(model, f"s{i}", 3)) for i in range(4)]
+        assert [len(f.result(timeout=30)) for f in futures] == [3, 3, 3, 3]
+        assert thread.run(lambda: threading.current_thread().name) == "test-scheduler"
+    finally:
+        thread.close()
+    assert sum(len(b) for b in model.batches) == 12
+    assert len(model.batches) < 12  # some forwards carried several sessions
+
+
+def test_queue_bound_and_cancellation():
+    release = threading.Event()
+    model = Recorder()
+    thread = SchedulerThread("test-bounded", max_queue=2)
+    try:
+        blocker = thread.submit(release.wait)  # occupies the model thread
+        waiting = thread.submit(steps(model, "cancel-me", 50))
+        with pytest.raises(ResourceExhausted):
+            thread.submit(steps(model, "one-too-many", 1))
+        thread.cancel(waiting)
+        release.set()
+        assert blocker.result(timeout=30)
+        with pytest.raises(Cancelled):
+            waiting.result(timeout=30)
+        assert thread.submit(steps(model, "after", 1)).result(timeout=30) == [f"after:{len(model.batches)}"]
+    finally:
+        release.set()
+        thread.close()
+    assert all("cancel-me" not in b for b in model.batches)
+
+
+def test_cancelling_mid_job_frees_it_at_its_next_forward():
+    model = Recorder()
+    thread = SchedulerThread("test-cancel")
+    try:
+        started = threading.Event()
+        go = threading.Event()
+
+        def long_job():
+            batched_call(model, Segment("long"))
+            started.set()
+            go.wait(10)  # holds the model thread: the cancel lands before its next forward
+            return [batched_call(model, Segment("long")) for _ in range(100)]
+
+        future = thread.submit(long_job)
+        started.wait(10)
+        thread.cancel(future)
+        go.set()
+        with pytest.raises(Cancelled):
+            future.result(timeout=30)
+    finally:
+        go.set()
+        thread.close()
+    assert sum(b.count("long") for b in model.batches) <= 2
