@@ -44,7 +44,7 @@ def test_chains_and_prefill_chunks_of_different_lengths(runner):
             for c, p, k in zip(caches, prompts, splits, strict=True)
         ],
     )
-    for prompt, k, a, b in zip(prompts, splits, first, second, strict=True):
+    for prompt, a, b in zip(prompts, first, second, strict=True):
         torch.testing.assert_close(torch.cat([a, b]), reference_logits(runner, prompt), atol=ATOL, rtol=0)
 
 
