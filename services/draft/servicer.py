@@ -50,7 +50,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.model = model or ModelThread("draft-model")  # every draft forward, one at a time
+        self.model = model or ModelThread("draft-model")  # every draft forward, batched across sessions
         self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
@@ -149,10 +149,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
     ) -> tuple[Proposal, bool]:
         """On the model thread: the prepared tree if it answers this call, else a fresh one; and which."""
-        prepared, session.prepared = session.prepared, None
-        if prepared is not None and prepared.answers(token_ids, params, step_seed):
-            return prepared, True
-        return _build(session, token_ids, params, step_seed), False
+        with session.exclusive():
+            if session.closed:
+                raise NotFound(f"draft session {session.session_id!r} was released")
+            prepared, session.prepared = session.prepared, None
+            if prepared is not None and prepared.answers(token_ids, params, step_seed):
+                return prepared, True
+            return _build(session, token_ids, params, step_seed), False
 
     def _on_chunk(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
         """On the session's feed thread, after the chunk is in the mirror."""
@@ -188,10 +191,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def _prepare_on_model_thread(
         session: DraftSession, token_ids: tuple[int, ...], params: SamplingParams, step_seed: int
     ) -> bool:
-        if session.closed or session.proposed_root >= len(token_ids) - 1:
-            return False  # released, or Propose got here first and built this round's tree itself
-        session.prepared = _build(session, token_ids, params, step_seed)
-        return True
+        with session.exclusive():
+            if session.closed or session.proposed_root >= len(token_ids) - 1:
+                return False  # released, or Propose got here first and built this round's tree itself
+            session.prepared = _build(session, token_ids, params, step_seed)
+            return True
 
     def Release(self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)

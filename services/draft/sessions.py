@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import NotFound
+from specserve.runtime.batching import wait_until
 from specserve.serving.model_thread import run_inline
 from specserve.v1 import common_pb2
 
@@ -45,10 +47,24 @@ class DraftSession:
     proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
     prepared: Proposal | None = None  # built ahead, when the KV feed delivered its commit
     closed: bool = False
+    # A job is using the drafter. Jobs of many sessions interleave on the model thread (their forwards
+    # are batched), so the jobs of one session take turns: see `exclusive`.
+    drafting: bool = False
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """On the model thread: waits until no other job of this session uses the drafter, then holds it."""
+        wait_until(lambda: not self.drafting)
+        self.drafting = True
+        try:
+            yield
+        finally:
+            self.drafting = False
 
     def close(self) -> None:
-        """On the model thread (DraftSessionStore's `run`): a tree being prepared never sees its drafter
+        """On the model thread (DraftSessionStore's `run`): a tree being built never sees its drafter
         released under it, and one queued behind this sees `closed`."""
+        wait_until(lambda: not self.drafting)
         self.closed = True
         self.subscriber.close()
         self.drafter.release()

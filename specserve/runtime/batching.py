@@ -60,6 +60,24 @@ class _Job(greenlet.greenlet):
             self.future.set_exception(exc)
 
 
+@dataclass
+class _Wait:
+    ready: Callable[[], bool]
+
+
+def wait_until(ready: Callable[[], bool]) -> None:
+    """Suspends the calling job until `ready()` (checked before each forward); other jobs run meanwhile.
+
+    Jobs of one session use it to take turns on state they share (a drafter's cache). Outside a job
+    nothing else can make `ready` true, so it must already be.
+    """
+    current = greenlet.getcurrent()
+    while not ready():
+        if not isinstance(current, _Job):
+            raise RuntimeError("wait_until would block forever outside a batching job")
+        current.parent.switch(_Wait(ready))
+
+
 def batched_call(model: BatchedModel[S, R], segment: S) -> R:
     """Runs `segment` through `model`: merged with other jobs' segments when called inside a job."""
     current = greenlet.getcurrent()
@@ -94,12 +112,17 @@ class Scheduler:
     def __init__(self, max_tokens_per_forward: int = 1024) -> None:
         self.max_tokens_per_forward = max_tokens_per_forward
         self._pending: list[tuple[_Job, _Request]] = []  # suspended jobs waiting for a forward, FIFO
+        self._waiting: list[tuple[_Job, _Wait]] = []  # suspended jobs waiting for a condition
         self._seq = 0
         self.stats = BatchStats()
         self.on_batch: Callable[[int, int], None] | None = None  # (segments, tokens) per forward
 
     @property
     def busy(self) -> bool:
+        return bool(self._pending or self._waiting)
+
+    @property
+    def has_forwards(self) -> bool:
         return bool(self._pending)
 
     def start(self, fn: Callable[[], Any], future: Future[Any] | None = None) -> _Job:
@@ -113,12 +136,29 @@ class Scheduler:
         request = job.throw(error) if error is not None else job.switch(value)
         if isinstance(request, _Request):
             self._pending.append((job, request))
+        elif isinstance(request, _Wait):
+            self._waiting.append((job, request))
+
+    def _wake(self) -> None:
+        """Resumes cancelled jobs (with Cancelled) and waiting jobs whose condition holds."""
+        progress = True
+        while progress:
+            progress = False
+            for job, _ in [p for p in self._pending if p[0].cancelled]:
+                self._pending = [p for p in self._pending if p[0] is not job]
+                self._resume(job, None, Cancelled("the request was cancelled"))
+                progress = True
+            for item in list(self._waiting):
+                job, wait = item
+                if job.cancelled or wait.ready():
+                    self._waiting.remove(item)
+                    error = Cancelled("the request was cancelled") if job.cancelled else None
+                    self._resume(job, None, error)
+                    progress = True
 
     def step(self) -> None:
         """One forward per model over the oldest pending segments that fit the budget; resumes them."""
-        for job, _ in [p for p in self._pending if p[0].cancelled]:
-            self._pending = [p for p in self._pending if p[0] is not job]
-            self._resume(job, None, Cancelled("the request was cancelled"))
+        self._wake()
         if not self._pending:
             return
         chosen, tokens = [], 0
@@ -152,11 +192,20 @@ class Scheduler:
             for (job, _), result in zip(group, results, strict=True):
                 self._resume(job, result)
 
+    def mark_cancelled(self, future_ids: set[int]) -> None:
+        for job, _ in [*self._pending, *self._waiting]:
+            if id(job.future) in future_ids:
+                job.cancelled = True
+
     def run_all(self, fns: Sequence[Callable[[], R]]) -> list[R]:
         """Runs every fn as a job on this thread until all finish; returns their results in order."""
         jobs = [self.start(fn) for fn in fns]
-        while self._pending:
+        while self.busy:
             self.step()
+            if self._waiting and not self._pending:
+                self._wake()
+                if not self._pending and self._waiting:
+                    raise RuntimeError("every job waits on another and none can run")
         return [job.future.result() for job in jobs]
 
 
@@ -226,8 +275,12 @@ class SchedulerThread:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._inbox and not self.scheduler.busy and not self._closed:
-                    self._cond.wait()
+                while not self._inbox and not self.scheduler.has_forwards and not self._closed:
+                    # nothing to run; jobs that only wait are woken by the jobs they wait for, or by
+                    # a cancellation, so a short poll suffices
+                    self._cond.wait(0.005 if self.scheduler.busy else None)
+                    if self.scheduler.busy:
+                        break
                 if self._closed and not self._inbox and not self.scheduler.busy:
                     return
                 if self.max_wait_seconds > 0 and not self._inbox_has_budget() and not self._closed:
@@ -243,10 +296,9 @@ class SchedulerThread:
                         future.set_exception(Cancelled("the request was cancelled"))
                         continue
                     self.scheduler.start(fn, future)
-                for job, _ in self.scheduler._pending:
-                    if id(job.future) in cancelled:
-                        job.cancelled = True
-                self.scheduler.step()
+                self.scheduler.mark_cancelled(cancelled)
+                if self.scheduler.busy:
+                    self.scheduler.step()
 
     def _inbox_has_budget(self) -> bool:
         pending = sum(segment_tokens(r.segment) for _, r in self.scheduler._pending)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
-from specserve.runtime.batching import Scheduler, SchedulerThread, batched_call
+from specserve.runtime.batching import Scheduler, SchedulerThread, batched_call, wait_until
 
 
 class Recorder:
@@ -132,3 +132,30 @@ def test_cancelling_mid_job_frees_it_at_its_next_forward():
         go.set()
         thread.close()
     assert sum(b.count("long") for b in model.batches) <= 2
+
+
+def test_jobs_take_turns_with_wait_until():
+    model = Recorder()
+    holder = {"busy": False}
+    order: list[str] = []
+
+    def exclusive(name: str):
+        def run():
+            wait_until(lambda: not holder["busy"])
+            holder["busy"] = True
+            order.append(f"{name} in")
+            batched_call(model, Segment(name))
+            batched_call(model, Segment(name))
+            order.append(f"{name} out")
+            holder["busy"] = False
+
+        return run
+
+    Scheduler().run_all([exclusive("a"), exclusive("b"), steps(model, "free", 2)])
+    assert order == ["a in", "a out", "b in", "b out"]
+    assert model.batches[0] == ["a", "free"]  # others keep running while b waits
+
+
+def test_a_wait_nobody_can_satisfy_is_an_error_not_a_hang():
+    with pytest.raises(RuntimeError, match="waits"):
+        Scheduler().run_all([lambda: wait_until(lambda: False)])
