@@ -65,7 +65,7 @@ class Engine:
 
     @functools.cached_property
     def target_runner(self) -> ModelRunner:
-        return ModelRunner(self.target_model)
+        return ModelRunner(self.target_model, label="target")
 
     @functools.cached_property
     def vanilla_glide_draft(self) -> GlideDraft | None:
@@ -87,7 +87,7 @@ class Engine:
             )
         if draft.config.vocab_size != self.target_model.config.vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")
-        return ModelRunner(draft)
+        return ModelRunner(draft, label="draft")
 
     @functools.cached_property
     def glide_draft(self) -> GlideDraft:

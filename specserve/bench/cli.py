@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specserve.core.sampling_params import SamplingParams
+from specserve.app.sampling_args import sampling_params_from_args
 from specserve.errors import InvalidArgument
 from specserve.settings import EngineSettings
 
@@ -57,6 +57,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, metavar="results.png", help="write a PNG figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument(
+        "--concurrency",
+        metavar="N1,N2",
+        help="throughput under load instead: at each level N, N sessions run at once (continuously "
+        "batched in-process; remote:<method> streams N at once from the router); e.g. 1,4,8,16",
+    )
+    p.add_argument(
         "--remote",
         metavar="HOST:PORT",
         help="also offer the router's methods as remote:<method> (e.g. --methods glide,remote:glide)",
@@ -81,15 +87,7 @@ def run_bench_command(
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise InvalidArgument(f"--methods must list at least one method, got {args.methods!r}")
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        ignore_eos=getattr(args, "ignore_eos", False),
-        allow_lossy=getattr(args, "allow_lossy", False),
-    ).validate(settings.max_new_tokens_limit)
+    params = sampling_params_from_args(args, settings.max_new_tokens_limit)
     prompts_path = args.prompts if args.prompts is not None else default_prompts_path()
     if args.limit is not None and args.limit < 1:
         raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
@@ -107,6 +105,8 @@ def run_bench_command(
 
         engine_factory = Engine
     engine = engine_factory(settings)
+    if getattr(args, "concurrency", None):
+        return _run_concurrency(args, engine, [p.text for p in prompts], methods, params, settings)
     remote = None
     if getattr(args, "remote", None):
         from specserve.bench.remote import WithRemote
@@ -133,6 +133,57 @@ def run_bench_command(
         print(f"wrote {args.out}")
     if args.plot is not None:
         _write(args.plot, lambda p: plot(result, p))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _run_concurrency(
+    args: argparse.Namespace,
+    engine: Any,
+    prompts: list[str],
+    methods: list[str],
+    params: Any,
+    settings: EngineSettings,
+) -> int:
+    from specserve.bench.concurrency import (
+        format_concurrency,
+        parse_levels,
+        plot_concurrency,
+        run_concurrency,
+    )
+    from specserve.bench.machine import machine_info
+
+    levels = parse_levels(args.concurrency)
+    if "target" not in methods:
+        methods = ["target", *methods]  # batching alone: the baseline at every level
+    concurrency = run_concurrency(
+        engine,
+        prompts,
+        methods,
+        levels,
+        params,
+        remote_address=getattr(args, "remote", None),
+        progress=not getattr(args, "no_progress", False),
+    )
+    result = {
+        "concurrency": concurrency,
+        "config": {
+            "methods": methods,
+            "levels": levels,
+            "max_new_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "seed": params.seed,
+            "ignore_eos": params.ignore_eos,
+            "num_prompts": len(prompts),
+        },
+        "machine": machine_info(settings),
+    }
+    print(format_concurrency(concurrency))
+    if args.out is not None:
+        _write(args.out, lambda p: p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))
+        print(f"wrote {args.out}")
+    if args.plot is not None:
+        _write(args.plot, lambda p: plot_concurrency(concurrency, p))
         print(f"wrote {args.plot}")
     return 0
 

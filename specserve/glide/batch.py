@@ -35,6 +35,8 @@ class GlideSegment:
 class GlideBatcher:
     """The batched form of one GlideDraft: logits [V] after each segment's last token."""
 
+    label = "draft"  # names its forwards in batching statistics
+
     def __init__(self, model: GlideDraft) -> None:
         self.model = model
         self.device = next(model.parameters()).device

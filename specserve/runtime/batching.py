@@ -96,6 +96,7 @@ class BatchStats:
     last_batch_segments: int = 0
     last_batch_tokens: int = 0
     queue_seconds: list[float] = field(default_factory=list)  # kept bounded by the consumer
+    per_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (forwards, tokens)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -187,6 +188,9 @@ class Scheduler:
             batch_tokens = sum(segment_tokens(s) for s in segments)
             self.stats.tokens += batch_tokens
             self.stats.last_batch_segments, self.stats.last_batch_tokens = len(segments), batch_tokens
+            label = str(getattr(model, "label", type(model).__name__))
+            forwards, model_tokens = self.stats.per_model.get(label, (0, 0))
+            self.stats.per_model[label] = (forwards + 1, model_tokens + batch_tokens)
             if self.on_batch is not None:
                 self.on_batch(len(segments), batch_tokens)
             for (job, _), result in zip(group, results, strict=True):

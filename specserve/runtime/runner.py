@@ -21,8 +21,9 @@ class ModelRunner:
     concurrent sessions run as one ragged forward (runtime/ragged.py), otherwise alone.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, label: str = "model") -> None:
         self.model = model
+        self.label = label  # names its forwards in batching statistics
         use_ragged_attention(model)
         self.device = next(model.parameters()).device
         self.num_layers: int = model.config.num_hidden_layers

@@ -1,0 +1,61 @@
+"""`specserve bench --concurrency`: real engines (tiny random Llamas with the real tokenizer), sessions
+run at once through continuous batching; figures, identity with the lowest level, the plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from specserve.bench.cli import add_bench_parser, run_bench_command
+from specserve.bench.concurrency import parse_levels, percentile
+from specserve.errors import InvalidArgument
+from specserve.settings import EngineSettings
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specserve")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["bench", *argv])
+
+
+def test_levels_and_percentiles():
+    assert parse_levels("8,1,4,4") == [1, 4, 8]
+    for bad in ("", "a,b", "0", "1,999"):
+        with pytest.raises(InvalidArgument):
+            parse_levels(bad)
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+
+
+def test_concurrency_bench_on_a_real_engine(tiny_target_dir, tiny_draft_dir, tmp_path: Path, capsys):
+    prompts = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": "c", "turns": [f"Question number {i}?"]} for i in range(3)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, png = tmp_path / "c.json", tmp_path / "c.png"
+    args = parse(
+        "--prompts", str(prompts), "--methods", "vanilla", "--concurrency", "1,3,4",
+        "--max-new-tokens", "12", "--ignore-eos", "--out", str(out), "--plot", str(png), "--no-progress",
+    )  # fmt: skip
+    settings = EngineSettings(model_dir=tiny_target_dir, draft_dir=tiny_draft_dir)
+    assert run_bench_command(args, settings) == 0
+    result = json.loads(out.read_text())
+    by_method = result["concurrency"]["methods"]
+    assert set(by_method) == {"target", "vanilla"}
+    for method, levels in by_method.items():
+        assert set(levels) == {"1", "3", "4"}
+        for level, figures in levels.items():
+            assert figures["tokens"] == 12 * int(level)
+            assert figures["identical_to_lowest_level"], (method, level)
+            assert figures["tokens_per_s"] > 0 and figures["ttft_p50_s"] > 0
+            assert figures["itl_p99_s"] >= figures["itl_p50_s"]
+    # batching: at 4 sessions the target carries several sessions' tokens per forward
+    assert (
+        by_method["target"]["4"]["target_tokens_per_forward"]
+        > 2 * by_method["target"]["1"]["target_tokens_per_forward"] - 1
+    )
+    assert png.stat().st_size > 10_000
+    assert "tok/s" in capsys.readouterr().out
