@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.catalog import DEFAULT_METHOD
-from specserve.core.sampling_params import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.settings import EngineSettings
 
@@ -100,20 +99,12 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 def _run_generate(args: argparse.Namespace) -> int:
     if args.remote:
         return _run_remote_generate(args)
+    from specserve.app.sampling_args import sampling_params_from_args
     from specserve.engine import Engine
     from specserve.methods import method_spec
 
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        stop=tuple(args.stop),
-        allow_lossy=args.allow_lossy,
-    )
     settings = _settings(args)
-    params.validate(settings.max_new_tokens_limit)
+    params = sampling_params_from_args(args, settings.max_new_tokens_limit)
     method_spec(args.method)  # fail on a bad name before loading any model
     engine = Engine(settings)
     if args.json:

@@ -10,26 +10,45 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from specserve.catalog import ADAPTIVE_DEPTH, CATALOG, Method
 from specserve.core.cape import CapeSettings
+from specserve.core.cost import CostModel
 from specserve.core.protocols import Drafter
 from specserve.core.stopping import StopPolicyName, StopSettings
 from specserve.errors import InvalidArgument
-from specserve.glide.drafter import GlideDrafter
+from specserve.glide.drafter import GlideDrafter, TargetKVSource
+from specserve.glide.model import GlideDraft
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
+from specserve.runtime.runner import ModelRunner
+from specserve.settings import EngineSettings
 
-if TYPE_CHECKING:
-    from specserve.engine import Engine
-    from specserve.glide.drafter import TargetKVSource
+
+class DraftSources(Protocol):
+    """What the drafter factories read: the loaded drafts and the costs. specserve.engine.Engine is one
+    (the engine imports this module, never the other way round)."""
+
+    settings: EngineSettings
+
+    @property
+    def glide_draft(self) -> GlideDraft: ...
+
+    @property
+    def vanilla_glide_draft(self) -> GlideDraft | None: ...
+
+    @property
+    def vanilla_draft_runner(self) -> ModelRunner: ...
+
+    @property
+    def cost_model(self) -> CostModel: ...
 
 
 # (engine, capacity of the sequence's caches, the target's committed KV of the sequence) -> its drafter,
 # or None. In-process the KV source is the verifier's own cache; in the draft service it is the mirror
 # of the target's KV feed. Only GliDe drafters read it.
-DrafterFactory = Callable[["Engine", int, "TargetKVSource"], Drafter | None]
+DrafterFactory = Callable[[DraftSources, int, TargetKVSource], Drafter | None]
 
 
 @dataclass(frozen=True)
@@ -41,12 +60,12 @@ class MethodSpec:
     uses_hf_generate: bool = False
 
 
-def _no_drafter(engine: Engine, capacity: int, target_kv: TargetKVSource) -> None:
+def _no_drafter(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> None:
     return None
 
 
 def _vanilla(shape: DraftShape) -> DrafterFactory:
-    def make(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    def make(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
         trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
         if trained is not None:
             return GlideDrafter(trained, target_kv, capacity, shape)
@@ -56,7 +75,7 @@ def _vanilla(shape: DraftShape) -> DrafterFactory:
 
 
 def _glide(shape: DraftShape, cape: bool) -> DrafterFactory:
-    def make(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    def make(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
         settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
         return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, settings)
 
@@ -70,7 +89,7 @@ def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
     return _glide(DraftShape(depth=ADAPTIVE_DEPTH, stop=stop), cape=True)
 
 
-def _glide_cape_cost(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
+def _glide_cape_cost(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
     """The cost policy needs this machine's calibration, which only the engine knows."""
     settings = StopSettings(cost_model=engine.cost_model)
     shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
@@ -78,7 +97,7 @@ def _glide_cape_cost(engine: Engine, capacity: int, target_kv: TargetKVSource) -
 
 
 def _mcsd(shape: McsdShape) -> DrafterFactory:
-    def make(engine: Engine, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    def make(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
         # Trees are drafted level by level with tree attention, which the causal-LM runner supports; the
         # draft is the vanilla methods' causal LM (draft_dir, else the target's first layers).
         return MultiCandidateDrafter(engine.vanilla_draft_runner, capacity, shape)

@@ -68,7 +68,7 @@ def add_serve_parsers(subparsers: Any) -> None:
 # torch loads, so set before it is imported; an explicit GOMP_SPINCOUNT wins). The default (300,000
 # spins, milliseconds) keeps a finished forward's workers burning cores the other service needs next
 # on a shared machine; 30,000 still spans the microsecond gaps between one forward's parallel regions.
-# Measured on 2 cores: draft handler 16.4 -> 11.5 ms per round (docs/benchmarks.md §3).
+# Measured on 2 cores: draft handler 16.4 -> 11.5 ms per round (docs/benchmarks.md, the distributed stack).
 SERVICE_GOMP_SPINCOUNT = "30000"
 
 

@@ -25,18 +25,16 @@ Worked example (docs/adaptive.md has it in full): draft_step_s = 0.004, verify_s
 with a = 0.9 would add 0.81 tokens for 0.007 s (116 tok/s marginal): continue. With a = 0.1 a further
 token would add 0.09 tokens for 0.007 s, 12.9 tok/s, below the current rate: stop.
 
-Pure Python (no torch): the router may load calibrations and cost models.
+Pure Python (no torch, no I/O): specserve.runtime.calibrate measures, saves and loads calibrations.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from specserve.errors import InvalidArgument, NotFound
+from specserve.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -78,12 +76,6 @@ class CostModel:
             return cls(tuple(points), float(data["draft_step_s"]))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InvalidArgument(f"not a cost calibration: {e}") from None
-
-    @classmethod
-    def load(cls, path: Path) -> CostModel:
-        if not path.is_file():
-            raise NotFound(f"no cost calibration at {path}; write one with `specserve calibrate`")
-        return cls.from_json(json.loads(path.read_text()))
 
 
 def default_calibration_name(model_name: str, device: str, dtype: str) -> str:

@@ -16,7 +16,8 @@ Policies:
 - heuristic (Hugging Face): draft `gamma` tokens; gamma += 2 if all were accepted, else gamma -= 1.
 - decision (improved MCSD, arXiv 2409.10644): a small MLP (core/decision.py) predicts from the draft
   distribution whether the token will be accepted; stop once the prediction is <= 0.4. Weights come from
-  `specserve train-stopper` (shipped for the default model).
+  `specserve train-stopper` (shipped for the default model); specserve.runtime.stopper loads them into
+  StopSettings.decision_model (this module does no I/O).
 - cost (ours, core/cost.py): keep drafting, and with CaPE keep adding leaves, only while the expected
   tokens per second of the round rise, given this machine's calibrated costs and predicted acceptances.
 
@@ -35,13 +36,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel, leaves_worth_adding, worth_extending
-from specserve.core.decision import DecisionModel, load_decision_model
+from specserve.core.decision import DecisionModel
 from specserve.errors import InvalidArgument
 
 
@@ -97,7 +97,7 @@ class StopSettings:
     confidence_history: int | None = None  # most recent samples the fit uses; None = all (Hugging Face)
     heuristic_initial_depth: int = 5  # Hugging Face's num_assistant_tokens when "heuristic" was the default
     decision_threshold: float = 0.4  # the paper's: stop once the predicted acceptance is <= 0.4
-    decision_dir: Path | None = None  # the stopper's weights; None = the one shipped for the default model
+    decision_model: DecisionModel | None = None  # the learned stopper (specserve.runtime.stopper loads it)
     cost_model: CostModel | None = None  # calibrated costs; None = NOMINAL_CPU_COST (ratios only)
     cost_acceptance: AcceptanceEstimate = AcceptanceEstimate.DECISION
 
@@ -131,10 +131,13 @@ class StopSettings:
         """The round's token cap: max_depth when set, else the policy's default."""
         return default if self.max_depth is None else self.max_depth
 
-    def decision_model(self) -> DecisionModel:
-        from specserve.drafts import STOPPER_DIR  # a path constant; imported here to keep core's imports lean
-
-        return load_decision_model(self.decision_dir if self.decision_dir is not None else STOPPER_DIR)
+    def require_decision_model(self) -> DecisionModel:
+        if self.decision_model is None:
+            raise InvalidArgument(
+                "this stop policy needs the learned stopper: set StopSettings.decision_model "
+                "(specserve.runtime.stopper.make_stop_policy loads the shipped one)"
+            )
+        return self.decision_model
 
 
 # A drafted token carries tensors, which have no single truth value: compare steps by identity.
@@ -393,7 +396,7 @@ class DecisionPolicy:
     def __init__(self, settings: StopSettings) -> None:
         self._max_depth = settings.cap(DECISION_MAX_DEPTH)
         self.threshold = settings.decision_threshold
-        self.model = settings.decision_model()
+        self.model = settings.require_decision_model()
 
     @property
     def max_depth(self) -> int:
@@ -430,7 +433,9 @@ class CostPolicy:
         self._max_depth = settings.cap(COST_MAX_DEPTH)
         self.cost = settings.cost_model if settings.cost_model is not None else NOMINAL_CPU_COST
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
-        self.model = settings.decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
+        self.model = (
+            settings.require_decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
+        )
         self._reset()
 
     def _reset(self) -> None:
@@ -502,10 +507,23 @@ STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {
 }
 
 
-def make_stop_policy(name: str | StopPolicyName, settings: StopSettings | None = None) -> StopPolicy:
-    """A fresh policy (fresh online state) for `name`, e.g. make_stop_policy("svip")."""
-    key = StopPolicyName(name) if name in STOP_POLICIES else None  # a StrEnum member equals its value
-    if key is None:
+def _policy_name(name: str | StopPolicyName) -> StopPolicyName:
+    if name not in STOP_POLICIES:  # a StrEnum member equals its value
         valid = ", ".join(STOP_POLICIES)
         raise InvalidArgument(f"unknown stop policy {name!r}; valid: {valid}")
-    return STOP_POLICIES[key](settings if settings is not None else StopSettings())
+    return StopPolicyName(name)
+
+
+def needs_decision_model(name: str | StopPolicyName, settings: StopSettings) -> bool:
+    """Whether policy `name` with `settings` reads the learned stopper (StopSettings.decision_model)."""
+    key = _policy_name(name)
+    return key is StopPolicyName.DECISION or (
+        key is StopPolicyName.COST
+        and AcceptanceEstimate(settings.cost_acceptance) is AcceptanceEstimate.DECISION
+    )
+
+
+def make_stop_policy(name: str | StopPolicyName, settings: StopSettings | None = None) -> StopPolicy:
+    """A fresh policy (fresh online state) for `name`, e.g. make_stop_policy("svip"). Policies that read
+    the learned stopper need settings.decision_model (specserve.runtime.stopper fills in the shipped one)."""
+    return STOP_POLICIES[_policy_name(name)](settings if settings is not None else StopSettings())

@@ -1,7 +1,7 @@
 """The one tree representation: nodes in topological order, each with its parent's index.
 
 Node 0 is the root: the last committed token, whose KV the target has not computed yet. Every other
-node is a draft candidate. Masks, depths, children and paths are all derived from `parent_ids`.
+node is a draft candidate. Masks, depths and children are all derived from `parent_ids`.
 
 Worked example (root r with children a, b; a has child c):
     token_ids  = [r, a, b, c]
@@ -37,9 +37,6 @@ class TokenTree:
     def depths(self) -> list[int]:
         return tree_depths(self.parent_ids)
 
-    def children(self) -> list[list[int]]:
-        return tree_children(self.parent_ids)
-
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parent_ids))
 
@@ -67,11 +64,3 @@ def tree_children(parent_ids: Sequence[int]) -> list[list[int]]:
     for i in range(1, len(parent_ids)):
         children[parent_ids[i]].append(i)
     return children
-
-
-def path_to_node(parent_ids: Sequence[int], node: int) -> list[int]:
-    """Node indices from the root down to `node`, inclusive."""
-    path = [node]
-    while parent_ids[path[-1]] != -1:
-        path.append(parent_ids[path[-1]])
-    return path[::-1]

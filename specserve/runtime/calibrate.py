@@ -18,6 +18,7 @@ from tqdm import tqdm
 from specserve.core.cost import CostModel
 from specserve.core.protocols import DraftTree
 from specserve.core.sampling_params import SamplingParams
+from specserve.errors import NotFound
 from specserve.runtime.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,12 @@ def calibrate_engine(engine, repeats: int = 3) -> CostModel:
     cost = CostModel(verify_points, draft_step_s)
     logger.info("calibrated: verify %s s, draft step %.4f s", dict(verify_points), draft_step_s)
     return cost
+
+
+def load_calibration(path: Path) -> CostModel:
+    if not path.is_file():
+        raise NotFound(f"no cost calibration at {path}; write one with `specserve calibrate`")
+    return CostModel.from_json(json.loads(path.read_text()))
 
 
 def save_calibration(cost: CostModel, path: Path, about: dict) -> Path:

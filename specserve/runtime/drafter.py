@@ -24,12 +24,12 @@ from specserve.core.stopping import (
     StopPolicyName,
     StopSettings,
     WidthPolicy,
-    make_stop_policy,
 )
 from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import InvalidArgument
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
+from specserve.runtime.stopper import make_stop_policy
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,6 @@ class DraftShape:
         if self.stop == StopPolicyName.FIXED:
             settings = replace(settings, fixed_depth=max(1, self.depth))
         return make_stop_policy(self.stop, settings)
-
-    @property
-    def max_nodes(self) -> int:
-        return 1 + sum(self.width(d) for d in range(self.depth))
 
 
 class ModelDrafter:

@@ -28,11 +28,12 @@ from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.sliced_mask import SlicedTreeMask, sliced_tree_mask
-from specserve.core.stopping import DraftStep, StopPolicy, StopPolicyName, StopSettings, make_stop_policy
+from specserve.core.stopping import DraftStep, StopPolicy, StopPolicyName, StopSettings
 from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument
 from specserve.runtime.drafter import SpineFeedback, common_prefix_length
 from specserve.runtime.runner import ModelRunner
+from specserve.runtime.stopper import make_stop_policy
 
 
 @dataclass(frozen=True)

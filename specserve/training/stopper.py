@@ -19,12 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specserve.core.decision import (
-    DecisionTrainSettings,
-    decision_features,
-    save_decision_model,
-    train_decision_model,
-)
+from specserve.core.decision import decision_features
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import DraftTree, VerifyOutcome
@@ -34,7 +29,9 @@ from specserve.glide.drafter import GlideDrafter
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
+from specserve.runtime.stopper import save_decision_model
 from specserve.runtime.target import LocalVerifier
+from specserve.training.decision import DecisionTrainSettings, train_decision_model
 from specserve.training.prompts import written_prompts
 
 logger = logging.getLogger(__name__)

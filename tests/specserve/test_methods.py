@@ -9,7 +9,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specserve.core.cost import CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.sampling import logits_to_probs
@@ -17,6 +16,7 @@ from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
+from specserve.runtime.calibrate import load_calibration
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -46,7 +46,7 @@ def test_greedy_output_equals_the_target(engine, method):
 
 def test_the_cost_method_measured_this_machine_once(engine):
     cost = engine.cost_model  # measured by an earlier test's cost method, or now when run alone
-    assert engine.calibration_path.is_file() and CostModel.load(engine.calibration_path) == cost
+    assert engine.calibration_path.is_file() and load_calibration(engine.calibration_path) == cost
     assert cost.verify_points[0][0] == 1 and cost.draft_step_s >= 0
 
 

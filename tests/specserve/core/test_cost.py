@@ -15,6 +15,7 @@ from specserve.core.cost import (
     worth_extending,
 )
 from specserve.errors import InvalidArgument, NotFound
+from specserve.runtime.calibrate import load_calibration
 
 # The worked example of docs/adaptive.md: 4 ms per draft step, 60 ms for one verified node, +3 ms a node.
 LINEAR = CostModel(((1, 0.060), (64, 0.060 + 63 * 0.003)), draft_step_s=0.004)
@@ -32,7 +33,7 @@ def test_verify_cost_interpolates_extrapolates_and_floors():
 def test_calibration_json_round_trip(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text('{"verify_s": {"4": 0.2, "1": 0.1}, "draft_step_s": 0.01, "threads": 2}')
-    cost = CostModel.load(path)
+    cost = load_calibration(path)
     assert cost.verify_points == ((1, 0.1), (4, 0.2))
     assert CostModel.from_json(cost.to_json()) == cost
 
@@ -48,7 +49,7 @@ def test_bad_calibrations_are_refused(points, draft):
 
 def test_missing_calibration_is_not_found(tmp_path):
     with pytest.raises(NotFound):
-        CostModel.load(tmp_path / "none.json")
+        load_calibration(tmp_path / "none.json")
 
 
 def test_expected_tokens_by_hand():

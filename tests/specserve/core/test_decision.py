@@ -7,18 +7,15 @@ import math
 import pytest
 import torch
 
-from specserve.core.decision import (
-    NUM_FEATURES,
-    DecisionModel,
+from specserve.core.decision import NUM_FEATURES, DecisionModel, decision_features
+from specserve.errors import InvalidArgument, NotFound
+from specserve.runtime.stopper import load_decision_model, save_decision_model
+from specserve.training.decision import (
     DecisionTrainSettings,
-    decision_features,
-    load_decision_model,
     roc_auc,
-    save_decision_model,
     train_decision_model,
     undersample_majority,
 )
-from specserve.errors import InvalidArgument, NotFound
 
 
 def test_features_are_entropy_then_zero_padded_top_probabilities():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specserve.core.sliced_mask import MAX_SLICED_NODES, multi_candidate_parents, sliced_tree_mask
-from specserve.core.tree import TokenTree, tree_depths
+from specserve.core.tree import TokenTree, tree_children, tree_depths
 from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import InvalidArgument
 
@@ -50,7 +50,7 @@ def test_every_node_at_depth_d_has_k_d_children(shape):
     full = sliced_tree_mask(shape)
     tree = TokenTree(tuple(range(len(full.parent_ids))), full.parent_ids)
     depths = tree.depths()
-    for node, children in enumerate(tree.children()):
+    for node, children in enumerate(tree_children(tree.parent_ids)):
         expected = shape[depths[node]] if depths[node] < len(shape) else 0
         assert len(children) == expected
         if expected:  # siblings are numbered consecutively

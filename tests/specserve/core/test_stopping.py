@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from specserve.core.cost import CostModel, expected_tokens
-from specserve.core.decision import DecisionModel, save_decision_model
+from specserve.core.decision import DecisionModel
 from specserve.core.stopping import (
     STOP_POLICIES,
     AcceptanceEstimate,
@@ -22,12 +21,14 @@ from specserve.core.stopping import (
     entropy_nats,
     heuristic_depth,
     make_stop_policy,
+    needs_decision_model,
     prior_corrected,
     roc_confidence_threshold,
     svip_stops,
     token_probability,
 )
 from specserve.errors import InvalidArgument
+from specserve.runtime.stopper import make_stop_policy as make_with_shipped_stopper
 
 NEG_INF = float("-inf")
 
@@ -277,11 +278,21 @@ def test_every_name_is_registered_and_constructs():
     }
     for name in StopPolicyName:
         for key in (name, name.value):
-            policy = make_stop_policy(key)
+            policy = make_with_shipped_stopper(key)
             assert policy.max_depth == expected_caps[name.value]
             assert isinstance(policy.should_stop(DraftStep(0, torch.zeros(3), 0)), bool)
             policy.observe(2, 1)
-        assert make_stop_policy(name, StopSettings(max_depth=3)).max_depth == 3
+        assert make_with_shipped_stopper(name, StopSettings(max_depth=3)).max_depth == 3
+
+
+def test_core_policies_need_the_stopper_handed_to_them():
+    """core/ does no I/O: the decision and cost policies get the learned stopper in their settings."""
+    assert needs_decision_model("decision", StopSettings()) and needs_decision_model("cost", StopSettings())
+    assert not needs_decision_model("cost", BY_CONFIDENCE)
+    assert not needs_decision_model("svip", StopSettings())
+    with pytest.raises(InvalidArgument, match="decision_model"):
+        make_stop_policy("decision")
+    make_stop_policy("cost", BY_CONFIDENCE)  # reads the draft's own probabilities instead
 
 
 def test_unknown_name_lists_the_valid_ones():
@@ -292,7 +303,7 @@ def test_unknown_name_lists_the_valid_ones():
 @pytest.mark.parametrize("name", list(StopPolicyName))
 def test_observe_rejects_impossible_rounds(name):
     with pytest.raises(InvalidArgument):
-        make_stop_policy(name).observe(2, 3)
+        make_with_shipped_stopper(name).observe(2, 3)
 
 
 @pytest.mark.parametrize(
@@ -324,7 +335,7 @@ def test_settings_are_validated(kwargs):
 
 
 @pytest.fixture(scope="module")
-def entropy_stopper_dir(tmp_path_factory) -> Path:
+def entropy_stopper() -> DecisionModel:
     """A hand-set stopper: P(accept) = sigmoid(2 - 10 H). With the 0.4 threshold it stops once
     2 - 10 H <= logit(0.4), i.e. H >= (2 + ln 1.5) / 10 = 0.24055 nats."""
     model = DecisionModel()
@@ -334,29 +345,30 @@ def entropy_stopper_dir(tmp_path_factory) -> Path:
         model.net[0].weight[0, 0] = 1.0  # hidden 0 = relu(entropy)
         model.net[2].weight[0, 0] = -10.0
         model.net[2].bias[0] = 2.0
-    return save_decision_model(model, tmp_path_factory.mktemp("stopper"), {"train_positive_rate": 0.25})
+    model.positive_rate = 0.25
+    return model.eval().requires_grad_(False)
 
 
 DECISION_BOUNDARY = (2 + math.log(1.5)) / 10
 
 
 @pytest.mark.parametrize("delta,stops", [(-0.002, False), (0.002, True)])
-def test_decision_stops_exactly_at_the_threshold(entropy_stopper_dir, delta, stops):
-    policy = make_stop_policy("decision", StopSettings(decision_dir=entropy_stopper_dir))
+def test_decision_stops_exactly_at_the_threshold(entropy_stopper, delta, stops):
+    policy = make_stop_policy("decision", StopSettings(decision_model=entropy_stopper))
     step = DraftStep(0, logits_with_entropy(DECISION_BOUNDARY + delta), 0)
     assert policy.should_stop(step) is stops
 
 
-def test_decision_threshold_is_a_setting(entropy_stopper_dir):
+def test_decision_threshold_is_a_setting(entropy_stopper):
     # sigmoid(2 - 10 * 0.1) = 0.73: kept at 0.4, stopped at 0.8
     logits = logits_with_entropy(0.1)
     for threshold, stops in [(0.4, False), (0.8, True)]:
-        settings = StopSettings(decision_dir=entropy_stopper_dir, decision_threshold=threshold)
+        settings = StopSettings(decision_model=entropy_stopper, decision_threshold=threshold)
         assert make_stop_policy("decision", settings).should_stop(DraftStep(0, logits, 0)) is stops
 
 
-def test_decision_round_drafts_until_the_first_doubtful_token(entropy_stopper_dir):
-    policy = make_stop_policy("decision", StopSettings(decision_dir=entropy_stopper_dir))
+def test_decision_round_drafts_until_the_first_doubtful_token(entropy_stopper):
+    policy = make_stop_policy("decision", StopSettings(decision_model=entropy_stopper))
     sure, unsure = logits_with_entropy(0.05), logits_with_entropy(0.5)
     assert draft_round(policy, [sure, sure, sure, unsure, sure]) == 4
 
@@ -432,8 +444,8 @@ def test_cost_keeps_leaves_while_they_beat_the_rate():
     assert policy.num_nodes == 2
 
 
-def test_cost_with_the_learned_stopper_uses_corrected_predictions(entropy_stopper_dir):
-    settings = StopSettings(cost_model=LINEAR, decision_dir=entropy_stopper_dir)
+def test_cost_with_the_learned_stopper_uses_corrected_predictions(entropy_stopper):
+    settings = StopSettings(cost_model=LINEAR, decision_model=entropy_stopper)
     policy = make_stop_policy("cost", settings)
     logits = logits_with_entropy(0.1)  # model says .731; the base rate .25 corrects it to .475
     expected = prior_corrected(1 / (1 + math.exp(-1.0)), 0.25)

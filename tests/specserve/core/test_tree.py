@@ -3,7 +3,6 @@ import torch
 
 from specserve.core.tree import (
     TokenTree,
-    path_to_node,
     tree_children,
     tree_depths,
 )
@@ -17,8 +16,6 @@ PARENTS = (-1, 0, 0, 1)
 def test_depths_children_paths():
     assert tree_depths(PARENTS) == [0, 1, 1, 2]
     assert tree_children(PARENTS) == [[1, 2], [3], [], []]
-    assert path_to_node(PARENTS, 3) == [0, 1, 3]
-    assert path_to_node(PARENTS, 0) == [0]
 
 
 def test_mask_is_ancestor_or_self():

@@ -17,13 +17,14 @@ from shipped_methods import SHIPPED_DRAFT_METHODS
 
 from specserve.core.accept import accept_draft
 from specserve.core.cape import CapeSettings
-from specserve.core.decision import load_decision_model
 from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
+from specserve.core.tree import tree_children
 from specserve.drafts import STOPPER_DIR, DraftKind, shipped_draft_dir
 from specserve.engine import Engine
 from specserve.glide.drafter import GlideDrafter
 from specserve.runtime.drafter import DraftShape
+from specserve.runtime.stopper import load_decision_model
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -94,7 +95,7 @@ def test_sampled_verification_of_a_shipped_cape_tree_keeps_the_target_distributi
     drafter = GlideDrafter(engine.glide_draft, verifier.cache, capacity, DraftShape(4), CapeSettings())
     draft = drafter.propose([*prompt_ids, root], params, seed=1)
     tree = draft.tree
-    assert len(tree.children()[0]) > 1  # a real tree: several candidates for the first token
+    assert len(tree_children(tree.parent_ids)[0]) > 1  # a real tree: several candidates for the first token
     start = verifier.cache.length
     with torch.inference_mode():
         logits = engine.target_runner.forward(verifier.cache, tree.token_ids, tree.parent_ids)  # [N, V]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from tiny_llama import noisy_copy, tiny_llama
+from tree_paths import path_to_node
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
@@ -17,7 +18,7 @@ from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.sliced_mask import multi_candidate_parents
 from specserve.core.stopping import DraftStep
-from specserve.core.tree import TokenTree, path_to_node
+from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter, sample_without_replacement
 from specserve.runtime.runner import ModelRunner
@@ -56,7 +57,7 @@ def test_tree_is_the_full_static_shape_with_the_drafts_top_k(target, draft):
     tree = drafter.propose(PROMPT, GREEDY, seed=0).tree
     assert tree.parent_ids == multi_candidate_parents((2, 2, 1))
     # each node's children are the draft's top-k after the path to it (checked by a fresh causal forward)
-    for node, children in enumerate(tree.children()):
+    for node, children in enumerate(tree_children(tree.parent_ids)):
         if not children:
             continue
         path = [tree.token_ids[i] for i in path_to_node(tree.parent_ids, node)]
@@ -107,11 +108,11 @@ def test_sampled_trees_carry_q_of_every_internal_node(draft, kind):
     proposal = MultiCandidateDrafter(draft, CAPACITY, McsdShape((3, 2), sampled_kind=kind)).propose(
         PROMPT, params, seed=4
     )
-    internal = [i for i, c in enumerate(proposal.tree.children()) if c]
+    internal = [i for i, c in enumerate(tree_children(proposal.tree.parent_ids)) if c]
     assert proposal.kind is kind and sorted(proposal.draft_probs) == internal
     if kind is CandidateKind.SAMPLED_WITHOUT_REPLACEMENT:
         for node in internal:
-            tokens = [proposal.tree.token_ids[c] for c in proposal.tree.children()[node]]
+            tokens = [proposal.tree.token_ids[c] for c in tree_children(proposal.tree.parent_ids)[node]]
             assert len(set(tokens)) == len(tokens)
 
 
@@ -135,7 +136,8 @@ def test_target_rooted_rounds_hand_over_the_targets_top_w(target, draft):
     assert list(outcome.root_candidates) == torch.topk(logits, 2).indices.tolist()
     assert verifier.cache.length == len(PROMPT)  # the root stays the root: its KV is not committed
     seeded = drafter.propose_from_roots([*PROMPT, root], outcome.root_candidates, GREEDY, seed=0)
-    assert [seeded.tree.token_ids[c] for c in seeded.tree.children()[0]] == list(outcome.root_candidates)
+    first_level = tree_children(seeded.tree.parent_ids)[0]
+    assert [seeded.tree.token_ids[c] for c in first_level] == list(outcome.root_candidates)
     assert seeded.num_seeded == 2 and seeded.num_draft_tokens == seeded.tree.num_nodes - 3
     second = verifier.verify(seeded, GREEDY, seed=0)
     assert second.accepted_nodes[1] == 1  # the target's argmax is its first candidate

@@ -1,8 +1,8 @@
 import pytest
 import torch
 from tiny_llama import tiny_llama
+from tree_paths import path_to_node
 
-from specserve.core.tree import path_to_node
 from specserve.errors import ResourceExhausted
 from specserve.runtime.runner import ModelRunner
 

@@ -22,7 +22,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r}))
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "module",
-    ["services.router.main", "services.router.servicer", "specserve.client", "specserve.serving.cli"],
+    ["services.router.main", "services.router.servicer", "specserve.client", "specserve.app.serve"],
 )
 def test_import_leaves_torch_and_transformers_unloaded(module):
     done = subprocess.run(
