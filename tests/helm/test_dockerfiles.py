@@ -32,17 +32,30 @@ ROLE_SETTINGS = {
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
+# The router's image has its own Dockerfile; target and draft share one, a final stage per role.
+DOCKERFILES = {"router": "services/router/Dockerfile", "target": "services/model.Dockerfile"}
+DOCKERFILES["draft"] = DOCKERFILES["target"]
+
+
 def instructions(role: str) -> list[tuple[str, str]]:
-    """(KEYWORD, arguments) with continuation lines joined and comments dropped."""
-    text = (REPO / "services" / role / "Dockerfile").read_text()
+    """(KEYWORD, arguments) with continuation lines joined and comments dropped: the stages the role's
+    image is built from (`FROM x AS name` continues stage x), in order."""
+    text = (REPO / DOCKERFILES[role]).read_text()
     lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     joined = re.sub(r"\\\n", " ", "\n".join(lines))
-    out = []
+    preamble: list[tuple[str, str]] = []  # the ARGs before the first FROM
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current = preamble
     for line in joined.splitlines():
         if line.strip():
             keyword, _, rest = line.strip().partition(" ")
-            out.append((keyword.upper(), " ".join(rest.split())))
-    return out
+            if keyword.upper() == "FROM":
+                image, _, name = rest.partition(" AS ")
+                current = [*stages.get(image.strip(), preamble), ("FROM", image.strip())]
+                stages[name.strip() or role] = current
+            else:
+                current.append((keyword.upper(), " ".join(rest.split())))
+    return stages[role]
 
 
 def args_of(role: str, keyword: str) -> list[str]:

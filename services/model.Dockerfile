@@ -1,11 +1,13 @@
-# The draft service image: specserve with the `model` extra (torch, transformers).
-# Build from the repository root (the build needs protos/ and the package):
-#   docker build -f services/draft/Dockerfile -t specserve-draft .
+# The target and draft service images: specserve with the `model` extra (torch, transformers). One
+# build, one final stage per role (they differ only in the command and the ports). From the repository
+# root (the build needs protos/ and the package):
+#   docker build -f services/model.Dockerfile --target target -t specserve-target .
+#   docker build -f services/model.Dockerfile --target draft -t specserve-draft .
 # CPU torch by default. For NVIDIA GPUs pick the CUDA wheel index matching your driver, e.g.
 #   --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 # The CUDA wheels carry their own CUDA runtime; the node supplies only the driver (NVIDIA runtime class).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE} AS model
 
 # Keep equal to the torch pin of the `model` extra in pyproject.toml (a test checks).
 ARG TORCH_VERSION=2.13.0
@@ -42,7 +44,13 @@ ENV SPECSERVE_CACHE_DIR=/var/cache/specserve
 USER 10001
 WORKDIR /home/specserve
 
-# gRPC (with grpc.health.v1), Prometheus /metrics
-EXPOSE 50052 9102
 ENTRYPOINT ["specserve"]
+
+# gRPC (with grpc.health.v1), Prometheus /metrics
+FROM model AS target
+EXPOSE 50051 9101
+CMD ["serve", "target"]
+
+FROM model AS draft
+EXPOSE 50052 9102
 CMD ["serve", "draft"]
