@@ -230,7 +230,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self._cancel_events[session_id] = cancel
         on_client_gone(cancel.set)  # the client went away or its deadline passed
         out: queue.Queue = queue.Queue()
-        text = IncrementalText(self.tokenizer, generated[:received])
+        # The streamed text never shows a stop string, not even the start of one (it may yet be one).
+        text = IncrementalText(self.tokenizer, generated[:received], record.params["stop"])
         index = received
         try:
             if generated[received:]:

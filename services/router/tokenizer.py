@@ -71,22 +71,41 @@ INCOMPLETE = "\ufffd"  # what decoding yields for the bytes of a character whose
 
 
 class IncrementalText:
-    """Text deltas of a growing token sequence; holds back an incomplete UTF-8 character.
+    """Text deltas of a growing token sequence, as a stream sends them.
 
-    What was sent is always the decoded tokens minus a trailing incomplete character, however the
-    tokens were chunked, so a stream resumed after any token count continues the client's text exactly.
+    Holds back an incomplete UTF-8 character and, with stop strings, anything that could still become
+    one; the text ends before the first stop string. What was sent is always `visible(tokens)`, a function
+    of the tokens alone, however they were chunked, so a stream resumed after any token count continues
+    the client's text exactly.
     """
 
-    def __init__(self, tokenizer: RouterTokenizer, token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, tokenizer: RouterTokenizer, token_ids: Sequence[int] = (), stops: Sequence[str] = ()
+    ) -> None:
         self.tokenizer = tokenizer
+        self.stops = tuple(stops)
         self.token_ids = list(token_ids)
-        self.sent = tokenizer.decode(self.token_ids).rstrip(INCOMPLETE) if self.token_ids else ""
+        self.sent = self.visible(self.token_ids) if self.token_ids else ""
+
+    def visible(self, token_ids: Sequence[int], final: bool = False) -> str:
+        """The text of `token_ids` a client may see: cut before the first stop string; unless `final`
+        (the generation ended), without a trailing incomplete character or a possible stop's start."""
+        text = self.tokenizer.decode(token_ids)
+        if not final:
+            text = text.rstrip(INCOMPLETE)
+        hits = [text.find(s) for s in self.stops if s in text]
+        if hits:
+            return text[: min(hits)]
+        if not final:
+            held = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[: len(text) - held]
+        return text
 
     def add(self, new_token_ids: Sequence[int], final_text: str | None = None) -> str:
         """final_text: the finished text (cut before a stop string), sent in full at the end."""
         self.token_ids.extend(new_token_ids)
-        text = self.tokenizer.decode(self.token_ids).rstrip(INCOMPLETE) if final_text is None else final_text
-        if not text.startswith(self.sent):  # a stop cut shortened the text: nothing more to send
+        text = self.visible(self.token_ids) if final_text is None else final_text
+        if not text.startswith(self.sent):  # cannot happen: what was sent never needs taking back
             return ""
         delta, self.sent = text[len(self.sent) :], text
         return delta

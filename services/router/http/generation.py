@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from services.router.http.errors import HttpError, from_specserve, invalid
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from services.router.servicer import RouterServicer
-from services.router.tokenizer import INCOMPLETE, RouterTokenizer
+from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.catalog import CATALOG, Method
 from specserve.errors import SpecserveError
 from specserve.v1 import common_pb2, router_pb2
@@ -73,51 +73,31 @@ def generate_request(
         raise invalid(f"a field is out of range: {e}") from None
 
 
-@dataclass
 class TextAssembler:
-    """Rounds of tokens -> text deltas as OpenAI streams them: the text never shows a stop string (what
-    could be the start of one is held back until it is not), and ends before the first stop string.
-    Each delta is split into the part the draft's accepted tokens produced and the target's own part."""
+    """Rounds of tokens -> the text deltas the router's own stream sends (IncrementalText: no stop
+    string, nor the start of one, ever shows), each split into the part the draft's accepted tokens
+    produced and the target's own part."""
 
-    tokenizer: RouterTokenizer
-    stops: Sequence[str] = ()
-    token_ids: list[int] = field(default_factory=list)
-    sent: str = ""
+    def __init__(self, tokenizer: RouterTokenizer, stops: Sequence[str] = ()) -> None:
+        self.incremental = IncrementalText(tokenizer, stops=stops)
 
     def add(self, token_ids: Sequence[int], num_accepted: int) -> tuple[str, str]:
         """Returns (accepted text, target text) of a round; their concatenation is the new content."""
-        sent_before = len(self.sent)
-        after_accepted = self._visible([*self.token_ids, *token_ids[:num_accepted]], final=False)
-        self.token_ids.extend(token_ids)
-        delta = self._delta(self._visible(self.token_ids, final=False))
+        incremental = self.incremental
+        sent_before = len(incremental.sent)
+        after_accepted = incremental.visible([*incremental.token_ids, *token_ids[:num_accepted]])
+        delta = incremental.add(token_ids)
         boundary = min(max(0, len(after_accepted) - sent_before), len(delta))
         return delta[:boundary], delta[boundary:]
 
     def finish(self) -> str:
         """The rest of the text once the generation ended."""
-        return self._delta(self._visible(self.token_ids, final=True))
+        incremental = self.incremental
+        return incremental.add([], final_text=incremental.visible(incremental.token_ids, final=True))
 
     @property
     def text(self) -> str:
-        return self.sent
-
-    def _delta(self, visible: str) -> str:
-        if not visible.startswith(self.sent):
-            return ""
-        delta, self.sent = visible[len(self.sent) :], visible
-        return delta
-
-    def _visible(self, token_ids: Sequence[int], final: bool) -> str:
-        text = self.tokenizer.decode(token_ids)
-        if not final:
-            text = text.rstrip(INCOMPLETE)
-        hits = [text.find(s) for s in self.stops if s in text]
-        if hits:
-            return text[: min(hits)]
-        if not final:  # hold back a suffix that may grow into a stop string
-            held = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-            text = text[: len(text) - held]
-        return text
+        return self.incremental.sent
 
 
 class Generation:

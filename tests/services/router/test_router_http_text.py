@@ -12,7 +12,7 @@ import json
 import pytest
 
 from services.router.http.generation import TextAssembler
-from services.router.tokenizer import RouterTokenizer
+from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.v1 import target_pb2
 
 TEXT = "In the heart of the night, a gentle rain 🌧️ falls on 日本の庭. A gentle rain, again."
@@ -61,6 +61,22 @@ def test_without_stops_everything_arrives_and_splits_by_origin(tokenizer) -> Non
     assert pieces[0][0] == tokenizer.decode(token_ids[:2]) and pieces[0][1] == tokenizer.decode(
         token_ids[2:3]
     )
+
+
+def test_a_stream_resumed_anywhere_continues_the_text_exactly_with_stops(tokenizer) -> None:
+    """The router resumes a session with IncrementalText(tokenizer, received, stops): whatever the cut,
+    the client's text plus the resumed deltas is the finished text, cut before the stop string."""
+    stop = "gentle rain"
+    token_ids = tokenizer.encode_text(TEXT)
+    finished = IncrementalText(tokenizer, stops=[stop]).visible(token_ids, final=True)
+    assert finished == TEXT[: TEXT.index(stop)]
+    for cut in range(len(token_ids) + 1):
+        before = IncrementalText(tokenizer, stops=[stop])
+        client = "".join(before.add([t]) for t in token_ids[:cut])
+        resumed = IncrementalText(tokenizer, token_ids[:cut], stops=[stop])
+        client += "".join(resumed.add([t]) for t in token_ids[cut:])
+        client += resumed.add([], final_text=finished)
+        assert client == finished, cut
 
 
 def test_a_conversation_goes_through_the_chat_template(tokenizer) -> None:
