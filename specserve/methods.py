@@ -89,7 +89,7 @@ def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
     return _glide(DraftShape(depth=ADAPTIVE_DEPTH, stop=stop), cape=True)
 
 
-def _glide_cape_cost(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
+def _glide_cape_cost(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter | None:
     """The cost policy needs this machine's calibration, which only the engine knows."""
     settings = StopSettings(cost_model=engine.cost_model)
     shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)

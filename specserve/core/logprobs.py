@@ -43,7 +43,7 @@ def token_logprobs(
     result = []
     for j, token in enumerate(token_ids):
         top: tuple[tuple[int, float], ...] = ()
-        if top_ids is not None:
+        if top_ids is not None and top_values is not None:
             top = tuple(zip(top_ids[j].tolist(), top_values[j].tolist(), strict=True))
         result.append(TokenLogprob(int(token), float(chosen[j]), top))
     return result

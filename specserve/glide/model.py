@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,10 @@ from torch import nn
 from specserve.core.sampling import make_generator
 from specserve.errors import InvalidArgument, NotFound
 from specserve.glide.config import GlideConfig
-from specserve.runtime.kv_cache import PositionalKVCache
+from specserve.runtime.kv_cache import PositionalKVCache, PositionalLayer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class RMSNorm(nn.Module):
@@ -122,7 +126,7 @@ class SelfAttention(nn.Module):
         v = _split_heads(self.v_proj(x), self.num_kv_heads)  # [B, Hkv, S, D]
         start = 0 if cache is None else cache.length
         if cache is not None:
-            k, v = cache.layers[0].update(k, v)  # [B, Hkv, start + S, D]
+            k, v = cast(PositionalLayer, cache.layers[0]).update(k, v)  # [B, Hkv, start + S, D]
         mask = None  # a single query sees the whole history
         if seq > 1:  # causal: query i (absolute start + i) sees keys 0 .. start + i
             mask = torch.ones(seq, start + seq, dtype=torch.bool, device=x.device).tril(start)  # [S, start+S]
@@ -177,6 +181,8 @@ class GlideBlock(nn.Module):
 class FrozenEmbedding(nn.Module):
     """The target's input embedding, borrowed: a non-persistent buffer, so never trained nor saved."""
 
+    weight: torch.Tensor  # [V, H], a buffer
+
     def __init__(self, weight: torch.Tensor) -> None:  # [V, H]
         super().__init__()
         self.register_buffer("weight", weight.detach(), persistent=False)  # shares the target's storage
@@ -186,6 +192,9 @@ class FrozenEmbedding(nn.Module):
 
 
 class GlideDraft(nn.Module):
+    draft_token_ids: torch.Tensor  # [V_draft] buffers, with a reduced head: target id of each head row
+    draft_index: torch.Tensor  # [V]: head row of each target id, -100 outside
+
     def __init__(
         self,
         config: GlideConfig,
@@ -378,7 +387,8 @@ def _new_draft(
 ) -> GlideDraft:
     embedding = None
     if config.share_target_embeddings and target_model is not None:
-        embedding = target_model.get_input_embeddings().weight  # [V, H]
+        embeddings = cast("PreTrainedModel", target_model).get_input_embeddings()
+        embedding = cast(nn.Embedding, embeddings).weight  # [V, H]
     return GlideDraft(config, embedding, draft_token_ids)
 
 

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from specserve.errors import FailedPrecondition
 
@@ -102,7 +103,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantise a Llama GGUF file into a safetensors checkpoint + tokenizer in `out_dir`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     gguf_path = Path(gguf_path)
     kwargs = {"gguf_file": gguf_path.name, "local_files_only": True}
@@ -113,7 +114,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     config = copy.deepcopy(gguf_model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(cast(LlamaConfig, config))  # the default model is a Llama
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     del gguf_model
     model.save_pretrained(out_dir, safe_serialization=True)

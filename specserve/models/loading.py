@@ -44,7 +44,7 @@ def load_causal_lm(model_dir: Path, device: str = "cpu", dtype: str = "float32")
     )
     model.eval()
     model.requires_grad_(False)
-    return model.to(device=device, dtype=torch_dtype)
+    return model.to(device=device, dtype=torch_dtype)  # type: ignore[call-arg]  # transformers wraps `to`
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from specserve.errors import InvalidArgument
 
@@ -41,7 +42,7 @@ def make_tiny_llama(
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise InvalidArgument("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
     tokenizer = None
-    special_ids: dict[str, int | None] = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    special_ids: dict[str, Any] = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if tokenizer_dir is not None:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
         if vocab_size is not None and vocab_size < len(tokenizer):
