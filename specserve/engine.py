@@ -37,7 +37,7 @@ class Engine:
         if self.settings.num_threads > 0:
             torch.set_num_threads(self.settings.num_threads)
         if self.settings.dtype != "float32":
-            # Measured (docs/benchmarks.md section 5): in bf16 greedy output left the target's own decoding
+            # Measured (docs/benchmarks.md, bfloat16): in bf16 greedy output left the target's own decoding
             # after 5-112 tokens on most prompts, because a forward over a tree rounds differently from a
             # forward over one token. The distribution is still the target's, up to that rounding.
             logger.warning(

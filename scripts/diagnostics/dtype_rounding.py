@@ -2,7 +2,7 @@
 
 Same model, same tokens, same positions: 20 random 64-token prefixes, then 8 more tokens either one at a
 time (how the target decodes alone) or in one forward (how a draft chain is verified). Prints the largest
-logit difference and how many of the 160 rows change their argmax. docs/benchmarks.md section 5.
+logit difference and how many of the 160 rows change their argmax. docs/benchmarks.md, bfloat16.
 
     python scripts/diagnostics/dtype_rounding.py
 """

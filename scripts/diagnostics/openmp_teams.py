@@ -1,6 +1,7 @@
 """A tree verify with one OpenMP team in the process, then after a second thread has run torch.
 
-docs/benchmarks.md section 3 quotes it: `python scripts/diagnostics/openmp_teams.py` on the default model.
+docs/benchmarks.md (the distributed stack) quotes it:
+`python scripts/diagnostics/openmp_teams.py` on the default model.
 """
 
 from __future__ import annotations

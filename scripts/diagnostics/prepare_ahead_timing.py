@@ -2,7 +2,7 @@
 the draft takes to build a tree ahead of time and on request.
 
 The numbers come from debug log lines that only the patch next to this script adds (they are not worth
-a metric). docs/benchmarks.md section 3 quotes this:
+a metric). docs/benchmarks.md (the distributed stack) quotes this:
 
     git apply scripts/diagnostics/prepare_ahead_timing.patch
     python scripts/diagnostics/prepare_ahead_timing.py /tmp/timing

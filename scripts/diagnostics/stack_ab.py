@@ -2,7 +2,8 @@
 
 Each prompt runs on the in-process engine, then on stack A, then on stack B, so the three share the
 machine's conditions prompt by prompt (as `specserve bench` interleaves its methods). Greedy, the
-default method, the MT-Bench first turns (one per category). docs/benchmarks.md section 3 quotes:
+default method, the MT-Bench first turns (one per category). docs/benchmarks.md (the distributed
+stack) quotes:
 
     python scripts/diagnostics/stack_ab.py --out /tmp/ab \
         --a 'prepare ahead' SPECSERVE_DRAFT_PREPARE_AHEAD=true \

@@ -80,7 +80,8 @@ class CostModel:
 
 def default_calibration_name(model_name: str, device: str, dtype: str) -> str:
     """The file a calibration is saved under: costs hold for one model on one kind of device in one dtype
-    (bf16 on this CPU has a flat curve where fp32's doubles from 1 to 2 nodes), so none is reused across."""
+    (on a 2-core AMD EPYC, docs/benchmarks.md, bf16's curve is flat where fp32's doubles from 1 to 2
+    nodes), so none is reused across."""
     return f"calibration-{model_name}-{device.replace(':', '')}-{dtype}.json"
 
 
@@ -138,9 +139,9 @@ def leaves_worth_adding(
     """How many of the offered leaves to add: the count k whose round (E + g_1 + ... + g_k over one
     forward of num_nodes + k nodes) has the highest rate, 0 when none beats the current one.
 
-    Every k is compared, not just the next leaf, because a measured curve need not rise: on this CPU the
-    target verifies 8 nodes faster than 7 (MKL picks another kernel), so a leaf that does not pay alone
-    can pay together with the next."""
+    Every k is compared, not just the next leaf, because a measured curve need not rise: on the CPU of
+    docs/benchmarks.md the target verifies 8 nodes faster than 7 (MKL picks another kernel), so a leaf
+    that does not pay alone can pay together with the next."""
     best_count, best_rate = 0, expected / cost.round_s(num_spine, num_nodes)
     total = expected
     for count, gain in enumerate(gains, start=1):

@@ -3,7 +3,7 @@
 gRPC runs handlers on a pool of threads. OpenMP (torch's CPU backend) gives every calling thread its own
 team of worker threads, so model calls spread over the pool leave several teams competing for the same
 cores: measured on 2 cores, a 5-token target forward took ~30% longer when the calling thread varied
-than on one dedicated thread (docs/benchmarks.md, section 3). Handlers validate and hold their locks on
+than on one dedicated thread (docs/benchmarks.md, the distributed stack). Handlers validate and hold their locks on
 their own threads and hand the tensor work here; one thread also serialises access to the model.
 
 Loading the model belongs here too. A second thread that ever ran torch (the main thread loading the
