@@ -47,7 +47,9 @@ class EngineSettings:
     dtype: str = "float32"
     cache_dir: Path = field(default_factory=_default_cache_dir)
     num_threads: int = 0  # 0 = leave torch's default
-    max_context: int = 2048  # prompt + generated tokens + one draft tree
+    # Prompt + generated tokens + one draft tree: the default model's whole context. KV caches grow by
+    # need (runtime/kv_cache.py), so a large limit costs a short session nothing.
+    max_context: int = 8192
     max_prompt_tokens: int = 1536
     max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT
     max_tree_nodes: int = 64

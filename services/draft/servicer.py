@@ -50,7 +50,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.model = model or ModelThread("draft-model")  # every draft forward, batched across sessions
+        self.model = model or ModelThread.for_settings("draft-model", settings)  # forwards batched
+        metrics.batching.attach(self.model)
         self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()

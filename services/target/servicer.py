@@ -47,6 +47,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             prefill_chunk=settings.prefill_chunk_tokens,
         )
         self.model = model or ModelThread.for_settings("target-model", settings)
+        metrics.batching.attach(self.model)
 
     def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
         tokenizer, limits = self.engine.tokenizer, self.engine.settings
@@ -210,6 +211,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def _update_gauges(self) -> None:
         self.metrics.sessions.set(len(self.store))
         self.metrics.kv_positions_reserved.set(self.store.reserved_positions)
+        self.metrics.kv_positions_allocated.set(self.store.allocated_positions)
 
     def close(self) -> None:
         self.model.close()

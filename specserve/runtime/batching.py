@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -48,9 +49,10 @@ class _Request:
 class _Job(greenlet.greenlet):
     """One unit of work; `future` gets its return value or exception."""
 
-    def __init__(self, fn: Callable[[], Any], future: Future[Any], seq: int) -> None:
+    def __init__(self, fn: Callable[[], Any], future: Future[Any], seq: int, trace: object = None) -> None:
         super().__init__(self._main)
         self.fn, self.future, self.seq = fn, future, seq
+        self.trace = trace  # the submitter's tracing context, linked from the forwards that serve it
         self.cancelled = False
 
     def _main(self, *_: object) -> None:  # the first switch passes the resume value; unused
@@ -95,7 +97,6 @@ class BatchStats:
     segments: int = 0
     last_batch_segments: int = 0
     last_batch_tokens: int = 0
-    queue_seconds: list[float] = field(default_factory=list)  # kept bounded by the consumer
     per_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (forwards, tokens)
 
     @property
@@ -117,6 +118,8 @@ class Scheduler:
         self._seq = 0
         self.stats = BatchStats()
         self.on_batch: Callable[[int, int], None] | None = None  # (segments, tokens) per forward
+        # Wraps each forward, given the trace contexts of the jobs it serves (a tracing span).
+        self.batch_scope: Callable[[list[object]], AbstractContextManager[object]] | None = None
 
     @property
     def busy(self) -> bool:
@@ -126,10 +129,10 @@ class Scheduler:
     def has_forwards(self) -> bool:
         return bool(self._pending)
 
-    def start(self, fn: Callable[[], Any], future: Future[Any] | None = None) -> _Job:
+    def start(self, fn: Callable[[], Any], future: Future[Any] | None = None, trace: object = None) -> _Job:
         """Starts a job now; it runs until its first forward (or to its end)."""
         self._seq += 1
-        job = _Job(fn, future if future is not None else Future(), self._seq)
+        job = _Job(fn, future if future is not None else Future(), self._seq, trace)
         self._resume(job, None)
         return job
 
@@ -177,8 +180,10 @@ class Scheduler:
         for group in groups.values():
             model = group[0][1].model
             segments = [request.segment for _, request in group]
+            scope = self.batch_scope([job.trace for job, _ in group]) if self.batch_scope else nullcontext()
             try:
-                results = model.forward_batch(segments)
+                with scope:
+                    results = model.forward_batch(segments)
             except Exception as exc:  # a failed forward fails the jobs in it, not the scheduler
                 for job, _ in group:
                     self._resume(job, None, exc)
@@ -236,9 +241,11 @@ class SchedulerThread:
         self.max_wait_seconds = max_wait_seconds
         self._lock = lock
         self._cond = threading.Condition()
-        self._inbox: deque[tuple[Callable[[], Any], Future[Any], float]] = deque()
+        self._inbox: deque[tuple[Callable[[], Any], Future[Any], float, object]] = deque()
         self._in_flight = 0
         self._cancelled: set[int] = set()  # ids of futures whose jobs should stop
+        self.on_queue: Callable[[float], None] | None = None  # seconds from submit to job start
+        self.capture_trace: Callable[[], object] | None = None  # the submitter's trace context
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -255,7 +262,8 @@ class SchedulerThread:
             if self._in_flight >= self.max_queue:
                 raise ResourceExhausted(f"{self._in_flight} requests queued: the queue is full, retry later")
             self._in_flight += 1
-            self._inbox.append((lambda: fn(*args, **kwargs), future, time.perf_counter()))
+            trace = self.capture_trace() if self.capture_trace is not None else None
+            self._inbox.append((lambda: fn(*args, **kwargs), future, time.perf_counter(), trace))
             self._cond.notify()
         future.add_done_callback(self._finished)
         return future
@@ -293,13 +301,13 @@ class SchedulerThread:
                 self._inbox.clear()
                 cancelled, self._cancelled = self._cancelled, set()
             with self._lock if self._lock is not None else _NoLock():
-                for fn, future, queued_at in arrivals:
-                    self.scheduler.stats.queue_seconds.append(time.perf_counter() - queued_at)
-                    del self.scheduler.stats.queue_seconds[:-1024]
+                for fn, future, queued_at, trace in arrivals:
+                    if self.on_queue is not None:
+                        self.on_queue(time.perf_counter() - queued_at)
                     if id(future) in cancelled:
                         future.set_exception(Cancelled("the request was cancelled"))
                         continue
-                    self.scheduler.start(fn, future)
+                    self.scheduler.start(fn, future, trace)
                 self.scheduler.mark_cancelled(cancelled)
                 if self.scheduler.busy:
                     self.scheduler.step()

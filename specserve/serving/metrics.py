@@ -24,6 +24,43 @@ def _histogram(
     return Histogram(PREFIX + name, doc, registry=registry, buckets=buckets)
 
 
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass
+class BatchMetrics:
+    """Continuous batching on a service's model thread (runtime/batching.py)."""
+
+    batch_sessions: Histogram
+    batch_tokens: Histogram
+    queue_wait: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry, role: str) -> BatchMetrics:
+        return cls(
+            batch_sessions=_histogram(
+                registry, f"{role}_batch_sessions", "Sessions' segments per forward", _BATCH_BUCKETS
+            ),
+            batch_tokens=_histogram(registry, f"{role}_batch_tokens", "Tokens per forward", _TOKEN_BUCKETS),
+            queue_wait=_histogram(
+                registry,
+                f"{role}_queue_wait_seconds",
+                "Request queued until its job started on the model thread",
+            ),
+        )
+
+    def attach(self, model_thread: object) -> None:
+        """Observes every forward and every job start of a ModelThread (serving/model_thread.py)."""
+
+        def on_batch(segments: int, tokens: int) -> None:
+            self.batch_sessions.observe(segments)
+            self.batch_tokens.observe(tokens)
+
+        model_thread.scheduler.on_batch = on_batch  # type: ignore[attr-defined]
+        model_thread.on_queue = self.queue_wait.observe  # type: ignore[attr-defined]
+
+
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
     """Serves /metrics on a daemon thread; port 0 = off."""
     if port:
@@ -108,11 +145,17 @@ class TargetMetrics:
     prefill_latency: Histogram
     kv_feed_bytes: Counter
     kv_feed_subscribers: Gauge
+    kv_positions_allocated: Gauge
+    batching: BatchMetrics
 
     @classmethod
     def create(cls) -> TargetMetrics:
         r = CollectorRegistry()
         return cls(
+            kv_positions_allocated=Gauge(
+                PREFIX + "kv_cache_allocated_positions", "KV positions the sessions' caches hold", registry=r
+            ),
+            batching=BatchMetrics.create(r, "target"),
             registry=r,
             sessions=Gauge(PREFIX + "target_sessions", "Sessions holding a KV cache", registry=r),
             kv_positions_reserved=Gauge(
@@ -136,11 +179,13 @@ class DraftMetrics:
     kv_feed_bytes: Counter
     kv_feed_resyncs: Counter
     proposals: Counter  # label how: "prepared" (built ahead from the KV feed) or "on_request"
+    batching: BatchMetrics
 
     @classmethod
     def create(cls) -> DraftMetrics:
         r = CollectorRegistry()
         return cls(
+            batching=BatchMetrics.create(r, "draft"),
             registry=r,
             sessions=Gauge(PREFIX + "draft_sessions", "Draft sessions", registry=r),
             propose_latency=_histogram(r, "propose_latency_seconds", "Propose handler time"),

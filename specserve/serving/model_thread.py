@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from specserve.runtime.batching import SchedulerThread
+from specserve.serving import telemetry
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -41,6 +42,9 @@ class ModelThread(SchedulerThread):
         max_wait_seconds: float = 0.0,
     ) -> None:
         super().__init__(name, max_tokens_per_forward, max_queue, max_wait_seconds)
+        # Each batched forward gets a span linked to the spans of the requests it serves.
+        self.capture_trace = telemetry.current_span_context
+        self.scheduler.batch_scope = telemetry.batch_span
 
     @classmethod
     def for_settings(cls, name: str, settings: object) -> ModelThread:

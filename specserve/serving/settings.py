@@ -80,11 +80,20 @@ class TargetServiceSettings(ServerSettings):
 
     port: int = 50051
     metrics_port: int = 9101
-    max_sessions: int = 64
-    # Sum of the sessions' KV capacities, in token positions. A new session evicts the least recently
-    # used idle sessions to fit; their routers rebuild them from the token history on the next call.
-    kv_budget_tokens: int = 65536
+    # Every session holds one KV-feed stream beside its Prefill/Verify calls: room for 128 sessions.
+    max_concurrent_rpcs: int = 256
+    max_sessions: int = 128
+    # KV positions all sessions may hold together (each holds what it uses, up to its capacity). A new
+    # or growing session evicts the least recently used idle sessions to fit; their routers rebuild them
+    # from the token history on the next call.
+    kv_budget_tokens: int = 131072
     feed_chunk_positions: int = 256  # KV feed: positions per streamed chunk (bounds message size)
+    # Continuous batching (runtime/batching.py): tokens one forward may carry, prompt tokens per prefill
+    # chunk, requests admitted before RESOURCE_EXHAUSTED, and an optional wait for a fuller batch.
+    max_tokens_per_forward: int = 1024
+    prefill_chunk_tokens: int = 256
+    max_queued_requests: int = 256
+    batch_wait_ms: float = 0.0
     # A session no Prefill or Verify touched for this long is released (its router died or moved on;
     # a router that comes back rebuilds it from the history in Redis). 0 = never.
     session_idle_seconds: float = 600.0
@@ -97,6 +106,12 @@ class TargetServiceSettings(ServerSettings):
         super().validate()
         if self.max_sessions < 1 or self.kv_budget_tokens < 1 or self.feed_chunk_positions < 1:
             raise InvalidArgument("max_sessions, kv_budget_tokens and feed_chunk_positions must be >= 1")
+        if min(self.max_tokens_per_forward, self.prefill_chunk_tokens, self.max_queued_requests) < 1:
+            raise InvalidArgument(
+                "max_tokens_per_forward, prefill_chunk_tokens, max_queued_requests must be >= 1"
+            )
+        if self.batch_wait_ms < 0:
+            raise InvalidArgument("batch_wait_ms must be >= 0")
         if self.session_idle_seconds < 0:
             raise InvalidArgument("session_idle_seconds must be >= 0")
         return self
@@ -110,7 +125,8 @@ class DraftServiceSettings(ServerSettings):
 
     port: int = 50052
     metrics_port: int = 9102
-    max_sessions: int = 64
+    max_concurrent_rpcs: int = 256
+    max_sessions: int = 128
     kv_wait_seconds: float = 2.0  # how long a propose waits for the KV version it needs
     # Build each round's tree when the KV feed delivers the commit, before the router asks
     # (services/draft/servicer.py). Off by default: where the draft shares CPU cores with the router (as
@@ -143,7 +159,7 @@ class RouterServiceSettings(ServerSettings):
 
     port: int = 50050
     metrics_port: int = 9100
-    max_concurrent_rpcs: int = 32
+    max_concurrent_rpcs: int = 128
     target_addresses: tuple[str, ...] = ("localhost:50051",)  # env: comma-separated host:port
     draft_addresses: tuple[str, ...] = ("localhost:50052",)
     redis_url: str = "redis://localhost:6379/0"

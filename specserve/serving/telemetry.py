@@ -32,6 +32,8 @@ SPAN_PREFILL = "specserve.target.prefill"
 SPAN_KV_PUBLISH = "specserve.kv_feed.publish"
 SPAN_KV_RECEIVE = "specserve.kv_feed.receive"
 SPAN_PREPARE = "specserve.draft.prepare"  # a tree built ahead, when the KV feed delivered a commit
+SPAN_BATCH = "specserve.batch"  # one batched forward; linked to the spans of the requests it served
+ATTR_BATCH_SESSIONS = "specserve.batch.sessions"
 
 # Attribute names.
 ATTR_SESSION = "specserve.session_id"
@@ -84,6 +86,21 @@ def tracer() -> trace.Tracer:
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
     with tracer().start_as_current_span(name, attributes=attributes) as current:
+        yield current
+
+
+def current_span_context() -> trace.SpanContext:
+    """The caller's span, to be linked from the batch that serves it (runtime/batching.py)."""
+    return trace.get_current_span().get_span_context()
+
+
+@contextmanager
+def batch_span(requests: list[object]) -> Iterator[trace.Span]:
+    """A batched forward's span, linked to the span of every request whose segment it carries."""
+    links = [trace.Link(c) for c in requests if isinstance(c, trace.SpanContext) and c.is_valid]
+    with tracer().start_as_current_span(
+        SPAN_BATCH, links=links, attributes={ATTR_BATCH_SESSIONS: len(requests)}
+    ) as current:
         yield current
 
 

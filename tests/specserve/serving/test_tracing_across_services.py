@@ -55,6 +55,7 @@ class Span:
     span_id: str
     parent_id: str  # "" for a root
     attributes: dict
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each linked span
 
 
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -79,6 +80,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                             span_id=s.span_id.hex(),
                             parent_id=s.parent_span_id.hex(),
                             attributes={a.key: _value(a.value) for a in s.attributes},
+                            links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
                         )
                     )
         with self.lock:
@@ -158,8 +160,18 @@ def test_one_trace_spans_router_draft_and_target(receiver, tmp_path):
 
     spans = [s for s in receiver.snapshot() if s.trace_id == trace_id]
     check_trace(spans, trace_id, client_span_id, stats)
-    # Nothing of the request leaked into another trace (health checks are their own traces).
-    others = [s for s in receiver.snapshot() if s.trace_id != trace_id and "grpc.health" not in s.name]
+    # Batched forwards are traces of their own, linked to the requests they served: every target
+    # verify span of the request is linked from exactly one target batch span.
+    batches = [s for s in receiver.snapshot() if s.name == telemetry.SPAN_BATCH]
+    linked = [link for b in batches if b.service == TARGET for link in b.links if link[0] == trace_id]
+    verifies = {s.span_id for s in spans if s.name == telemetry.SPAN_VERIFY and s.service == TARGET}
+    assert verifies and {span_id for _, span_id in linked} >= verifies
+    # Nothing of the request leaked into another trace (health checks and batches are their own traces).
+    others = [
+        s
+        for s in receiver.snapshot()
+        if s.trace_id != trace_id and "grpc.health" not in s.name and s.name != telemetry.SPAN_BATCH
+    ]
     assert not others, sorted({(s.service, s.name) for s in others})
 
 
