@@ -154,6 +154,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         check_owner(record.owner)
         if not 0 <= request.received_tokens <= len(generated):
             raise InvalidArgument(f"received_tokens must be in [0, {len(generated)}]")
+        if record.status == SessionStatus.RUNNING:  # two routers never drive one session
+            self.state.take_lease(request.session_id)
+            record, generated = self.state.load(request.session_id)  # what the last holder wrote
         yield from self._stream(record, generated, request.received_tokens, context.add_callback)
 
     def Cancel(self, request: router_pb2.CancelRequest, context: grpc.ServicerContext):
@@ -434,11 +437,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             out.put(_Done(finish.reason, stats_pb, text))
         except BaseException as e:
             if cancel.is_set() or isinstance(e, Cancelled):
-                self.state.delete(session_id)
+                self.state.delete(session_id, tombstone=False)  # this router drove it: nothing stays
             out.put(e if isinstance(e, SpecserveError) else SpecserveError(f"generation failed: {e!r}"))
             if not isinstance(e, SpecserveError):
                 logger.exception("generation %s failed", session_id)
         finally:
+            self.state.release_lease(session_id)
             self.metrics.running_requests.dec()
             self.metrics.draft_fallbacks.inc(counters.draft_fallbacks)
             self.metrics.target_rebuilds.inc(counters.target_rebuilds)

@@ -12,12 +12,21 @@ restart without persistence, or the last second before a crash with `appendfsync
 that drives the session then writes it back from what it holds, and the generation goes on unchanged.
 Appends carry the length they expect, so a retried append is never applied twice and tokens Redis lost
 are written again.
+
+Leases: the router driving a session holds `specserve:session:<id>:lease` (its own random id, expiring
+after LEASE_SECONDS, renewed by every append and by a heartbeat through long rounds). A Resume on another
+router waits for the lease (a router that died lets it expire within seconds), so two routers never
+drive one session at once; a router that finds its lease taken stops with UNAVAILABLE and leaves the
+session to the new holder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,25 +40,45 @@ KEY_PREFIX = "specserve:session:"
 TOMBSTONE_SECONDS = 120  # how long a cancelled session's id stays known as cancelled
 RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
 MAX_LOCAL_SESSIONS = 10_000  # sessions whose written tokens this router remembers (LRU)
+LEASE_SECONDS = 6.0  # a dead router's sessions can be resumed elsewhere after this long
+HEARTBEAT_SECONDS = 2.0
+MAX_ROUND_SECONDS = 60.0  # a lease nobody appended under for this long is let go (a stuck worker)
 T = TypeVar("T")
 
 
-# KEYS: session hash, token list. ARGV: ttl, running status (JSON), start (the list length the caller
-# expects), n, n tokens, then field/value pairs. Returns APPENDED, MISSING, NOT_RUNNING, or the list's
-# actual length when it is not `start` (the caller re-sends from there).
+# KEYS: session hash, token list, lease. ARGV: ttl, running status (JSON), start (the list length the
+# caller expects), n, n tokens, router id, lease ms, then field/value pairs. Returns APPENDED, MISSING,
+# NOT_RUNNING, LEASED (another router drives it), or the list's actual length when it is not `start`
+# (the caller re-sends from there). Renews the caller's lease.
 _APPEND_SCRIPT = """
+local n = tonumber(ARGV[4])
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[5 + n] then return -4 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -2 end
 if redis.call('HGET', KEYS[1], 'status') ~= ARGV[2] then return -3 end
+redis.call('SET', KEYS[3], ARGV[5 + n], 'PX', ARGV[6 + n])
 local length = redis.call('LLEN', KEYS[2])
 if length ~= tonumber(ARGV[3]) then return length end
-local n = tonumber(ARGV[4])
 if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 5, 4 + n)) end
-for i = 5 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 7 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ARGV[1]) end
 return -1
 """
-APPENDED, MISSING, NOT_RUNNING = -1, -2, -3
+APPENDED, MISSING, NOT_RUNNING, LEASED = -1, -2, -3, -4
+
+# KEYS: lease. ARGV: router id, lease ms. Takes the lease if it is free or ours; 1 if we hold it now.
+_TAKE_LEASE_SCRIPT = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+# KEYS: lease. ARGV: router id. Drops the lease if it is ours.
+_DROP_LEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 # KEYS: session hash, token list. ARGV: ttl, cancelled status (JSON), replace (0/1), field/value pairs.
 # Creates the record unless a live one exists (a tombstone is replaced; `replace` restores a lost one).
@@ -111,8 +140,15 @@ class SessionState:
         self.retry_seconds = retry_seconds
         self._append = self.redis.register_script(_APPEND_SCRIPT)
         self._create = self.redis.register_script(_CREATE_SCRIPT)
+        self._take_lease = self.redis.register_script(_TAKE_LEASE_SCRIPT)
+        self._drop_lease = self.redis.register_script(_DROP_LEASE_SCRIPT)
         # What this router wrote for the sessions it drives: enough to write a lost record back.
         self._local: OrderedDict[str, tuple[SessionRecord, list[int]]] = OrderedDict()
+        self.router_id = uuid.uuid4().hex  # the lease holder's name
+        self._leases: dict[str, float] = {}  # session id -> when we last appended or took it
+        self._leases_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """Retries connection errors (Redis restarting, loading its AOF, failing over) for
@@ -155,6 +191,56 @@ class SessionState:
         if not self._write_record(record, replace=False):
             raise InvalidArgument(f"session {record.session_id!r} already exists")
         self._remember(record, [])
+        self._retrying(lambda: self.redis.delete(self.key(record.session_id) + ":lease"))  # a predecessor's
+        self.take_lease(record.session_id, wait_seconds=0.0)
+
+    # -- leases ------------------------------------------------------------------------------------------
+    def take_lease(self, session_id: str, wait_seconds: float = LEASE_SECONDS + 1.0) -> None:
+        """Before driving a session: waits up to `wait_seconds` for another router's lease to end
+        (released, or expired because that router died), then UNAVAILABLE."""
+        key = self.key(session_id) + ":lease"
+        args = [self.router_id, int(LEASE_SECONDS * 1000)]
+        deadline = time.monotonic() + wait_seconds
+        while not self._retrying(lambda: self._take_lease(keys=[key], args=args)):
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"session {session_id!r} is being generated by another router")
+            time.sleep(0.2)
+        with self._leases_lock:
+            self._leases[session_id] = time.monotonic()
+        self._start_heartbeat()
+
+    def release_lease(self, session_id: str) -> None:
+        """When this router stops driving the session (finished, failed or cancelled)."""
+        with self._leases_lock:
+            held = self._leases.pop(session_id, None)
+        if held is not None:
+            with contextlib.suppress(redis.RedisError):  # else it expires by itself
+                self._drop_lease(keys=[self.key(session_id) + ":lease"], args=[self.router_id])
+
+    def _start_heartbeat(self) -> None:
+        with self._leases_lock:
+            if self._heartbeat is not None:
+                return
+            self._heartbeat = threading.Thread(target=self._renew_leases, name="session-leases", daemon=True)
+            self._heartbeat.start()
+
+    def _renew_leases(self) -> None:
+        """Keeps our leases alive through long rounds (a target rebuild, retries)."""
+        while not self._closed.wait(HEARTBEAT_SECONDS):
+            now = time.monotonic()
+            with self._leases_lock:
+                stale = [s for s, t in self._leases.items() if now - t > MAX_ROUND_SECONDS]
+                for session_id in stale:
+                    del self._leases[session_id]
+                held = list(self._leases)
+            args = [self.router_id, int(LEASE_SECONDS * 1000)]
+            for session_id in held:
+                try:
+                    if not self._take_lease(keys=[self.key(session_id) + ":lease"], args=args):
+                        with self._leases_lock:  # taken over: the next append stops this router
+                            self._leases.pop(session_id, None)
+                except redis.RedisError:
+                    pass  # Redis is restarting: appends retry; the lease is renewed when it is back
 
     def load(self, session_id: str) -> tuple[SessionRecord, list[int]]:
         def read() -> list:
@@ -184,18 +270,25 @@ class SessionState:
             record, written = None, []
         tokens = [*written, *token_ids]
         start = len(written)
+        keys = [key, key + ":tokens", key + ":lease"]
         for _ in range(4):
             args: list[Any] = [self.ttl, json.dumps(SessionStatus.RUNNING), start, len(tokens) - start]
-            args += tokens[start:]
+            args += [*tokens[start:], self.router_id, int(LEASE_SECONDS * 1000)]
             for name, value in fields.items():
                 args += [name, json.dumps(value)]
-            result = self._retrying(lambda args=args: self._append(keys=[key, key + ":tokens"], args=args))
+            result = self._retrying(lambda args=args: self._append(keys=keys, args=args))
             if result == APPENDED:
                 if record is not None:
                     self._remember(record, tokens)
+                with self._leases_lock:
+                    if session_id in self._leases:
+                        self._leases[session_id] = time.monotonic()
                 return True
             if result == NOT_RUNNING:
                 return False
+            if result == LEASED:
+                self._local.pop(session_id, None)
+                raise Unavailable(f"session {session_id!r} was resumed on another router")
             if result == MISSING:
                 if record is None:
                     return False
@@ -212,22 +305,30 @@ class SessionState:
         self.append(session_id, [], **fields)
         self._local.pop(session_id, None)
 
-    def delete(self, session_id: str) -> bool:
-        """Cancels: the record becomes a tombstone for TOMBSTONE_SECONDS, its tokens go. Returns whether
-        there was a live session."""
+    def delete(self, session_id: str, tombstone: bool = True) -> bool:
+        """Cancels. With `tombstone` (the Cancel RPC) the record stays for TOMBSTONE_SECONDS as
+        "cancelled", so the router driving the session, wherever it runs, stops at its next round rather
+        than writing it back; that router then deletes it for good (`tombstone=False`), so a cancelled
+        session leaves nothing behind. Returns whether there was a live session."""
         key = self.key(session_id)
         self._local.pop(session_id, None)
 
         def cancel() -> list:
             pipe = self.redis.pipeline(transaction=True)
             pipe.hget(key, "status")
-            pipe.delete(key + ":tokens")
-            pipe.hset(key, "status", json.dumps(SessionStatus.CANCELLED))
-            pipe.expire(key, TOMBSTONE_SECONDS)
+            if tombstone:
+                pipe.delete(key + ":tokens")
+                pipe.hset(key, "status", json.dumps(SessionStatus.CANCELLED))
+                pipe.expire(key, TOMBSTONE_SECONDS)
+            else:
+                pipe.delete(key, key + ":tokens")
             return pipe.execute()
 
         status = self._retrying(cancel)[0]
         return status is not None and json.loads(status) != SessionStatus.CANCELLED
 
     def close(self) -> None:
+        self._closed.set()
+        for session_id in list(self._leases):
+            self.release_lease(session_id)
         self.redis.close()

@@ -1,7 +1,7 @@
 """Session state against a real Redis (with a password and append-only persistence, as the stack and the
 chart run it): a record Redis lost is written back by the router that drives the session, a retried
 append is applied once, a cancellation is a tombstone rather than a silent gap, and a Redis that stays
-down gives UNAVAILABLE (never a quiet "cancelled")."""
+down gives UNAVAILABLE (never a quiet "cancelled"); two routers never drive one session (leases)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.router.state import SessionRecord, SessionState, SessionStatus
+from services.router.state import LEASE_SECONDS, SessionRecord, SessionState, SessionStatus
 from specserve.errors import InvalidArgument, NotFound, Unavailable
 from specserve.serving.stack import free_port, redis_server_binary
 
@@ -132,3 +132,43 @@ def test_redis_down_for_longer_than_the_retries_is_unavailable(server) -> None:
     with pytest.raises(Unavailable):
         state.append("s1", [10])
     assert 1.0 <= time.monotonic() - start < 15.0
+
+
+def test_two_routers_never_drive_one_session(server) -> None:
+    port, _, _ = server
+    first, second = state_for(port), state_for(port)
+    first.create(record())  # the creating router holds the lease
+    second.load("s1")
+    with pytest.raises(Unavailable, match="another router"):
+        second.take_lease("s1", wait_seconds=0.5)
+    first.release_lease("s1")  # its generation ended (the client went to another router)
+    second.take_lease("s1", wait_seconds=0.5)
+    assert second.append("s1", [10])
+    with pytest.raises(Unavailable, match="another router"):  # the old router must stop, quietly
+        first.append("s1", [99])
+    assert second.load("s1")[1] == [10]  # nothing of the old router's landed; no tombstone either
+
+
+def test_a_dead_routers_lease_expires(server) -> None:
+    port, _, _ = server
+    dead, alive = state_for(port), state_for(port)
+    dead.create(record())
+    dead._closed.set()  # its heartbeat stops, as if the process died (nothing released)
+    alive.load("s1")
+    start = time.monotonic()
+    alive.take_lease("s1")  # waits for the expiry
+    assert time.monotonic() - start < LEASE_SECONDS + 1.5
+    assert alive.append("s1", [10])
+
+
+def test_the_driving_router_clears_a_cancelled_session_completely(server) -> None:
+    port, _, _ = server
+    driver, other = state_for(port), state_for(port)
+    driver.create(record())
+    assert driver.append("s1", [10])
+    other.load("s1")
+    other.delete("s1")  # Cancel: a tombstone the driver will see
+    assert not driver.append("s1", [11])
+    driver.delete("s1", tombstone=False)  # the driver's cleanup
+    driver.release_lease("s1")
+    assert not driver.redis.keys("specserve:session:s1*")
