@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
+import json
 import logging
 import os
 import threading
@@ -164,3 +165,33 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
                 stream, handler.request_deserializer, handler.response_serializer
             )
         return handler
+
+
+class BearerTokenASGI:
+    """The same tokens for an ASGI app (the router's HTTP API, where OpenAI clients send their API key
+    as the bearer token): 401 in OpenAI's error shape without a valid one, the caller's principal set
+    for the request otherwise (so HTTP sessions are bound to their creator too). `open_paths` (health,
+    the playground page) need no token."""
+
+    def __init__(self, app: Any, tokens: TokenSet, open_paths: tuple[str, ...] = ("/health", "/")) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.tokens.enabled or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = next(
+            (v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() == b"authorization"), ""
+        )
+        token = bearer_token([(AUTHORIZATION, header)])
+        if not self.tokens.accepts(token):
+            error = {"message": UNAUTHENTICATED_MESSAGE, "type": "invalid_request_error", "param": None}
+            body = json.dumps({"error": error | {"code": "invalid_api_key"}}).encode()
+            headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        with as_caller(principal(token)):
+            await self.app(scope, receive, send)

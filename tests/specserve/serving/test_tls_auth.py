@@ -3,6 +3,8 @@ the generated RouterService base answers UNIMPLEMENTED, so any other status is t
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specserve.serving import tls
-from specserve.serving.auth import FILE_CHECK_SECONDS, TokenSet
+from specserve.serving.auth import FILE_CHECK_SECONDS, BearerTokenASGI, TokenSet, current_caller, principal
 from specserve.serving.idle import IdleSessions
 from specserve.serving.server import start_server
 from specserve.serving.settings import RouterServiceSettings, TargetServiceSettings
@@ -164,3 +166,43 @@ def test_replicas_dialled_by_ip_are_verified_against_the_configured_name(ca) -> 
                 assert list_methods_status(channel, None) == expected, name
     finally:
         running.stop(0)
+
+
+def call_asgi(app, path: str, authorization: str | None) -> tuple[int, bytes]:
+    """One HTTP request through an ASGI app, as a server would make it."""
+    headers = [(b"authorization", authorization.encode())] if authorization else []
+    scope = {"type": "http", "method": "GET", "path": path, "headers": headers}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+async def whoami(scope, receive, send) -> None:
+    """An ASGI app answering with the caller's principal (what a session created here would store)."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": current_caller().encode()})
+
+
+def test_the_http_api_takes_the_same_tokens_as_openai_api_keys() -> None:
+    app = BearerTokenASGI(whoami, TokenSet(("key-1",)))
+    status, body = call_asgi(app, "/v1/models", None)
+    assert status == 401
+    assert json.loads(body) == {
+        "error": {
+            "message": "missing or invalid credentials",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    assert call_asgi(app, "/v1/models", "Bearer key-2")[0] == 401
+    assert call_asgi(app, "/v1/models", "Bearer key-1") == (200, principal("key-1").encode())
+    assert call_asgi(app, "/health", None) == (200, b"")  # probes need no key
+    assert call_asgi(BearerTokenASGI(whoami, TokenSet()), "/v1/models", None) == (200, b"")  # auth off
