@@ -195,9 +195,8 @@ class FeatureSet:
 
     @classmethod
     def load(cls, feature_dir: Path, fraction: float = 1.0, max_files: int | None = None) -> FeatureSet:
-        """The first `fraction` of the sequences, in file order (files hold randomly ordered prompts)."""
-        files = sorted(Path(feature_dir).glob("*-shard-*[0-9].npz"))
-        files = sorted(files, key=lambda f: (not f.name.startswith(INSTRUCT), f.name))[:max_files]
+        """A seeded random `fraction` of the sequences (a smaller fraction is a subset of a larger)."""
+        files = sorted(Path(feature_dir).glob("*-shard-*[0-9].npz"))[:max_files]
         parts: dict[str, list[np.ndarray]] = {}
         for f in files:
             with np.load(f, allow_pickle=False) as z:
@@ -206,17 +205,17 @@ class FeatureSet:
         cat = {name: np.concatenate(arrays) for name, arrays in parts.items()}
         lengths = cat.pop("lengths")
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        keep = max(1, round(len(lengths) * fraction))
-        end = int(starts[keep - 1] + lengths[keep - 1])
+        order = np.random.default_rng(0).permutation(len(lengths))
+        keep = np.sort(order[: max(1, round(len(lengths) * fraction))])
         return cls(
-            tokens=cat["tokens"][:end],
-            k=cat["k"][:end],
-            v=cat["v"][:end],
-            topk_ids=cat["topk_ids"][:end],
-            topk_probs=cat["topk_probs"][:end],
-            starts=starts[:keep],
-            lengths=lengths[:keep],
-            prompt_lengths=cat["prompt_lengths"][:keep],
+            tokens=cat["tokens"],
+            k=cat["k"],
+            v=cat["v"],
+            topk_ids=cat["topk_ids"],
+            topk_probs=cat["topk_probs"],
+            starts=starts[keep],
+            lengths=lengths[keep],
+            prompt_lengths=cat["prompt_lengths"][keep],
         )
 
     def __len__(self) -> int:
@@ -256,7 +255,11 @@ class FeatureSet:
         }
 
     def label_counts(self, vocab_size: int) -> torch.Tensor:
-        return torch.from_numpy(np.bincount(self.topk_ids[:, 0].astype(np.int64), minlength=vocab_size))
+        """How often each token is the target's argmax over the chosen sequences."""
+        top1 = np.concatenate(
+            [self.topk_ids[s : s + n, 0] for s, n in zip(self.starts, self.lengths, strict=True)]
+        )
+        return torch.from_numpy(np.bincount(top1.astype(np.int64), minlength=vocab_size))
 
 
 def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -354,8 +357,33 @@ def held_out_eval(target: nn.Module, tokenizer: Any, settings: DistillSettings, 
     cache = cache_dir / f"eval-answers-{name}-{len(prompts)}x{settings.eval_max_new_tokens}.json"
     sequences, starts = held_out_answers(target, tokenizer, prompts, settings.eval_max_new_tokens, cache)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batches = held_out_features(target, sequences, starts, pad, layer, batch_size=8)
+    features_cache = cache.with_name(cache.stem + f"-features-layer{layer}.safetensors")
+    batches = _cached_features(
+        features_cache, len(sequences), lambda: held_out_features(target, sequences, starts, pad, layer, 8)
+    )
     return lambda draft: score_draft(draft, batches, settings.block_size)
+
+
+def _cached_features(
+    path: Path, count: int, compute: Callable[[], list[dict[str, torch.Tensor]]]
+) -> list[dict[str, torch.Tensor]]:
+    """The held-out batches' target features, computed once (a target forward) and kept as safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    if path.is_file():
+        flat = load_file(str(path))
+        batches: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in flat.items():
+            index, name = key.split(".", 1)
+            batches.setdefault(int(index), {})[name] = value
+        result = [batches[i] for i in sorted(batches)]
+        if sum(len(b["input_ids"]) for b in result) == count:
+            return result
+    result = compute()
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({f"{i}.{k}": v.contiguous() for i, b in enumerate(result) for k, v in b.items()}, str(tmp))
+    os.replace(tmp, path)
+    return result
 
 
 def train(
@@ -490,6 +518,47 @@ def plot(out: Path) -> None:
     plt.close(fig)
 
 
+# --- the data-scaling curve -----------------------------------------------------------------------------
+
+
+def scaling_curve(runs: Sequence[Path], out_png: Path) -> list[dict[str, Any]]:
+    """Final held-out agreement of runs that differ only in `fraction`: a table (returned) and a plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = []
+    for run in runs:
+        summary = json.loads((Path(run) / SUMMARY).read_text())
+        records = [json.loads(x) for x in (Path(run) / LOG).read_text().splitlines() if x.strip()]
+        final = [r for r in records if "eval" in r][-1]
+        points.append(
+            {
+                "run": Path(run).name,
+                "fraction": summary["settings"]["fraction"],
+                "answer_tokens": summary["answer_tokens"],
+                "steps": final["step"],
+                "agreement": final["eval"]["overall"],
+                "first_token": final["eval"]["by_lag"][0],
+                "chain_of_4": final["eval"]["chain_accepted"]["4"],
+            }
+        )
+    points.sort(key=lambda p: p["answer_tokens"])
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    tokens = [p["answer_tokens"] for p in points]
+    ax.plot(tokens, [p["first_token"] for p in points], "s-", label="first draft token")
+    ax.plot(tokens, [p["agreement"] for p in points], "o-", label="all 5 draft tokens")
+    ax.set(xscale="log", xlabel="self-distillation answer tokens (log)", ylabel="held-out agreement")
+    ax.set_title(f"data scaling at a fixed budget ({points[0]['steps']} steps)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return points
+
+
 # --- command line ------------------------------------------------------------------------------------------
 
 
@@ -521,9 +590,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--checkpoint-every", type=int, default=100)
     t.add_argument("--threads", type=int)
     t.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("curve", help="table and plot of finished runs that differ in --fraction")
+    c.add_argument("runs", type=Path, nargs="+")
+    c.add_argument("--png", type=Path, required=True)
     for sp in (f, t):
         sp.add_argument("--model-dir", type=Path)
     args = p.parse_args(argv)
+    if args.command == "curve":
+        for point in scaling_curve(args.runs, args.png):
+            print(json.dumps(point))
+        return
     from specserve.models import load_causal_lm, resolve_model_dir
     from specserve.settings import EngineSettings
 
