@@ -37,7 +37,6 @@ from services.router.http.generation import (
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.router.servicer import RouterServicer
 from specserve.errors import SpecserveError
-from specserve.serving.auth import BEARER, UNAUTHENTICATED_MESSAGE, TokenSet, as_caller, principal
 from specserve.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
@@ -104,17 +103,6 @@ def create_app(servicer: RouterServicer) -> FastAPI:
     settings = servicer.settings
     app = FastAPI(title="specserve", docs_url=None, redoc_url=None, openapi_url=None)
     admission = Admission(settings.max_concurrent_rpcs)
-    tokens = TokenSet(settings.auth_tokens, settings.auth_token_file)
-
-    def caller(request: Request) -> str:
-        """The principal of a request's bearer token (as gRPC's auth); 401 without a valid one."""
-        if not tokens.enabled:
-            return ""
-        header = request.headers.get("authorization", "")
-        token = header[len(BEARER) :].strip() if header.lower().startswith(BEARER) else ""
-        if not tokens.accepts(token):
-            raise HttpError(401, UNAUTHENTICATED_MESSAGE, "authentication_error", None, "invalid_api_key")
-        return principal(token)
 
     playground = files("services.router.http").joinpath("static/index.html").read_text()
 
@@ -152,13 +140,11 @@ def create_app(servicer: RouterServicer) -> FastAPI:
         return (await asyncio.to_thread(lambda: servicer.model)).model_name
 
     @app.get("/v1/models")
-    async def models(request: Request) -> dict:
-        caller(request)
+    async def models() -> dict:
         return {"object": "list", "data": [_model_card(await model_name())]}
 
     @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, request: Request) -> dict:
-        caller(request)
+    async def model(model_id: str) -> dict:
         served = await model_name()
         if model_id != served:
             raise HttpError(404, f"the model {model_id!r} does not exist", "not_found_error", "model",
@@ -166,9 +152,8 @@ def create_app(servicer: RouterServicer) -> FastAPI:
         return _model_card(served)
 
     @app.get("/v1/methods")
-    async def methods(request: Request) -> dict:
+    async def methods() -> dict:
         """specserve's extension: the draft methods a request may name in `method`."""
-        caller(request)
         listed = servicer.ListMethods(router_pb2.ListMethodsRequest(), None).methods
         return {
             "object": "list",
@@ -178,7 +163,6 @@ def create_app(servicer: RouterServicer) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        who = caller(request)
         body = _parse(await request.body(), ChatCompletionRequest)
 
         def prompt_ids() -> list[int]:
@@ -186,11 +170,10 @@ def create_app(servicer: RouterServicer) -> FastAPI:
                 [{"role": m.role, "content": m.text} for m in body.messages]
             )
 
-        return await _serve(request, who, body, prompt_ids, ChatOutput)
+        return await _serve(request, body, prompt_ids, ChatOutput)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        who = caller(request)
         body = _parse(await request.body(), CompletionRequest)
 
         def prompt_ids() -> list[int]:
@@ -200,11 +183,9 @@ def create_app(servicer: RouterServicer) -> FastAPI:
             text = prompt[0] if isinstance(prompt, list) and prompt else prompt
             return servicer.tokenizer.encode_text(text if isinstance(text, str) else "")
 
-        return await _serve(request, who, body, prompt_ids, CompletionOutput)
+        return await _serve(request, body, prompt_ids, CompletionOutput)
 
-    async def _serve(
-        request: Request, who: str, body, prompt_ids: Callable[[], list[int]], output_type
-    ) -> Response:
+    async def _serve(request: Request, body, prompt_ids: Callable[[], list[int]], output_type) -> Response:
         release = admission.enter()
         try:
             served = await model_name()
@@ -215,8 +196,9 @@ def create_app(servicer: RouterServicer) -> FastAPI:
                 generate = generate_request(body, ids, servicer)
                 return servicer.start_session(generate), generate
 
-            with as_caller(who):  # the session is bound to its creator, as over gRPC
-                record, generate = await asyncio.to_thread(start)
+            # In the request's context: the caller's principal (serving/auth.py BearerTokenASGI) binds the
+            # session to its creator, as over gRPC.
+            record, generate = await asyncio.to_thread(start)
             generation = Generation(servicer, record, body.num_top_logprobs)
         except BaseException:
             release()

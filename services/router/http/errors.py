@@ -9,7 +9,7 @@ from specserve.errors import SpecserveError, StatusCode
 HTTP_STATUS: dict[str, tuple[int, str]] = {
     StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
     StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error"),
-    "UNAUTHENTICATED": (401, "authentication_error"),
+    "UNAUTHENTICATED": (401, "invalid_request_error"),  # as OpenAI, with code invalid_api_key
     "PERMISSION_DENIED": (403, "permission_error"),
     StatusCode.NOT_FOUND: (404, "not_found_error"),
     StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
