@@ -201,9 +201,9 @@ class Scheduler:
             for (job, _), result in zip(group, results, strict=True):
                 self._resume(job, result)
 
-    def mark_cancelled(self, future_ids: set[int]) -> None:
+    def mark_cancelled(self, futures: set[Future[Any]]) -> None:
         for job, _ in [*self._pending, *self._waiting]:
-            if id(job.future) in future_ids:
+            if job.future in futures:
                 job.cancelled = True
 
     def run_all(self, fns: Sequence[Callable[[], R]]) -> list[R]:
@@ -243,7 +243,7 @@ class SchedulerThread:
         self._cond = threading.Condition()
         self._inbox: deque[tuple[Callable[[], Any], Future[Any], float, object]] = deque()
         self._in_flight = 0
-        self._cancelled: set[int] = set()  # ids of futures whose jobs should stop
+        self._cancelled: set[Future[Any]] = set()  # futures whose jobs should stop
         self.on_queue: Callable[[float], None] | None = None  # seconds from submit to job start
         self.capture_trace: Callable[[], object] | None = None  # the submitter's trace context
         self._closed = False
@@ -275,9 +275,13 @@ class SchedulerThread:
         return self.submit(fn, *args, **kwargs).result()
 
     def cancel(self, future: Future[Any]) -> None:
-        """Marks the job of `future` cancelled: it gets Cancelled at its next forward, freeing its slot."""
+        """Marks the job of `future` cancelled: it gets Cancelled at its next forward, freeing its slot.
+
+        A finished job is left alone (gRPC calls this when any RPC ends, also after a normal finish)."""
+        if future.done():
+            return
         with self._cond:
-            self._cancelled.add(id(future))
+            self._cancelled.add(future)  # the object itself: an id could be reused by a later future
             self._cond.notify()
 
     def _finished(self, _: Future[Any]) -> None:
@@ -304,7 +308,7 @@ class SchedulerThread:
                 for fn, future, queued_at, trace in arrivals:
                     if self.on_queue is not None:
                         self.on_queue(time.perf_counter() - queued_at)
-                    if id(future) in cancelled:
+                    if future in cancelled:
                         future.set_exception(Cancelled("the request was cancelled"))
                         continue
                     self.scheduler.start(fn, future, trace)
