@@ -1,22 +1,29 @@
-"""A secure stack under faults: mutual TLS between the services (a local CA issued with `cryptography`),
-bearer tokens at the router, Redis with a password and append-only persistence, and the stack
-supervising its children. One stack for the module (the model loads once).
+"""`specserve stack --tls --token ...` as a user runs it, under attack and under faults. One stack for the
+module (the model loads once): mutual TLS between the services (a local CA issued with `cryptography`),
+bearer tokens at the router, Redis with a password and append-only persistence, the stack supervising
+its children.
 
-- tokens: no or a wrong token gets UNAUTHENTICATED with one fixed message; a session is bound to its
-  creator (Resume and Cancel with another token get PERMISSION_DENIED);
-- peers: the target and draft refuse plaintext and certificates of the wrong name; StreamKV is the
-  draft's alone;
-- faults: SIGKILL of Redis mid-generation (the supervisor restarts it from its append-only file) and
-  of the router (restarted, the client resumes) both end token-identical to an undisturbed run;
+- tokens: no or a wrong token gets UNAUTHENTICATED with one fixed message (SDK and CLI); a session is
+  bound to its creator (Resume and Cancel with another token get PERMISSION_DENIED);
+- peers: the target refuses plaintext and certificates of the wrong name; StreamKV is the draft's alone;
+- faults: SIGKILL of Redis, the router and the target mid-generation: each is restarted by the stack
+  (with its log line) while the others keep serving, and the output is token-identical;
 - idle timeouts: target and draft sessions nobody drives are released.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -26,7 +33,7 @@ import redis
 from specserve.client import Client
 from specserve.errors import PermissionDenied, Unauthenticated
 from specserve.serving import tls
-from specserve.serving.stack import LocalStack, wait_serving
+from specserve.serving.stack import free_port
 from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(600)]
@@ -34,28 +41,84 @@ pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(60
 TOKENS = ("token-alice", "token-bob")
 IDLE_SECONDS = 4
 PROMPT = "Count from one to thirty in words, separated by commas."
-NEW_TOKENS = 48
+NEW_TOKENS = 32
+OFFSETS = {"router": 0, "target": 1, "draft": 2, "redis": 3}  # --base-port layout
+
+
+@dataclass
+class Stack:
+    process: subprocess.Popen
+    base_port: int
+    tls_dir: Path
+    lines: list[str] = field(default_factory=list)
+
+    def address(self, role: str) -> str:
+        return f"localhost:{self.base_port + OFFSETS[role]}"
+
+    def files(self, name: str) -> tls.TlsFiles:
+        d = self.tls_dir
+        return tls.TlsFiles(str(d / f"{name}.crt"), str(d / f"{name}.key"), str(d / "ca.crt"))
+
+    def child(self, role: str) -> int:
+        """The pid of the stack's child serving `role` (its current incarnation)."""
+        needle = "redis-server" if role == "redis" else f"serve {role}"
+        found = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            for pid in (task / "children").read_text().split():
+                if needle in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+                    found.append(int(pid))
+        (pid,) = found
+        return pid
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if match := re.search(pattern, line):
+                    return match
+            assert self.process.poll() is None, "".join(self.lines)
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n" + "".join(self.lines)
+            time.sleep(0.3)
+
+
+def free_base_port() -> int:
+    while True:
+        base = free_port()
+        ports = range(base, base + 4)
+        if base + 3 < 65536 and all(socket.socket().connect_ex(("127.0.0.1", p)) != 0 for p in ports):
+            return base
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    env = {
+def stack() -> Iterator[Stack]:
+    base = free_base_port()
+    command = [sys.executable, "-m", "specserve.cli", "stack", "--base-port", str(base), "--tls"]
+    command += [arg for token in TOKENS for arg in ("--token", token)]
+    command += ["--max-new-tokens", "4", "Name a prime number."]
+    env = os.environ | {
         "SPECSERVE_TARGET_SESSION_IDLE_SECONDS": str(IDLE_SECONDS),
         "SPECSERVE_DRAFT_SESSION_IDLE_SECONDS": str(IDLE_SECONDS),
         "SPECSERVE_ROUTER_REDIS_RETRY_SECONDS": "30",
+        "SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS": "120",  # rides out the target's restart (model load)
     }
-    log_dir = tmp_path_factory.mktemp("secure-stack")
-    with LocalStack(log_dir=log_dir, env=env, tls=True, auth_tokens=TOKENS) as running:
-        supervisor = threading.Thread(target=running.wait, daemon=True)
-        supervisor.start()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    running = Stack(process, base, Path())
+    reader = threading.Thread(target=lambda: running.lines.extend(process.stdout), daemon=True)
+    reader.start()
+    try:
+        running.wait_for(r"stack serving", 300)
+        assert re.search(r"via router\] [1-9][0-9]* tokens", "".join(running.lines))  # the demo, over TLS
+        running.tls_dir = Path(running.wait_for(r"clients verify the router with (\S+)", 5).group(1)).parent
         yield running
-    supervisor.join(30)
+    finally:
+        process.terminate()
+        assert process.wait(90) == 0, "".join(running.lines)
+        reader.join(10)
 
 
-def client(stack: LocalStack, token: str | None = TOKENS[0]) -> Client:
-    files = stack.client_tls
+def client(stack: Stack, token: str | None = TOKENS[0]) -> Client:
     # Retries enough to outlast a router restart (the supervisor's backoff plus the router's start).
-    return Client(stack.router_address, token=token, tls_ca_file=files.ca_file, retries=12)
+    return Client(stack.address("router"), token=token, tls_ca_file=str(stack.tls_dir / "ca.crt"), retries=12)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +136,20 @@ def test_calls_without_a_valid_token_are_unauthenticated_with_no_detail(stack) -
         assert c.list_methods()
 
 
+def cli_generate(stack: Stack, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "specserve.cli", "generate", "--remote", stack.address("router")]
+    command += [*extra, "--tls-ca", str(stack.tls_dir / "ca.crt"), "--max-new-tokens", "4", "--json", "Hi."]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_client_needs_the_token(stack) -> None:
+    done = cli_generate(stack, "--token", TOKENS[1])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["token_ids"]
+    refused = cli_generate(stack)
+    assert refused.returncode == 2 and "missing or invalid credentials" in refused.stderr
+
+
 def test_a_session_is_bound_to_its_creator(stack, reference) -> None:
     with client(stack) as alice:
         done = alice.generate(PROMPT, max_new_tokens=4, timeout=300)
@@ -87,7 +164,7 @@ def test_a_session_is_bound_to_its_creator(stack, reference) -> None:
         alice.cancel(done.session_id)
 
 
-def secure_channel(stack: LocalStack, files: tls.TlsFiles, role: str) -> grpc.Channel:
+def secure_channel(stack: Stack, files: tls.TlsFiles, role: str) -> grpc.Channel:
     read = lambda path: Path(path).read_bytes()  # noqa: E731
     credentials = grpc.ssl_channel_credentials(
         read(files.ca_file), read(files.key_file), read(files.cert_file)
@@ -102,18 +179,16 @@ def test_internal_services_accept_only_the_peers_they_trust(stack, reference) ->
             target_pb2_grpc.TargetServiceStub(plain).Release(request, timeout=10)
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     # A certificate from the same CA, but a client's, not the router's.
-    with secure_channel(stack, stack.client_tls, "target") as channel:
-        stub = target_pb2_grpc.TargetServiceStub(channel)
+    with secure_channel(stack, stack.files(tls.CLIENT_NAME), "target") as channel:
         with pytest.raises(grpc.RpcError) as error:
-            stub.Release(request, timeout=10)
+            target_pb2_grpc.TargetServiceStub(channel).Release(request, timeout=10)
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # The draft's certificate opens the KV feed only.
-    with secure_channel(stack, stack.tls_files[tls.DRAFT_NAME], "target") as channel:
-        stub = target_pb2_grpc.TargetServiceStub(channel)
+    with secure_channel(stack, stack.files(tls.DRAFT_NAME), "target") as channel:
         with pytest.raises(grpc.RpcError) as error:
-            stub.Release(request, timeout=10)
+            target_pb2_grpc.TargetServiceStub(channel).Release(request, timeout=10)
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    with secure_channel(stack, stack.tls_files[tls.ROUTER_NAME], "target") as channel:
+    with secure_channel(stack, stack.files(tls.ROUTER_NAME), "target") as channel:
         stub = target_pb2_grpc.TargetServiceStub(channel)
         assert not stub.Release(request, timeout=10).released
         with pytest.raises(grpc.RpcError) as error:
@@ -122,7 +197,7 @@ def test_internal_services_accept_only_the_peers_they_trust(stack, reference) ->
 
 
 def test_idle_target_and_draft_sessions_are_released(stack, reference) -> None:
-    router_files = stack.tls_files[tls.ROUTER_NAME]
+    router_files = stack.files(tls.ROUTER_NAME)
     with (
         secure_channel(stack, router_files, "target") as target_channel,
         secure_channel(stack, router_files, "draft") as draft_channel,
@@ -144,15 +219,8 @@ def test_idle_target_and_draft_sessions_are_released(stack, reference) -> None:
         assert not draft.Release(draft_pb2.DraftReleaseRequest(session_id="idle-one"), timeout=10).released
 
 
-def kill(stack: LocalStack, role: str) -> int:
-    """SIGKILL the child behind the stack's back, as a crash would; returns its pid."""
-    pid = stack.processes[role].pid
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
-def generate_while(stack: LocalStack, fault) -> list[int]:
-    """A greedy generation with `fault()` injected after its first tokens."""
+def generate_while(stack: Stack, fault: Callable[[], None]) -> list[int]:
+    """A greedy generation with `fault()` injected after its first tokens; never a quiet cancel."""
     tokens: list[int] = []
     with client(stack) as c:
         for chunk in c.stream(PROMPT, max_new_tokens=NEW_TOKENS, ignore_eos=True, timeout=300):
@@ -164,33 +232,17 @@ def generate_while(stack: LocalStack, fault) -> list[int]:
     return tokens
 
 
-def wait_restarted(stack: LocalStack, role: str, old_pid: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while stack.processes[role].pid == old_pid or stack.processes[role].poll() is not None:
-        assert time.monotonic() < deadline, f"{role} was not restarted"
-        time.sleep(0.2)
-
-
-def test_redis_killed_mid_generation_is_restarted_and_the_output_is_unchanged(stack, reference) -> None:
-    pids = {}
-    tokens = generate_while(stack, lambda: pids.setdefault("redis", kill(stack, "redis")))
+@pytest.mark.parametrize("role", ["redis", "router", "target"])
+def test_a_child_killed_mid_generation_is_restarted_and_the_output_is_unchanged(
+    stack, reference, role
+) -> None:
+    others = {r: stack.child(r) for r in OFFSETS if r != role}
+    victim = stack.child(role)
+    tokens = generate_while(stack, lambda: os.kill(victim, signal.SIGKILL))
     assert tokens == reference
-    wait_restarted(stack, "redis", pids["redis"])
-    # It came back with its password, and with what it had persisted.
-    assert redis.Redis.from_url(stack.redis_url).ping()
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis(port=stack.ports["redis"]).get("anything")
-
-
-def test_router_killed_mid_generation_is_restarted_and_the_client_resumes(stack, reference) -> None:
-    pids = {}
-    tokens = generate_while(stack, lambda: pids.setdefault("router", kill(stack, "router")))
-    assert tokens == reference
-    wait_restarted(stack, "router", pids["router"])
-    wait_serving(stack.router_address, 60, credentials=stack.channel_credentials())
-    assert stack.restarts.get("router", 0) >= 1
-    # The others kept serving: the same target and draft processes answer.
-    with client(stack) as c:
-        assert (
-            c.generate(PROMPT, max_new_tokens=NEW_TOKENS, ignore_eos=True, timeout=300).token_ids == reference
-        )
+    stack.wait_for(rf"stack: {role} \(pid {victim}\) exited with code -9; the others keep serving", 30)
+    stack.wait_for(rf"stack: {role} is serving again", 240)
+    assert {r: stack.child(r) for r in others} == others  # nobody else was restarted
+    if role == "redis":  # it came back with its password
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=stack.base_port + OFFSETS["redis"]).get("anything")
