@@ -27,26 +27,16 @@ def accept_draft(
         candidates = torch.topk(last, min(draft.target_roots, last.shape[-1])).indices.tolist()
         return VerifyOutcome(outcome.accepted_nodes, None, tuple(candidates))
     generator = make_generator(seed)
+
     # Seeded generators live on the CPU, so sampling happens there: a seed gives the same tokens on any
     # device, and only the rows verification visits are copied.
+    def target_probs(node: int) -> torch.Tensor:
+        return logits_to_probs(target_logits[node].cpu(), params)
+
+    rule = (target_probs, tree.parent_ids, tree.token_ids, draft.draft_probs, draft.kind, generator)
     if draft.target_roots:
-        return verify_target_rooted(
-            lambda node: logits_to_probs(target_logits[node].cpu(), params),
-            tree.parent_ids,
-            tree.token_ids,
-            draft.draft_probs,
-            draft.kind,
-            generator,
-            draft.target_roots,
-        )
-    return verify_sampled(
-        lambda node: logits_to_probs(target_logits[node].cpu(), params),
-        tree.parent_ids,
-        tree.token_ids,
-        draft.draft_probs,
-        draft.kind,
-        generator,
-    )
+        return verify_target_rooted(*rule, draft.target_roots)
+    return verify_sampled(*rule)
 
 
 def choose_token(logits: torch.Tensor, params: SamplingParams, seed: int) -> int:
