@@ -206,3 +206,13 @@ def test_the_http_api_takes_the_same_tokens_as_openai_api_keys() -> None:
     assert call_asgi(app, "/v1/models", "Bearer key-1") == (200, principal("key-1").encode())
     assert call_asgi(app, "/health", None) == (200, b"")  # probes need no key
     assert call_asgi(BearerTokenASGI(whoami, TokenSet()), "/v1/models", None) == (200, b"")  # auth off
+
+
+def test_plaintext_off_loopback_is_served_with_a_warning(caplog) -> None:
+    with caplog.at_level("WARNING", logger="specserve.serving.server"):
+        running = serve(RouterServiceSettings(host="0.0.0.0", port=0, metrics_port=0))
+        running.stop(0)
+        loopback = serve(RouterServiceSettings(host="127.0.0.1", port=0, metrics_port=0))
+        loopback.stop(0)
+    warnings = [r.getMessage() for r in caplog.records if "PLAINTEXT" in r.getMessage()]
+    assert len(warnings) == 1 and "0.0.0.0" in warnings[0] and "tls_cert_file" in warnings[0]
