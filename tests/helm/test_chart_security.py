@@ -18,6 +18,7 @@ from chart_support import (
     pod_labels,
     render,
     selects,
+    validate_manifest,
 )
 
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
@@ -184,3 +185,10 @@ def test_the_draft_dials_only_the_targets_the_router_names(default_docs) -> None
     router = env_of(deployment_for(default_docs, "router"))
     draft = env_of(deployment_for(default_docs, "draft"))
     assert draft["SPECSERVE_DRAFT_TARGET_ADDRESSES"] == router["SPECSERVE_ROUTER_TARGET_ADDRESSES"]
+
+
+def test_the_secure_render_is_valid_kubernetes(secure_docs) -> None:
+    kinds = {doc["kind"] for doc in secure_docs}
+    assert {"NetworkPolicy", "Secret", "Deployment", "StatefulSet"} <= kinds
+    for doc in secure_docs:
+        validate_manifest(doc)  # strict: unknown fields fail too
