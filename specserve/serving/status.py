@@ -52,8 +52,10 @@ class Cancelled(SpecserveError):
 
 def error_from_rpc(error: grpc.RpcError, what: str = "") -> SpecserveError:
     """The SpecserveError for a failed call; `what` names the call in the message."""
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = error.details() if isinstance(error, grpc.Call) else str(error)
+    # grpc.Call for the sync API; grpc.aio.AioRpcError (not a grpc.Call) for asyncio.
+    is_call = isinstance(error, grpc.Call | grpc.aio.AioRpcError)
+    code = error.code() if is_call else grpc.StatusCode.UNKNOWN
+    details = error.details() if is_call else str(error)
     if code is grpc.StatusCode.CANCELLED:
         return Cancelled(f"{what}: cancelled" if what else "cancelled")
     cls = _FROM_GRPC.get(code, SpecserveError)

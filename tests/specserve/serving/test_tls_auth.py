@@ -12,6 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specserve.client import AsyncClient
+from specserve.errors import SpecserveError
 from specserve.serving import tls
 from specserve.serving.auth import FILE_CHECK_SECONDS, BearerTokenASGI, TokenSet, current_caller, principal
 from specserve.serving.idle import IdleSessions
@@ -216,3 +218,30 @@ def test_plaintext_off_loopback_is_served_with_a_warning(caplog) -> None:
         loopback.stop(0)
     warnings = [r.getMessage() for r in caplog.records if "PLAINTEXT" in r.getMessage()]
     assert len(warnings) == 1 and "0.0.0.0" in warnings[0] and "tls_cert_file" in warnings[0]
+
+
+def test_the_asyncio_client_sends_its_token_over_tls(ca) -> None:
+    files = ca[tls.ROUTER_NAME]
+    settings = RouterServiceSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        tls_cert_file=files.cert_file,
+        tls_key_file=files.key_file,
+        auth_tokens=("async-token",),
+    )
+    running = serve(settings)
+
+    async def cancel_status(token: str | None) -> str:
+        async with AsyncClient(f"localhost:{running.port}", token=token, tls_ca_file=files.ca_file) as client:
+            try:
+                await client.cancel("some-session")
+            except SpecserveError as e:
+                return type(e).__name__ + ": " + str(e)
+        return "ok"
+
+    try:
+        assert asyncio.run(cancel_status(None)) == "Unauthenticated: missing or invalid credentials"
+        assert asyncio.run(cancel_status("async-token")).startswith("SpecserveError")  # UNIMPLEMENTED here
+    finally:
+        running.stop(0)
