@@ -68,7 +68,7 @@ def test_engine_and_service_settings_read_their_variables() -> None:
     with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
         TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
     with pytest.raises(InvalidArgument, match="max_prompt_tokens"):  # validation still runs
-        EngineSettings.from_env({"SPECSERVE_MAX_PROMPT_TOKENS": "5000"})
+        EngineSettings.from_env({"SPECSERVE_MAX_CONTEXT": "100", "SPECSERVE_MAX_PROMPT_TOKENS": "200"})
 
 
 def test_one_new_token_limit() -> None:
