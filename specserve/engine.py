@@ -223,7 +223,8 @@ class Engine:
             for ids, callback in zip(prompt_ids, callbacks, strict=True)
         ]
         self.last_batch_stats = scheduler.stats
-        return scheduler.run_all(jobs)
+        # Held around all sessions: a mode entered and left by interleaved jobs would flip under them.
+        return scheduler.run_all(jobs, thread_context=torch.inference_mode())
 
     def _hf_generate(
         self,

@@ -18,6 +18,7 @@ class StatusCode(StrEnum):
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    CANCELLED = "CANCELLED"
     INTERNAL = "INTERNAL"
 
 
@@ -61,3 +62,9 @@ class PermissionDenied(SpecserveError):
     """Valid credentials, but not for this session or this call."""
 
     code = StatusCode.PERMISSION_DENIED
+
+
+class Cancelled(SpecserveError):
+    """The caller went away (cancelled or past its deadline) before the work finished."""
+
+    code = StatusCode.CANCELLED

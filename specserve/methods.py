@@ -20,6 +20,7 @@ from specserve.core.stopping import StopPolicyName, StopSettings
 from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft
+from specserve.runtime.batching import other_sessions
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
 from specserve.runtime.runner import ModelRunner
@@ -91,7 +92,7 @@ def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
 
 def _glide_cape_cost(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter | None:
     """The cost policy needs this machine's calibration, which only the engine knows."""
-    settings = StopSettings(cost_model=engine.cost_model)
+    settings = StopSettings(cost_model=engine.cost_model, batch_sessions=other_sessions)
     shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
     return _glide(shape, cape=True)(engine, capacity, target_kv)
 

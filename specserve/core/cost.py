@@ -25,6 +25,13 @@ Worked example (docs/adaptive.md has it in full): draft_step_s = 0.004, verify_s
 with a = 0.9 would add 0.81 tokens for 0.007 s (116 tok/s marginal): continue. With a = 0.1 a further
 token would add 0.09 tokens for 0.007 s, 12.9 tok/s, below the current rate: stop.
 
+Under continuous batching the round shares one target forward with the other sessions' trees
+(`BatchLoad`): the forward costs verify_s(n + n_others), the batch emits E + E_others, and a token is
+worth drafting iff it raises the batch's rate, dE / dT > (E + E_others) / T. As load grows, E_others / T
+approaches what plain batched decoding already earns per second, and a token's marginal cost approaches
+one token's share of a compute-bound forward, so trees shrink, down to no speculation at all
+(docs/adaptive.md, "Batches").
+
 Pure Python (no torch, no I/O): specserve.runtime.calibrate measures, saves and loads calibrations.
 """
 
@@ -78,6 +85,21 @@ class CostModel:
             raise InvalidArgument(f"not a cost calibration: {e}") from None
 
 
+@dataclass(frozen=True)
+class BatchLoad:
+    """What the rest of a batched forward holds besides this session's tree."""
+
+    other_nodes: int = 0  # tree nodes of the other sessions in the same target forward
+    other_expected: float = 0.0  # tokens the other sessions emit from that forward, in expectation
+
+    def __post_init__(self) -> None:
+        if self.other_nodes < 0 or self.other_expected < 0:
+            raise InvalidArgument(f"a batch load cannot be negative: {self}")
+
+
+ALONE = BatchLoad()
+
+
 def default_calibration_name(model_name: str, device: str, dtype: str) -> str:
     """The file a calibration is saved under: costs hold for one model on one kind of device in one dtype
     (on a 2-core AMD EPYC, docs/benchmarks.md, bf16's curve is flat where fp32's doubles from 1 to 2
@@ -115,16 +137,18 @@ def worth_extending(
     num_spine: int,
     num_nodes: int,
     max_more: int,  # spine tokens the cap still allows
+    load: BatchLoad = ALONE,
 ) -> bool:
-    """Whether drafting 1..max_more further spine tokens can beat the round's current rate."""
-    seconds = cost.round_s(num_spine, num_nodes)
+    """Whether drafting 1..max_more further spine tokens can beat the batch's current rate."""
+    shared = num_nodes + load.other_nodes
+    seconds = cost.round_s(num_spine, shared)
     gain = 0.0
     step_reach = reach
     for k in range(1, max_more + 1):
         step_reach *= next_acceptance
         gain += step_reach
-        extra = cost.round_s(num_spine + k, num_nodes + k) - seconds
-        if beats_rate(expected, seconds, gain, extra):
+        extra = cost.round_s(num_spine + k, shared + k) - seconds
+        if beats_rate(expected + load.other_expected, seconds, gain, extra):
             return True
     return False
 
@@ -135,6 +159,7 @@ def leaves_worth_adding(
     gains: Sequence[float],  # expected tokens each offered leaf adds, best first
     num_spine: int,
     num_nodes: int,
+    load: BatchLoad = ALONE,
 ) -> int:
     """How many of the offered leaves to add: the count k whose round (E + g_1 + ... + g_k over one
     forward of num_nodes + k nodes) has the highest rate, 0 when none beats the current one.
@@ -142,11 +167,12 @@ def leaves_worth_adding(
     Every k is compared, not just the next leaf, because a measured curve need not rise: on the CPU of
     docs/benchmarks.md the target verifies 8 nodes faster than 7 (MKL picks another kernel), so a leaf
     that does not pay alone can pay together with the next."""
-    best_count, best_rate = 0, expected / cost.round_s(num_spine, num_nodes)
-    total = expected
+    shared = num_nodes + load.other_nodes
+    total = expected + load.other_expected
+    best_count, best_rate = 0, total / cost.round_s(num_spine, shared)
     for count, gain in enumerate(gains, start=1):
         total += gain
-        rate = total / cost.round_s(num_spine, num_nodes + count)
+        rate = total / cost.round_s(num_spine, shared + count)
         if rate > best_rate:
             best_count, best_rate = count, rate
     return best_count

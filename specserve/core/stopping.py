@@ -40,7 +40,14 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from specserve.core.cost import NOMINAL_CPU_COST, CostModel, leaves_worth_adding, worth_extending
+from specserve.core.cost import (
+    ALONE,
+    NOMINAL_CPU_COST,
+    BatchLoad,
+    CostModel,
+    leaves_worth_adding,
+    worth_extending,
+)
 from specserve.core.decision import DecisionModel
 from specserve.errors import InvalidArgument
 
@@ -100,6 +107,8 @@ class StopSettings:
     decision_model: DecisionModel | None = None  # the learned stopper (specserve.runtime.stopper loads it)
     cost_model: CostModel | None = None  # calibrated costs; None = NOMINAL_CPU_COST (ratios only)
     cost_acceptance: AcceptanceEstimate = AcceptanceEstimate.DECISION
+    # How many other sessions share this one's forwards right now (continuous batching); None = alone.
+    batch_sessions: Callable[[], int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_depth is not None and self.max_depth < 1:
@@ -432,6 +441,10 @@ class CostPolicy:
     def __init__(self, settings: StopSettings) -> None:
         self._max_depth = settings.cap(COST_MAX_DEPTH)
         self.cost = settings.cost_model if settings.cost_model is not None else NOMINAL_CPU_COST
+        # Batches: the other sessions are assumed to send trees like this session's recent ones.
+        self.batch_sessions = settings.batch_sessions
+        self.mean_nodes, self.mean_emitted, self.mean_acceptance = 4.0, 1.5, 0.5  # running means
+        self.load = ALONE
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
         self.model = (
             settings.require_decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
@@ -446,7 +459,18 @@ class CostPolicy:
 
     @property
     def max_depth(self) -> int:
-        return self._max_depth
+        """0 when, under the current batch, not even one more token is worth its share of the forward."""
+        self.load = self._batch_load()
+        if self.load is ALONE:
+            return self._max_depth
+        worth = worth_extending(self.cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load)
+        return self._max_depth if worth else 0
+
+    def _batch_load(self) -> BatchLoad:
+        others = self.batch_sessions() if self.batch_sessions is not None else 0
+        if others <= 0:
+            return ALONE
+        return BatchLoad(round(others * self.mean_nodes), others * self.mean_emitted)
 
     def acceptance(self, logits: torch.Tensor, token: int | None) -> float:
         """Predicted a of a drafted token (None = the draft's top token)."""
@@ -473,7 +497,9 @@ class CostPolicy:
             top = torch.topk(torch.softmax(logits.double(), dim=-1), width).values.tolist()  # [width]
             scale = spine / top[0] if top[0] > 0 else 0.0
             gains = [reach_before * min(1.0, q * scale) for q in top[1:]]  # [width - 1]
-            leaves = leaves_worth_adding(self.cost, self.expected, gains, self.num_spine, self.num_nodes)
+            leaves = leaves_worth_adding(
+                self.cost, self.expected, gains, self.num_spine, self.num_nodes, self.load
+            )
             self.expected += sum(gains[:leaves])
             self.num_nodes += leaves
             kept += leaves
@@ -489,11 +515,24 @@ class CostPolicy:
         self._width_depth = -1
         more = self._max_depth - self.num_spine
         return not worth_extending(
-            self.cost, self.expected, self.reach, self.last_acceptance, self.num_spine, self.num_nodes, more
+            self.cost,
+            self.expected,
+            self.reach,
+            self.last_acceptance,
+            self.num_spine,
+            self.num_nodes,
+            more,
+            self.load,
         )
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         check_round(num_drafted, num_accepted)
+        smoothing = 0.8  # running means over the last few rounds
+        self.mean_nodes = smoothing * self.mean_nodes + (1 - smoothing) * self.num_nodes
+        self.mean_emitted = smoothing * self.mean_emitted + (1 - smoothing) * (num_accepted + 1)
+        if num_drafted:
+            rate = num_accepted / num_drafted
+            self.mean_acceptance = smoothing * self.mean_acceptance + (1 - smoothing) * rate
 
 
 STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {

@@ -8,6 +8,11 @@ while a forward runs join the next one: there is no fixed window. Everything hap
 so torch keeps one OpenMP team per process (serving/model_thread.py explains why that matters).
 
 Outside a scheduler `batched_call` just runs the one segment, so the same code serves a lone session.
+
+Thread-local state does not follow greenlets: a job that suspends inside `torch.inference_mode()` and
+another that leaves its own would switch the mode under each other. So the thread that drives jobs
+holds such modes once, around all of them (`thread_context`), and the jobs' own enters and exits then
+never change anything.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class _Job(greenlet.greenlet):
         self.fn, self.future, self.seq = fn, future, seq
         self.trace = trace  # the submitter's tracing context, linked from the forwards that serve it
         self.cancelled = False
+        self.scheduler: Scheduler | None = None
 
     def _main(self, *_: object) -> None:  # the first switch passes the resume value; unused
         try:
@@ -78,6 +84,15 @@ def wait_until(ready: Callable[[], bool]) -> None:
         if not isinstance(current, _Job):
             raise RuntimeError("wait_until would block forever outside a batching job")
         current.parent.switch(_Wait(ready))
+
+
+def other_sessions() -> int:
+    """Jobs besides the caller's that the caller's scheduler is running (0 outside a job): the sessions
+    whose segments will share the caller's next forwards. The cost policy sizes trees by it."""
+    current = greenlet.getcurrent()
+    if not isinstance(current, _Job) or current.scheduler is None:
+        return 0
+    return current.scheduler.num_active - 1
 
 
 def batched_call(model: BatchedModel[S, R], segment: S) -> R:
@@ -126,6 +141,12 @@ class Scheduler:
         return bool(self._pending or self._waiting)
 
     @property
+    def num_active(self) -> int:
+        """Jobs started and not finished: suspended ones plus the one running now, if any."""
+        running = 1 if isinstance(greenlet.getcurrent(), _Job) else 0
+        return len(self._pending) + len(self._waiting) + running
+
+    @property
     def has_forwards(self) -> bool:
         return bool(self._pending)
 
@@ -133,6 +154,7 @@ class Scheduler:
         """Starts a job now; it runs until its first forward (or to its end)."""
         self._seq += 1
         job = _Job(fn, future if future is not None else Future(), self._seq, trace)
+        job.scheduler = self
         self._resume(job, None)
         return job
 
@@ -206,8 +228,14 @@ class Scheduler:
             if job.future in futures:
                 job.cancelled = True
 
-    def run_all(self, fns: Sequence[Callable[[], R]]) -> list[R]:
+    def run_all(
+        self, fns: Sequence[Callable[[], R]], thread_context: AbstractContextManager[object] | None = None
+    ) -> list[R]:
         """Runs every fn as a job on this thread until all finish; returns their results in order."""
+        with thread_context if thread_context is not None else nullcontext():
+            return self._run_all(fns)
+
+    def _run_all(self, fns: Sequence[Callable[[], R]]) -> list[R]:
         jobs = [self.start(fn) for fn in fns]
         while self.busy:
             self.step()
@@ -235,8 +263,10 @@ class SchedulerThread:
         max_queue: int = 256,
         max_wait_seconds: float = 0.0,
         lock: threading.RLock | None = None,
+        thread_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.scheduler = Scheduler(max_tokens_per_forward)
+        self._thread_context = thread_context  # held by the model thread around every job (module doc)
         self.max_queue = max_queue
         self.max_wait_seconds = max_wait_seconds
         self._lock = lock
@@ -289,6 +319,10 @@ class SchedulerThread:
             self._in_flight -= 1
 
     def _loop(self) -> None:
+        with self._thread_context() if self._thread_context is not None else nullcontext():
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._inbox and not self.scheduler.has_forwards and not self._closed:

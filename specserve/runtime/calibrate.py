@@ -18,7 +18,10 @@ from tqdm import tqdm
 from specserve.core.cost import CostModel
 from specserve.core.protocols import DraftTree
 from specserve.core.sampling_params import SamplingParams
+from specserve.core.tree import tree_depths
+from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import NotFound
+from specserve.runtime.ragged import Segment
 from specserve.runtime.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -27,6 +30,10 @@ logger = logging.getLogger(__name__)
 # by row count: 8 nodes verify faster than 7 here), and interpolating between powers of two hid that.
 VERIFY_SIZES = (*range(1, 17), 24, 32, 48, 64)
 PROMPT_TOKENS = 128  # a typical chat prompt; attention over it is part of every verify
+# Continuous batching puts many sessions' trees in one forward: totals measured as batches of 8-node
+# trees, one per session (the batch-aware cost policy, core/cost.py, reads the curve up there).
+BATCH_TOTALS = (96, 128, 192, 256)
+BATCH_TREE_NODES = 8
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -83,6 +90,45 @@ def measure_draft_step_s(
     return max(0.0, (t_long - t_short) / (long - short))
 
 
+def measure_batch_verify_s(
+    runner: ModelRunner,
+    totals: Sequence[int] = BATCH_TOTALS,
+    prompt_tokens: int = PROMPT_TOKENS,
+    repeats: int = 3,
+) -> tuple[tuple[int, float], ...]:
+    """(total, seconds of one forward over total / BATCH_TREE_NODES sessions' 8-node trees) per total."""
+    generator = torch.Generator().manual_seed(1)
+    sessions = max(totals) // BATCH_TREE_NODES
+    caches = [runner.new_cache(prompt_tokens + BATCH_TREE_NODES + 1) for _ in range(sessions)]
+    for cache in caches:
+        prompt = torch.randint(0, runner.vocab_size, (prompt_tokens,), generator=generator).tolist()
+        runner.forward(cache, prompt, last_only=True)
+    parents = binary_tree_parents(BATCH_TREE_NODES)
+    depths = torch.tensor(tree_depths(parents))
+    tree = tree_attention_mask(parents, runner.device)  # [8, 8]
+    attend = torch.cat([torch.ones(BATCH_TREE_NODES, prompt_tokens, dtype=torch.bool), tree], dim=1)
+    points = []
+    for total in tqdm(totals, desc="calibrating batched verify", unit="size", file=sys.stderr, disable=None):
+        used = caches[: total // BATCH_TREE_NODES]
+        segments = [
+            Segment(
+                c,
+                torch.randint(0, runner.vocab_size, (BATCH_TREE_NODES,)).tolist(),
+                prompt_tokens + depths,
+                attend,
+            )
+            for c in used
+        ]
+
+        def verify(segments=segments, used=used) -> None:
+            runner.forward_batch(segments)
+            for cache in used:
+                cache.truncate(prompt_tokens)
+
+        points.append((total, best_of(verify, repeats)))
+    return tuple(points)
+
+
 def calibrate_engine(engine, repeats: int = 3) -> CostModel:
     """The engine's target verify curve and its GliDe draft's step cost."""
     from specserve.glide.drafter import GlideDrafter
@@ -91,6 +137,7 @@ def calibrate_engine(engine, repeats: int = 3) -> CostModel:
 
     runner = engine.target_runner
     verify_points = measure_verify_s(runner, repeats=repeats)
+    verify_points += measure_batch_verify_s(runner, repeats=repeats)
     prompt = [i % runner.vocab_size for i in range(10, 10 + PROMPT_TOKENS)]
     verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
     root = verifier.prefill(prompt, SamplingParams(), seed=0)

@@ -3,8 +3,8 @@
 gRPC runs handlers on a pool of threads. OpenMP (torch's CPU backend) gives every calling thread its own
 team of worker threads, so model calls spread over the pool leave several teams competing for the same
 cores: measured on 2 cores, a 5-token target forward took ~30% longer when the calling thread varied
-than on one dedicated thread (docs/benchmarks.md, the distributed stack). Handlers validate and hold their locks on
-their own threads and hand the tensor work here; one thread also serialises access to the model.
+than on one dedicated thread (docs/benchmarks.md, the distributed stack). Handlers validate and hold
+their locks on their own threads and hand the tensor work here, where forwards are batched.
 
 Loading the model belongs here too. A second thread that ever ran torch (the main thread loading the
 weights) leaves a second team behind, and once libgomp manages more threads than there are cores it
@@ -16,6 +16,7 @@ regions pays a sleep and a wake-up: a 7-node tree verify took 98 ms with one tea
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import ParamSpec, TypeVar
 
 from specserve.runtime.batching import SchedulerThread
@@ -23,6 +24,12 @@ from specserve.serving import telemetry
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def _inference_mode() -> AbstractContextManager[object]:
+    import torch  # the model services have it; this module stays importable without it
+
+    return torch.inference_mode()
 
 
 def run_inline(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -41,7 +48,9 @@ class ModelThread(SchedulerThread):
         max_queue: int = 256,
         max_wait_seconds: float = 0.0,
     ) -> None:
-        super().__init__(name, max_tokens_per_forward, max_queue, max_wait_seconds)
+        super().__init__(
+            name, max_tokens_per_forward, max_queue, max_wait_seconds, thread_context=_inference_mode
+        )
         # Each batched forward gets a span linked to the spans of the requests it serves.
         self.capture_trace = telemetry.current_span_context
         self.scheduler.batch_scope = telemetry.batch_span

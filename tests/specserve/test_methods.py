@@ -16,7 +16,7 @@ from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
-from specserve.runtime.calibrate import load_calibration
+from specserve.runtime.calibrate import BATCH_TOTALS, load_calibration
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -48,6 +48,7 @@ def test_the_cost_method_measured_this_machine_once(engine):
     cost = engine.cost_model  # measured by an earlier test's cost method, or now when run alone
     assert engine.calibration_path.is_file() and load_calibration(engine.calibration_path) == cost
     assert cost.verify_points[0][0] == 1 and cost.draft_step_s >= 0
+    assert cost.verify_points[-1][0] == BATCH_TOTALS[-1]  # batched forwards are calibrated too
 
 
 def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_dir, tmp_path):

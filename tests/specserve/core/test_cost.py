@@ -9,11 +9,13 @@ import sys
 import pytest
 
 from specserve.core.cost import (
+    BatchLoad,
     CostModel,
     expected_tokens,
     leaves_worth_adding,
     worth_extending,
 )
+from specserve.core.stopping import COST_MAX_DEPTH, AcceptanceEstimate, CostPolicy, StopSettings
 from specserve.errors import InvalidArgument, NotFound
 from specserve.runtime.calibrate import load_calibration
 
@@ -128,3 +130,39 @@ def test_leaf_count_is_the_best_rate_of_every_count():
 def test_cost_module_needs_no_torch():
     code = "import sys; import specserve.core.cost; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_batch_load_by_hand():
+    """Alone, a token of acceptance 0.5 pays: E 1 -> 1.5 for 7 ms on 64 ms (23.4 -> ... marginal 71 tok/s).
+    Beside 31 sessions of 4 nodes emitting 1.5 tokens each, the batch makes 47.5 tokens per 0.433 s
+    (110 tok/s); the same token adds 0.5 tokens for 7 ms (71 tok/s): it no longer pays."""
+    assert worth_extending(LINEAR, 1.0, 1.0, 0.5, 0, 1, 1)
+    crowd = BatchLoad(other_nodes=124, other_expected=46.5)
+    assert not worth_extending(LINEAR, 1.0, 1.0, 0.5, 0, 1, 1, crowd)
+    # a sure token still pays: 1 token for 7 ms (143 tok/s) beats 110 tok/s
+    assert worth_extending(LINEAR, 1.0, 1.0, 1.0, 0, 1, 1, crowd)
+
+
+def test_leaves_shrink_as_the_batch_grows():
+    gains = [0.3, 0.2, 0.1, 0.05]
+    counts = [
+        leaves_worth_adding(LINEAR, 1.8, gains, 1, 2, BatchLoad(others * 4, others * 1.5))
+        for others in (0, 4, 16, 64)
+    ]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1] == 0
+
+
+def test_a_negative_load_is_refused():
+    with pytest.raises(InvalidArgument):
+        BatchLoad(other_nodes=-1)
+
+
+def test_cost_policy_stops_speculating_under_heavy_load():
+    others = {"n": 0}
+    settings = StopSettings(
+        cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: others["n"]
+    )
+    policy = CostPolicy(settings)
+    assert policy.max_depth == COST_MAX_DEPTH  # alone: the cost curve decides round by round
+    others["n"] = 63
+    assert policy.max_depth == 0  # 63 others: not even one token is worth its share of the forward

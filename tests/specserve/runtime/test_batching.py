@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
 from specserve.runtime.batching import Scheduler, SchedulerThread, batched_call, wait_until
@@ -159,3 +160,23 @@ def test_jobs_take_turns_with_wait_until():
 def test_a_wait_nobody_can_satisfy_is_an_error_not_a_hang():
     with pytest.raises(RuntimeError, match="waits"):
         Scheduler().run_all([lambda: wait_until(lambda: False)])
+
+
+def test_thread_wide_inference_mode_survives_interleaved_jobs():
+    """Jobs enter and leave torch.inference_mode() out of order; held by the thread, it stays on."""
+    model = Recorder()
+    with torch.inference_mode():
+        buffer = torch.zeros(3)  # an inference tensor: in-place updates need inference mode
+
+    def job(name: str):
+        def run() -> None:
+            with torch.inference_mode():
+                batched_call(model, Segment(name))  # suspends inside the mode
+            buffer.add_(1)
+
+        return run
+
+    with pytest.raises(RuntimeError, match=r"[Ii]nference"):
+        Scheduler().run_all([job("a"), job("b")])  # without it: a's exit turns the mode off for b
+    Scheduler().run_all([job("a"), job("b")], thread_context=torch.inference_mode())
+    assert buffer.tolist()[0] >= 2
