@@ -11,12 +11,13 @@ import grpc
 
 from services.target.feed import kv_feed
 from services.target.sessions import SessionStore, TargetSession
+from specserve.core.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, path_logprobs, token_logprobs
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
 from specserve.serving import telemetry
-from specserve.serving.convert import check_session_id, sampling_from_pb, tree_from_pb
+from specserve.serving.convert import check_session_id, logprobs_to_pb, sampling_from_pb, tree_from_pb
 from specserve.serving.metrics import TargetMetrics
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.settings import TargetServiceSettings
@@ -61,6 +62,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             max_prompt_tokens=limits.max_prompt_tokens,
             max_new_tokens_limit=limits.max_new_tokens_limit,
             max_tree_nodes=limits.max_tree_nodes,
+            supports_logprobs=True,
             num_layers=self.engine.target_model.config.num_hidden_layers,
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
@@ -96,8 +98,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 self._run(context, session.verifier.resume, history)
                 next_token = request.root_token
             else:
-                next_token = self._run(
-                    context, session.verifier.prefill, list(request.token_ids), params, request.step_seed
+                num_top = _top_logprobs(request.logprobs, request.top_logprobs)
+                next_token, logprobs = self._run(
+                    context,
+                    self._prefill,
+                    session,
+                    list(request.token_ids),
+                    params,
+                    request.step_seed,
+                    num_top,
                 )
         except Exception:
             self.store.release_if_current(session)  # never leave a half-built session behind
@@ -105,7 +114,30 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:
             self._done(session)
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
-        return target_pb2.PrefillResponse(next_token=next_token, committed_length=session.committed_length)
+        response = target_pb2.PrefillResponse(
+            next_token=next_token, committed_length=session.committed_length
+        )
+        if not rebuild and logprobs:
+            response.logprob.CopyFrom(logprobs_to_pb(logprobs)[0])
+        return response
+
+    @staticmethod
+    def _prefill(
+        session: TargetSession,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        step_seed: int,
+        num_top: int | None,
+    ) -> tuple[int, list[TokenLogprob]]:
+        """On the model thread: the prompt's forward, the first token, and its log-probability if asked."""
+        verifier = session.verifier
+        verifier.keep_logits = num_top is not None
+        root = verifier.prefill(prompt_ids, params, step_seed)
+        logprobs: list[TokenLogprob] = []
+        if num_top is not None and verifier.last_logits is not None:
+            logprobs = token_logprobs(verifier.last_logits[None], [0], [root], num_top)
+        verifier.last_logits = None
+        return root, logprobs
 
     def Verify(self, request: target_pb2.VerifyRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
@@ -115,6 +147,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         if any(not 0 <= t < vocab for t in draft.tree.token_ids):
             raise InvalidArgument(f"tree token ids must be in [0, {vocab})")
         params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
+        num_top = _top_logprobs(request.logprobs, request.top_logprobs)
         start = time.perf_counter()
         with self.store.lock:
             session = self.store.get(request.session_id)
@@ -139,7 +172,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     telemetry.ATTR_TREE_SIZE: draft.tree.num_nodes,
                 },
             ) as span:
-                outcome = self._run(context, self._verify, session, draft, params, request.step_seed)
+                outcome, logprobs = self._run(
+                    context, self._verify, session, draft, params, request.step_seed, num_top
+                )
                 span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
         finally:
             self._done(session)
@@ -150,6 +185,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             accepted_nodes=outcome.accepted_nodes,
             next_token=outcome.next_token,
             committed_length=session.committed_length + 1,
+            logprobs=logprobs_to_pb(logprobs),
         )
 
     def _run(self, context: grpc.ServicerContext | None, fn: Callable[..., R], *args: object) -> R:
@@ -169,16 +205,34 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             self._update_gauges()
 
     def _verify(
-        self, session: TargetSession, draft: DraftTree, params: SamplingParams, step_seed: int
-    ) -> VerifyOutcome:
-        """On the model thread: the draft's sparse probabilities become dense rows there too."""
+        self,
+        session: TargetSession,
+        draft: DraftTree,
+        params: SamplingParams,
+        step_seed: int,
+        num_top: int | None,
+    ) -> tuple[VerifyOutcome, list[TokenLogprob]]:
+        """On the model thread: the draft's sparse probabilities become dense rows there too; the
+        committed tokens' log-probabilities come from the same forward's logits when asked."""
         dense = dense_probs(
             draft, self.engine.target_model.config.vocab_size, self.engine.target_runner.device
         )
-        outcome = session.verifier.verify(dense, params, step_seed)
+        verifier = session.verifier
+        verifier.keep_logits = num_top is not None
+        outcome = verifier.verify(dense, params, step_seed)
         if session.closed:  # released or evicted while its forward ran: nothing of it may be reported
             raise NotFound(f"session {session.session_id!r} was released while it was being verified")
-        return outcome
+        logprobs: list[TokenLogprob] = []
+        if num_top is not None and verifier.last_logits is not None:
+            logprobs = path_logprobs(
+                verifier.last_logits,
+                outcome.accepted_nodes,
+                draft.tree.token_ids,
+                outcome.next_token,
+                num_top,
+            )
+        verifier.last_logits = None
+        return outcome, logprobs
 
     def StreamKV(self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext) -> Iterator:
         check_session_id(request.session_id)
@@ -216,3 +270,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def close(self) -> None:
         self.model.close()
         self.store.clear()
+
+
+def _top_logprobs(wanted: bool, top: int) -> int | None:
+    """None when no log-probabilities are asked for; else how many top tokens to return with each."""
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+    return top if wanted else None

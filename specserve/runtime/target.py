@@ -39,6 +39,10 @@ class LocalVerifier:
         # Every committed token, the root last: len(token_ids) == cache.length + 1 once prefilled. The
         # service's KV feed sends them with the KV so a draft can start the next round on its own.
         self.token_ids: list[int] = []
+        # The logits of the last prefill ([V]) or verify ([N, V]), kept only when a caller asks for
+        # log-probabilities of what it committed (core/logprobs.py); None otherwise.
+        self.keep_logits = False
+        self.last_logits: torch.Tensor | None = None
 
     @property
     def committed_length(self) -> int:
@@ -62,6 +66,7 @@ class LocalVerifier:
 
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
         logits = self._encode(prompt_ids)  # [V]
+        self.last_logits = logits if self.keep_logits else None
         root = choose_token(logits, params, seed)
         with self.commit_lock:
             self.token_ids = [*prompt_ids, root]
@@ -87,6 +92,7 @@ class LocalVerifier:
         logits = self.runner.forward(
             self.cache, tree.token_ids, None if tree.is_chain() else tree.parent_ids
         )  # [N, V]
+        self.last_logits = logits if self.keep_logits else None
         outcome = accept_draft(logits, draft, params, seed)
         accepted = [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
         with self.commit_lock:
