@@ -38,6 +38,8 @@ from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2
 
 logger = logging.getLogger(__name__)
 
+RECENT_SECONDS = 1.0  # a session that proposed this recently counts as part of the batch
+
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(
@@ -52,6 +54,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.metrics = metrics
         self.model = model or ModelThread.for_settings("draft-model", settings)  # forwards batched
         metrics.batching.attach(self.model)
+        # Sessions that proposed within the last second: the batch the cost policy sizes trees against
+        # (a session whose round drafts nothing holds no job for long, but still shares the target).
+        self._last_propose: dict[str, float] = {}
+        self.model.scheduler.load_hint = self._recent_sessions
         self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
@@ -105,9 +111,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftPrefillResponse()
 
+    def _recent_sessions(self) -> int:
+        horizon = time.monotonic() - RECENT_SECONDS
+        with self._channels_lock:
+            for session_id in [s for s, t in self._last_propose.items() if t < horizon]:
+                del self._last_propose[session_id]
+            return len(self._last_propose)
+
     def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
         start = time.perf_counter()
+        with self._channels_lock:
+            self._last_propose[request.session_id] = time.monotonic()
         check_token_ids(request.new_token_ids, self.engine.target_model.config.vocab_size)
         if request.target_address:
             check_target_address(request.target_address, self.settings.target_addresses)

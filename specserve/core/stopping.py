@@ -464,7 +464,10 @@ class CostPolicy:
         if self.load is ALONE:
             return self._max_depth
         worth = worth_extending(self.cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load)
-        return self._max_depth if worth else 0
+        if not worth:
+            self._reset()  # a round of the root alone: one node, nothing drafted
+            return 0
+        return self._max_depth
 
     def _batch_load(self) -> BatchLoad:
         others = self.batch_sessions() if self.batch_sessions is not None else 0

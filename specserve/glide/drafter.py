@@ -89,6 +89,12 @@ class GlideDrafter:
                 f"the target cache holds {target_kv[0].shape[2]} positions; the draft needs the "
                 f"{root_position} committed tokens before the root"
             )
+        if spine_cap(self.shape.depth, self.stop_policy) == 0:
+            # Nothing is worth drafting this round (the batch-aware cost policy under load): no forward
+            # at all; the draft cache catches up on the next round that drafts.
+            draft = DraftTree.root_only(token_ids[-1])
+            self._feedback.record(token_ids, draft)
+            return draft
         logits = self._sync(token_ids, target_kv)  # [V] after the root
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:

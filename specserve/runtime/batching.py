@@ -92,7 +92,9 @@ def other_sessions() -> int:
     current = greenlet.getcurrent()
     if not isinstance(current, _Job) or current.scheduler is None:
         return 0
-    return current.scheduler.num_active - 1
+    scheduler = current.scheduler
+    hinted = scheduler.load_hint() if scheduler.load_hint is not None else 0
+    return max(scheduler.num_active, hinted) - 1
 
 
 def batched_call(model: BatchedModel[S, R], segment: S) -> R:
@@ -133,6 +135,9 @@ class Scheduler:
         self._seq = 0
         self.stats = BatchStats()
         self.on_batch: Callable[[int, int], None] | None = None  # (segments, tokens) per forward
+        # Sessions a service knows to be active although not all have a job running right now (a draft
+        # service sees a session only while it proposes); `other_sessions` takes the larger count.
+        self.load_hint: Callable[[], int] | None = None
         # Wraps each forward, given the trace contexts of the jobs it serves (a tracing span).
         self.batch_scope: Callable[[list[object]], AbstractContextManager[object]] | None = None
 

@@ -220,3 +220,30 @@ def test_target_cache_out_of_step_is_refused(target, glide):
     verifier.prefill(PROMPT, GREEDY, 0)
     with pytest.raises(FailedPrecondition):
         drafter.propose([*PROMPT, 1, 2], GREEDY, 0)  # the target has not verified token 1
+
+
+def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
+    """Under load the cost policy may draft nothing: the drafter then returns the root alone, leaves
+    its cache as it was, and catches up on the next round that drafts (same tree as a fresh drafter)."""
+    verifier = LocalVerifier(target, CAPACITY)
+    drafter = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=3))
+    token_ids = list(PROMPT)
+    _commit(target, verifier, token_ids)
+    drafter.propose(token_ids, GREEDY, 0)
+    cached = drafter.cache.length
+    token_ids += [5, 6]
+    _commit(target, verifier, token_ids)
+
+    class Nothing:  # a stop policy whose cap this round is 0
+        max_depth = 0
+
+        def observe(self, num_drafted: int, num_accepted: int) -> None: ...
+
+    real, drafter.stop_policy = drafter.stop_policy, Nothing()
+    draft = drafter.propose(token_ids, GREEDY, 0)
+    assert draft.tree.token_ids == (token_ids[-1],) and drafter.cache.length == cached
+    drafter.stop_policy = real
+    token_ids += [7]
+    _commit(target, verifier, token_ids)
+    fresh = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=3))
+    assert drafter.propose(token_ids, GREEDY, 0).tree == fresh.propose(token_ids, GREEDY, 0).tree

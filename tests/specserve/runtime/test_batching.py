@@ -176,7 +176,18 @@ def test_thread_wide_inference_mode_survives_interleaved_jobs():
 
         return run
 
-    with pytest.raises(RuntimeError, match=r"[Ii]nference"):
-        Scheduler().run_all([job("a"), job("b")])  # without it: a's exit turns the mode off for b
+    errors: list[BaseException] = []
+
+    def without_thread_context() -> None:  # on a thread of its own: the modes it scrambles die with it
+        try:
+            Scheduler().run_all([job("a"), job("b")])
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=without_thread_context)
+    thread.start()
+    thread.join()
+    assert errors and "nference" in str(errors[0])  # a's exit turned the mode off under b
     Scheduler().run_all([job("a"), job("b")], thread_context=torch.inference_mode())
+    assert not torch.is_inference_mode_enabled()
     assert buffer.tolist()[0] >= 2
