@@ -66,4 +66,5 @@ def test_32_concurrent_sessions_equal_their_runs_alone(shared_stack, method):
             thread.join()
     assert not errors, errors[:3]
     for i, output in enumerate(outputs):
-        assert output == alone[PROMPTS[i % len(PROMPTS)]], f"session {i} ({finish[i]}) differs from its run alone"
+        expected = alone[PROMPTS[i % len(PROMPTS)]]
+        assert output == expected, f"session {i} ({finish[i]}) differs from its run alone"
