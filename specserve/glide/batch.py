@@ -36,6 +36,7 @@ class GlideBatcher:
     """The batched form of one GlideDraft: logits [V] after each segment's last token."""
 
     label = "draft"  # names its forwards in batching statistics
+    priority = -1  # draft forwards run before target forwards (runtime/batching.py)
 
     def __init__(self, model: GlideDraft) -> None:
         self.model = model

@@ -40,6 +40,10 @@ class BatchedModel(Protocol[S, R]):
         ...
 
 
+def _priority(model: object) -> int:
+    return int(getattr(model, "priority", 0))
+
+
 def segment_tokens(segment: object) -> int:
     """Tokens a segment puts into a forward (the unit of the per-forward budget)."""
     return int(getattr(segment, "num_tokens", 1))
@@ -199,6 +203,10 @@ class Scheduler:
                 continue
             chosen.append(item)
             tokens += size
+        # Models of a lower `priority` go first: in process a round drafts (cheap forwards) before it
+        # verifies, so sessions still drafting would otherwise split the target's batch in two.
+        first = min(_priority(r.model) for _, r in chosen)
+        chosen = [item for item in chosen if _priority(item[1].model) == first]
         chosen_ids = {id(job) for job, _ in chosen}
         self._pending = [p for p in self._pending if id(p[0]) not in chosen_ids]
         groups: dict[int, list[tuple[_Job, _Request]]] = {}

@@ -24,6 +24,7 @@ class ModelRunner:
     def __init__(self, model: PreTrainedModel, label: str = "model") -> None:
         self.model = model
         self.label = label  # names its forwards in batching statistics
+        self.priority = -1 if label == "draft" else 0  # drafts go first (runtime/batching.py)
         use_ragged_attention(model)
         self.device = next(model.parameters()).device
         self.num_layers: int = model.config.num_hidden_layers

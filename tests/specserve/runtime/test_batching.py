@@ -191,3 +191,17 @@ def test_thread_wide_inference_mode_survives_interleaved_jobs():
     Scheduler().run_all([job("a"), job("b")], thread_context=torch.inference_mode())
     assert not torch.is_inference_mode_enabled()
     assert buffer.tolist()[0] >= 2
+
+
+def test_cheaper_models_go_first_so_the_expensive_batch_stays_whole():
+    target, draft = Recorder(), Recorder()
+    draft.priority = -1
+
+    def drafting(name: str, steps_: int):
+        return lambda: (
+            [batched_call(draft, Segment(name)) for _ in range(steps_)],
+            batched_call(target, Segment(name)),
+        )
+
+    Scheduler().run_all([drafting("a", 1), drafting("b", 3), drafting("c", 2)])
+    assert target.batches == [["a", "b", "c"]]  # one target forward, after every draft step
