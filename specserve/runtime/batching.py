@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import greenlet
 
@@ -262,8 +262,7 @@ class Scheduler:
 class SchedulerThread:
     """A model thread that serves jobs submitted from any thread, batching their forwards continuously.
 
-    `lock`, if given, is held while jobs run and forwards execute (released while idle), so readers on
-    other threads never see a cache mid-update. `max_queue` bounds jobs admitted but not finished:
+    `max_queue` bounds jobs admitted but not finished:
     beyond it `submit` raises ResourceExhausted. `max_wait_seconds` > 0 lets a forward wait that long
     for more jobs when fewer than `max_tokens_per_forward` tokens are pending (off by default: on a CPU
     the next forward is better started at once).
@@ -275,14 +274,12 @@ class SchedulerThread:
         max_tokens_per_forward: int = 1024,
         max_queue: int = 256,
         max_wait_seconds: float = 0.0,
-        lock: threading.RLock | None = None,
         thread_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.scheduler = Scheduler(max_tokens_per_forward)
         self._thread_context = thread_context  # held by the model thread around every job (module doc)
         self.max_queue = max_queue
         self.max_wait_seconds = max_wait_seconds
-        self._lock = lock
         self._cond = threading.Condition()
         self._inbox: deque[tuple[Callable[[], Any], Future[Any], float, object]] = deque()
         self._in_flight = 0
@@ -351,17 +348,16 @@ class SchedulerThread:
                 arrivals = list(self._inbox)
                 self._inbox.clear()
                 cancelled, self._cancelled = self._cancelled, set()
-            with self._lock if self._lock is not None else _NoLock():
-                for fn, future, queued_at, trace in arrivals:
-                    if self.on_queue is not None:
-                        self.on_queue(time.perf_counter() - queued_at)
-                    if future in cancelled:
-                        future.set_exception(Cancelled("the request was cancelled"))
-                        continue
-                    self.scheduler.start(fn, future, trace)
-                self.scheduler.mark_cancelled(cancelled)
-                if self.scheduler.busy:
-                    self.scheduler.step()
+            for fn, future, queued_at, trace in arrivals:
+                if self.on_queue is not None:
+                    self.on_queue(time.perf_counter() - queued_at)
+                if future in cancelled:
+                    future.set_exception(Cancelled("the request was cancelled"))
+                    continue
+                self.scheduler.start(fn, future, trace)
+            self.scheduler.mark_cancelled(cancelled)
+            if self.scheduler.busy:
+                self.scheduler.step()
 
     def _inbox_has_budget(self) -> bool:
         pending = sum(segment_tokens(r.segment) for _, r in self.scheduler._pending)
@@ -372,24 +368,3 @@ class SchedulerThread:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class SegmentRunner(Generic[S, R]):
-    """Adapts a one-segment function into a BatchedModel that runs segments one after another.
-
-    For models without a batched forward: they still run as jobs (correct, not faster).
-    """
-
-    def __init__(self, fn: Callable[[S], R]) -> None:
-        self.fn = fn
-
-    def forward_batch(self, segments: Sequence[S]) -> list[R]:
-        return [self.fn(s) for s in segments]
