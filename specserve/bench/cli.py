@@ -127,13 +127,7 @@ def run_bench_command(
     print(format_table(result))
     if remote is not None:
         print(remote.format_breakdown())
-    if args.out is not None:
-        # Written before the plot, so a plotting failure cannot lose the measurements.
-        _write(args.out, lambda p: p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))
-        print(f"wrote {args.out}")
-    if args.plot is not None:
-        _write(args.plot, lambda p: plot(result, p))
-        print(f"wrote {args.plot}")
+    _write_outputs(args, result, lambda p: plot(result, p))
     return 0
 
 
@@ -179,13 +173,18 @@ def _run_concurrency(
         "machine": machine_info(settings),
     }
     print(format_concurrency(concurrency))
+    _write_outputs(args, result, lambda p: plot_concurrency(concurrency, p))
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, result: dict, plotter: Callable[[Path], None]) -> None:
     if args.out is not None:
+        # Written before the plot, so a plotting failure cannot lose the measurements.
         _write(args.out, lambda p: p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))
         print(f"wrote {args.out}")
     if args.plot is not None:
-        _write(args.plot, lambda p: plot_concurrency(concurrency, p))
+        _write(args.plot, plotter)
         print(f"wrote {args.plot}")
-    return 0
 
 
 def _check_writable(path: Path) -> None:

@@ -96,6 +96,7 @@ def _run_in_process(engine: Any, prompts: Sequence[str], method: str, params: Sa
 
 
 def _run_remote(address: str, prompts: Sequence[str], method: str, params: SamplingParams) -> dict:
+    from specserve.bench.remote import client_sampling
     from specserve.client import Client
 
     timelines = [_Timeline(0.0) for _ in prompts]
@@ -109,16 +110,7 @@ def _run_remote(address: str, prompts: Sequence[str], method: str, params: Sampl
             timelines[i].start = time.perf_counter()
             try:
                 for chunk in client.stream(
-                    prompts[i],
-                    method=method,
-                    max_new_tokens=params.max_new_tokens,
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    seed=params.seed,
-                    stop=params.stop,
-                    ignore_eos=params.ignore_eos,
-                    timeout=3600,
+                    prompts[i], method=method, timeout=3600, **client_sampling(params)
                 ):
                     if chunk.token_ids:
                         timelines[i].record(chunk.token_ids)

@@ -34,6 +34,19 @@ _SUMMED = (
 )
 
 
+def client_sampling(params: SamplingParams) -> dict[str, Any]:
+    """The client SDK's keyword arguments for `params`."""
+    return {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "seed": params.seed,
+        "stop": params.stop,
+        "ignore_eos": params.ignore_eos,
+    }
+
+
 class WithRemote:
     """An EngineLike (bench/runner.py) that adds the router's methods to an in-process engine."""
 
@@ -60,15 +73,7 @@ class WithRemote:
             return self.engine.generate(prompt, method, params, on_tokens)
         start = time.perf_counter()
         completion = self.client.generate(
-            prompt,
-            method=method[len(REMOTE_PREFIX) :],
-            max_new_tokens=params.max_new_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=params.seed,
-            stop=params.stop,
-            ignore_eos=params.ignore_eos,
+            prompt, method=method[len(REMOTE_PREFIX) :], **client_sampling(params)
         )
         elapsed = time.perf_counter() - start
         s = completion.stats

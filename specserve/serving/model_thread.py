@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from specserve.runtime.batching import SchedulerThread
 from specserve.serving import telemetry
@@ -41,16 +41,9 @@ class ModelThread(SchedulerThread):
     """The service's one model thread. Every call runs there as a batching job (runtime/batching.py):
     concurrent requests' forwards are merged into one forward per model, continuously."""
 
-    def __init__(
-        self,
-        name: str,
-        max_tokens_per_forward: int = 1024,
-        max_queue: int = 256,
-        max_wait_seconds: float = 0.0,
-    ) -> None:
-        super().__init__(
-            name, max_tokens_per_forward, max_queue, max_wait_seconds, thread_context=_inference_mode
-        )
+    def __init__(self, name: str, **batching: Any) -> None:
+        """batching: SchedulerThread's max_tokens_per_forward, max_queue, max_wait_seconds."""
+        super().__init__(name, thread_context=_inference_mode, **batching)
         # Each batched forward gets a span linked to the spans of the requests it serves.
         self.capture_trace = telemetry.current_span_context
         self.scheduler.batch_scope = telemetry.batch_span

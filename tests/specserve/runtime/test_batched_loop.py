@@ -22,16 +22,6 @@ PROMPTS = [[3, 17, 5, 9, 41, 2, 33, 8], [1, 2], [60, 61, 5, 5, 5, 7, 9, 11, 13, 
 SHAPES = [None, DraftShape(depth=4), DraftShape(depth=3, widths=(3, 2))]
 
 
-@pytest.fixture(scope="module")
-def target() -> ModelRunner:
-    return ModelRunner(tiny_llama())
-
-
-@pytest.fixture(scope="module")
-def draft(target: ModelRunner) -> ModelRunner:
-    return ModelRunner(noisy_copy(target.model, scale=0.6))
-
-
 def session(target, draft, shape, prompt, params, seed, prefill_chunk=256):
     def run() -> list[int]:
         finish = FinishChecker(params.max_new_tokens, frozenset())
