@@ -445,6 +445,10 @@ class CostPolicy:
         self.batch_sessions = settings.batch_sessions
         self.mean_nodes, self.mean_emitted, self.mean_acceptance = 4.0, 1.5, 0.5  # running means
         self.load = ALONE
+        # Sized by the batch only under greedy decoding, where trees never change the output. With
+        # sampling the tokens drawn depend on the tree, so a seeded request must get the same trees
+        # whatever else runs: its trees are sized as if alone.
+        self.batch_aware = True
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
         self.model = (
             settings.require_decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
@@ -470,6 +474,8 @@ class CostPolicy:
         return self._max_depth
 
     def _batch_load(self) -> BatchLoad:
+        if not self.batch_aware:
+            return ALONE
         others = self.batch_sessions() if self.batch_sessions is not None else 0
         if others <= 0:
             return ALONE

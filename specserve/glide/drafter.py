@@ -26,7 +26,7 @@ from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling import make_generator
 from specserve.core.sampling_params import SamplingParams
-from specserve.core.stopping import StopPolicy
+from specserve.core.stopping import CostPolicy, StopPolicy
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.batch import GlideSegment, glide_batcher
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
@@ -79,6 +79,8 @@ class GlideDrafter:
     @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
         self._feedback.report(token_ids, self.stop_policy)
+        if isinstance(self.stop_policy, CostPolicy):
+            self.stop_policy.batch_aware = params.greedy  # seeded sampling stays reproducible under load
         fixed = params.greedy or self.cape is not None
         kind = CandidateKind.FIXED if fixed else self.shape.sampled_kind
         generator = make_generator(seed)

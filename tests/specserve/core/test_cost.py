@@ -166,3 +166,14 @@ def test_cost_policy_stops_speculating_under_heavy_load():
     assert policy.max_depth == COST_MAX_DEPTH  # alone: the cost curve decides round by round
     others["n"] = 63
     assert policy.max_depth == 0  # 63 others: not even one token is worth its share of the forward
+
+
+def test_sampled_requests_size_trees_as_if_alone():
+    """Under sampling the tree decides which tokens are drawn: a seeded request must not depend on load."""
+    settings = StopSettings(
+        cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: 63
+    )
+    policy = CostPolicy(settings)
+    assert policy.max_depth == 0
+    policy.batch_aware = False
+    assert policy.max_depth == COST_MAX_DEPTH

@@ -63,7 +63,9 @@ def grpc_reference(http_router):
     )
     assert rounds[0].round.num_draft_tokens == 0  # the prefill's token
     assert last.round is None and last.finish_reason == "length"
-    assert sum(c.round.num_accepted_tokens for c in rounds) == last.stats["num_accepted_tokens"]
+    # The last round may end inside its accepted block (max tokens): its cut tokens count in the stats only.
+    accepted = sum(c.round.num_accepted_tokens for c in rounds)
+    assert 0 <= last.stats["num_accepted_tokens"] - accepted <= rounds[-1].round.num_draft_tokens
     return Completion(
         last.session_id,
         "".join(c.text for c in chunks),
