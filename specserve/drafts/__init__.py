@@ -1,4 +1,8 @@
-"""Drafts trained by `specserve train-draft` for the default target, shipped inside the package.
+"""Drafts trained for the default target, shipped inside the package.
+
+The GliDe draft was trained by `specserve train-draft`, then distilled further on the target's own
+answers (`python -m specserve.training.distill`, see docs/training.md); the vanilla ablation by
+`specserve train-draft` alone.
 
 Each subdirectory is a draft saved by `specserve.glide.save_glide` (config.json + model.safetensors,
 bf16), with training.json (the exact settings, data manifest and time) and training.png beside it.
