@@ -116,8 +116,6 @@ class BatchStats:
     forwards: int = 0
     tokens: int = 0
     segments: int = 0
-    last_batch_segments: int = 0
-    last_batch_tokens: int = 0
     per_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (forwards, tokens)
 
     @property
@@ -227,7 +225,6 @@ class Scheduler:
             self.stats.segments += len(segments)
             batch_tokens = sum(segment_tokens(s) for s in segments)
             self.stats.tokens += batch_tokens
-            self.stats.last_batch_segments, self.stats.last_batch_tokens = len(segments), batch_tokens
             label = str(getattr(model, "label", type(model).__name__))
             forwards, model_tokens = self.stats.per_model.get(label, (0, 0))
             self.stats.per_model[label] = (forwards + 1, model_tokens + batch_tokens)
@@ -289,10 +286,6 @@ class SchedulerThread:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     def submit(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> Future[R]:
         future: Future[R] = Future()

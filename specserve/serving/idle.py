@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from specserve.serving.convert import SESSION_ID
+from specserve.serving.handlers import around_calls
 
 logger = logging.getLogger(__name__)
 
@@ -96,31 +97,10 @@ class ActivityInterceptor(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None or details.method.endswith(PASSIVE_METHODS):
             return handler
-        note = self._note
-        if handler.unary_unary:
-            inner_unary = handler.unary_unary
-
-            def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                note(request)
-                try:
-                    return inner_unary(request, context)
-                finally:
-                    note(request)  # a long call (a prefill) counts until it ends
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream:
-            inner_stream = handler.unary_stream
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                note(request)
-                yield from inner_stream(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
-        return handler
+        # a long call (a prefill) counts as activity until it ends
+        return around_calls(
+            handler, lambda request, _: self._note(request), lambda request, _: self._note(request)
+        )
 
     def _note(self, request: Any) -> None:
         session_id = getattr(request, "session_id", "")

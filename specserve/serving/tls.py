@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from specserve.errors import InvalidArgument
+from specserve.serving.handlers import around_calls
 
 logger = logging.getLogger(__name__)
 
@@ -134,27 +135,7 @@ class PeerInterceptor(grpc.ServerInterceptor):
             if peer_name(context) not in allowed:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, "this caller may not call this method")
 
-        if handler.unary_unary:
-            inner_unary = handler.unary_unary
-
-            def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                check(context)
-                return inner_unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream:
-            inner_stream = handler.unary_stream
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                check(context)
-                yield from inner_stream(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
-        return handler
+        return around_calls(handler, lambda _, context: check(context))
 
 
 # -- a local CA (the stack and the tests) ---------------------------------------------------------------

@@ -7,7 +7,6 @@ produce exactly the tokens its prompt produces alone through the same stack, and
 from __future__ import annotations
 
 import threading
-import urllib.request
 
 import pytest
 
@@ -28,11 +27,6 @@ PROMPTS = (
 )
 SESSIONS = 32
 MAX_NEW_TOKENS = 16
-
-
-def _metric(port: int, name: str) -> float:
-    body = urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=10).read().decode()
-    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(name + " "))
 
 
 def test_32_concurrent_sessions_equal_their_runs_alone(shared_stack):
