@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from specserve.errors import PermissionDenied
+from specserve.serving.handlers import Continuation, within
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +135,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
         self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
 
-    def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler], details: Any
-    ) -> grpc.RpcMethodHandler | None:
+    def intercept_service(self, continuation: Continuation, details: Any) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
         if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
             return handler
@@ -144,27 +143,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         if not self.tokens.accepts(token):
             return self._deny_stream if handler.unary_stream else self._deny_unary
         caller = principal(token)
-        if handler.unary_unary:
-            inner_unary = handler.unary_unary
-
-            def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                with as_caller(caller):
-                    return inner_unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream:
-            inner_stream = handler.unary_stream
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                with as_caller(caller):
-                    yield from inner_stream(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
-        return handler
+        return within(handler, lambda request, context: as_caller(caller))
 
 
 class BearerTokenASGI:

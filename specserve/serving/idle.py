@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from specserve.serving.convert import SESSION_ID
-from specserve.serving.handlers import around_calls
+from specserve.serving.handlers import Continuation, around_calls
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,7 @@ class ActivityInterceptor(grpc.ServerInterceptor):
     def __init__(self, sessions: IdleSessions) -> None:
         self.sessions = sessions
 
-    def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler], details: Any
-    ) -> grpc.RpcMethodHandler | None:
+    def intercept_service(self, continuation: Continuation, details: Any) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
         if handler is None or details.method.endswith(PASSIVE_METHODS):
             return handler

@@ -9,7 +9,8 @@ and the SDK handle one typed hierarchy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ from specserve.errors import (
     Unauthenticated,
     Unavailable,
 )
+from specserve.serving.handlers import Continuation, within
 
 logger = logging.getLogger(__name__)
 
@@ -71,37 +73,19 @@ def _abort(context: grpc.ServicerContext, error: Exception) -> None:
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}")
 
 
+@contextmanager
+def _errors_as_status(context: grpc.ServicerContext) -> Iterator[None]:
+    try:
+        yield
+    except Exception as e:
+        _abort(context, e)
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions escaping any handler (unary or server-streaming) to status codes."""
 
-    def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler], details: Any
-    ) -> grpc.RpcMethodHandler | None:
+    def intercept_service(self, continuation: Continuation, details: Any) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
         if handler is None:
             return None
-        if handler.unary_unary:
-            inner_unary = handler.unary_unary
-
-            def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                try:
-                    return inner_unary(request, context)
-                except Exception as e:
-                    _abort(context, e)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream:
-            inner_stream = handler.unary_stream
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                try:
-                    yield from inner_stream(request, context)
-                except Exception as e:
-                    _abort(context, e)
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
-        return handler
+        return within(handler, lambda request, context: _errors_as_status(context))

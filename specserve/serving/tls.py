@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from specserve.errors import InvalidArgument
-from specserve.serving.handlers import around_calls
+from specserve.serving.handlers import Continuation, around_calls
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +123,7 @@ class PeerInterceptor(grpc.ServerInterceptor):
         self.allowed = frozenset(allowed)
         self.per_method = {name: frozenset(names) for name, names in (per_method or {}).items()}
 
-    def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler], details: Any
-    ) -> grpc.RpcMethodHandler | None:
+    def intercept_service(self, continuation: Continuation, details: Any) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
         if handler is None or details.method.startswith("/grpc.health.v1."):
             return handler
