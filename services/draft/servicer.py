@@ -29,6 +29,7 @@ from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
 from specserve.serving.model_thread import ModelThread
+from specserve.serving.recent import RecentSessions
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
@@ -37,8 +38,6 @@ from specserve.serving.validate import check_target_address, check_token_ids
 from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2
 
 logger = logging.getLogger(__name__)
-
-RECENT_SECONDS = 1.0  # a session that proposed this recently counts as part of the batch
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -54,10 +53,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.metrics = metrics
         self.model = model or ModelThread.for_settings("draft-model", settings)  # forwards batched
         metrics.batching.attach(self.model)
-        # Sessions that proposed within the last second: the batch the cost policy sizes trees against
-        # (a session whose round drafts nothing holds no job for long, but still shares the target).
-        self._last_propose: dict[str, float] = {}
-        self.model.scheduler.load_hint = self._recent_sessions
+        # The batch the cost policy sizes trees against: sessions that proposed within the last second
+        # (a session whose round drafts nothing holds no job for long, but still shares the target), or
+        # the target's own count when the router reports a larger one.
+        self.recent = RecentSessions()
+        self.model.scheduler.load_hint = self.recent.count
         self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
@@ -111,18 +111,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftPrefillResponse()
 
-    def _recent_sessions(self) -> int:
-        horizon = time.monotonic() - RECENT_SECONDS
-        with self._channels_lock:
-            for session_id in [s for s, t in self._last_propose.items() if t < horizon]:
-                del self._last_propose[session_id]
-            return len(self._last_propose)
-
     def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
         start = time.perf_counter()
-        with self._channels_lock:
-            self._last_propose[request.session_id] = time.monotonic()
+        self.recent.touch(request.session_id, request.batch_sessions)
         check_token_ids(request.new_token_ids, self.engine.target_model.config.vocab_size)
         if request.target_address:
             check_target_address(request.target_address, self.settings.target_addresses)
@@ -216,6 +208,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def Release(self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
         released = self.store.release(request.session_id)
+        self.recent.forget(request.session_id)
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftReleaseResponse(released=released)
 

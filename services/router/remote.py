@@ -70,6 +70,7 @@ class RemoteVerifier:
         self.history: list[int] = []  # committed tokens; the last is the root
         self.logprobs = logprobs
         self._logprobs: list[common_pb2.TokenLogprob] = []  # of the tokens the last call committed
+        self.batch_sessions = 0  # sessions sharing the target, as its last Verify reported
 
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
         request = target_pb2.PrefillRequest(
@@ -106,6 +107,7 @@ class RemoteVerifier:
         self.counters.target_service_s += response.handler_seconds
         outcome = outcome_from_pb(response)
         self._logprobs = list(response.logprobs)
+        self.batch_sessions = response.batch_sessions
         round_bytes = self.counters.rpc_bytes - self._bytes_before_round
         self._bytes_before_round = self.counters.rpc_bytes
         self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1, verify_s, round_bytes)
@@ -183,6 +185,7 @@ class RemoteDrafter:
         counters: RoundCounters,
         on_propose: Callable[[float], None] = lambda seconds: None,
         seed: int | None = None,  # the request's seed: lets the draft prepare each round's tree ahead
+        batch_sessions: Callable[[], int] = lambda: 0,  # the target's load, for the draft's cost policy
     ) -> None:
         self.session_id = session_id
         self.method = method
@@ -190,6 +193,7 @@ class RemoteDrafter:
         self.on_propose = on_propose  # seconds of each Propose round trip (fallbacks included)
         self.stub = stub
         self.target_address = target_address
+        self.batch_sessions = batch_sessions
         self.capacity = capacity
         self.timeout_s = timeout_s
         self.counters = counters
@@ -231,6 +235,7 @@ class RemoteDrafter:
                 sampling=sampling_to_pb(params),
                 step_seed=seed,
                 target_address=self.target_address(),
+                batch_sessions=self.batch_sessions(),
             )
             response = self.stub.Propose(request, timeout=self.timeout_s)
         except grpc.RpcError as e:

@@ -356,6 +356,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 counters,
                 on_propose=self.metrics.draft_rpc_latency.observe,
                 seed=record.seed,
+                batch_sessions=lambda: verifier.batch_sessions,
             )
         previous, previous_extra = _saved_stats(record.stats)
         finish = FinishChecker(

@@ -20,6 +20,7 @@ from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, logprobs_to_pb, sampling_from_pb, tree_from_pb
 from specserve.serving.metrics import TargetMetrics
 from specserve.serving.model_thread import ModelThread
+from specserve.serving.recent import RecentSessions
 from specserve.serving.settings import TargetServiceSettings
 from specserve.serving.tensor_convert import chunk_payload_bytes, dense_probs
 from specserve.serving.validate import check_rebuild
@@ -49,6 +50,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
         self.model = model or ModelThread.for_settings("target-model", settings)
         metrics.batching.attach(self.model)
+        self.recent = RecentSessions()  # sessions verifying here: reported back as the batch they share
 
     def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
         tokenizer, limits = self.engine.tokenizer, self.engine.settings
@@ -151,6 +153,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         start = time.perf_counter()
         with self.store.lock:
             session = self.store.get(request.session_id)
+            self.recent.touch(request.session_id)
             if request.committed_length != session.committed_length + 1:
                 raise FailedPrecondition(
                     f"router expects {request.committed_length} committed tokens, the target has "
@@ -186,6 +189,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             next_token=outcome.next_token,
             committed_length=session.committed_length + 1,
             logprobs=logprobs_to_pb(logprobs),
+            batch_sessions=self.recent.count(),
         )
 
     def _run(self, context: grpc.ServicerContext | None, fn: Callable[..., R], *args: object) -> R:
@@ -259,6 +263,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def Release(self, request: target_pb2.ReleaseRequest, context: grpc.ServicerContext):
         check_session_id(request.session_id)
         released = self.store.release(request.session_id)
+        self.recent.forget(request.session_id)
         self._update_gauges()
         return target_pb2.ReleaseResponse(released=released)
 

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
+from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
 from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, Verifier
 from specserve.core.rng import Stream, round_seed
@@ -55,6 +56,7 @@ def speculative_generate(
     stats.verify_s += time.perf_counter() - t0
 
     root_candidates: tuple[int, ...] = ()  # the target's candidates after a target-rooted round
+    backoff = DraftBackoff()  # skips a drafter that keeps proposing nothing (under load)
     while not finish.done:
         position = len(token_ids)
         with round_scope(position) if round_scope is not None else nullcontext():
@@ -66,8 +68,12 @@ def speculative_generate(
                 if not isinstance(drafter, RootSeededDrafter):
                     raise FailedPrecondition("root candidates came back to a drafter that cannot use them")
                 draft = drafter.propose_from_roots(token_ids, root_candidates, params, draft_seed)
-            else:
+            elif backoff.should_ask():
                 draft = drafter.propose(token_ids, params, draft_seed)
+                if not draft.target_roots:
+                    backoff.observe(draft.num_draft_tokens)
+            else:
+                draft = DraftTree.root_only(token_ids[-1])
             t1 = time.perf_counter()
             outcome = verifier.verify(draft, params, round_seed(seed, position, Stream.VERIFY))
             t2 = time.perf_counter()

@@ -1,0 +1,38 @@
+"""When to stop asking a drafter that proposes nothing.
+
+Under load the cost policy sizes a round down to the root alone (docs/adaptive.md, "Batches"): the
+draft then proposes nothing, but the call still costs a round trip to the draft service, or the
+drafter's bookkeeping in process, on every round of every session. After such a round the loop skips
+the drafter for a run of rounds that doubles while it keeps proposing nothing (1, 2, 4, ... up to
+`max_skip`), and verifies the root alone meanwhile, which is exactly what the drafter would have sent.
+A proposal with draft tokens resets the run, so a drafter is asked again within `max_skip` rounds once
+the load drops. Output does not change: a round of the root alone is plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_SKIPPED_ROUNDS = 8
+
+
+@dataclass
+class DraftBackoff:
+    max_skip: int = MAX_SKIPPED_ROUNDS
+    run: int = 0  # length of the last skipped run (0: the drafter last proposed something)
+    left: int = 0  # rounds still to skip
+
+    def should_ask(self) -> bool:
+        """Whether this round asks the drafter; False uses up one skipped round."""
+        if self.left > 0:
+            self.left -= 1
+            return False
+        return True
+
+    def observe(self, num_draft_tokens: int) -> None:
+        """Called with the size of every proposal the drafter made."""
+        if num_draft_tokens > 0:
+            self.run = self.left = 0
+        else:
+            self.run = min(max(1, 2 * self.run), self.max_skip)
+            self.left = self.run
