@@ -24,6 +24,14 @@ def _histogram(
     return Histogram(PREFIX + name, doc, registry=registry, buckets=buckets)
 
 
+def _counter(registry: CollectorRegistry, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+    return Counter(PREFIX + name, doc, labels, registry=registry)
+
+
+def _gauge(registry: CollectorRegistry, name: str, doc: str) -> Gauge:
+    return Gauge(PREFIX + name, doc, registry=registry)
+
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
@@ -88,39 +96,35 @@ class RouterMetrics:
     @classmethod
     def create(cls) -> RouterMetrics:
         r = CollectorRegistry()
-
-        def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
-            return _histogram(r, name, doc, buckets)
-
         return cls(
             registry=r,
-            num_drafts=Counter(PREFIX + "spec_decode_num_drafts", "Speculation rounds", registry=r),
-            num_draft_tokens=Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens", registry=r),
-            num_accepted_tokens=Counter(
-                PREFIX + "spec_decode_num_accepted_tokens", "Accepted draft tokens", registry=r
-            ),
-            num_accepted_tokens_per_pos=Counter(
-                PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            num_drafts=_counter(r, "spec_decode_num_drafts", "Speculation rounds"),
+            num_draft_tokens=_counter(r, "spec_decode_num_draft_tokens", "Draft tokens"),
+            num_accepted_tokens=_counter(r, "spec_decode_num_accepted_tokens", "Accepted draft tokens"),
+            num_accepted_tokens_per_pos=_counter(
+                r,
+                "spec_decode_num_accepted_tokens_per_pos",
                 "Accepted draft tokens by position in the accepted path (1 = first draft token)",
-                ["position"],
-                registry=r,
+                ("position",),
             ),
-            time_to_first_token=hist("time_to_first_token_seconds", "Request start to first token"),
-            inter_token_latency=hist("inter_token_latency_seconds", "Time between streamed tokens"),
-            e2e_request_latency=hist("e2e_request_latency_seconds", "Request start to finish"),
-            draft_rpc_latency=hist("draft_rpc_latency_seconds", "Draft Propose call, as the router sees it"),
-            verify_rpc_latency=hist(
-                "verify_rpc_latency_seconds", "Target Verify call, as the router sees it"
+            time_to_first_token=_histogram(r, "time_to_first_token_seconds", "Request start to first token"),
+            inter_token_latency=_histogram(r, "inter_token_latency_seconds", "Time between streamed tokens"),
+            e2e_request_latency=_histogram(r, "e2e_request_latency_seconds", "Request start to finish"),
+            draft_rpc_latency=_histogram(
+                r, "draft_rpc_latency_seconds", "Draft Propose call, as the router sees it"
             ),
-            redis_latency=hist("redis_latency_seconds", "Session-state writes to Redis per round"),
-            round_bytes=hist("round_bytes", "Propose + Verify bytes on the wire per round", _BYTES_BUCKETS),
-            running_requests=Gauge(PREFIX + "num_requests_running", "Generations in progress", registry=r),
-            draft_fallbacks=Counter(
-                PREFIX + "num_draft_fallbacks", "Rounds verified without a draft (draft failed)", registry=r
+            verify_rpc_latency=_histogram(
+                r, "verify_rpc_latency_seconds", "Target Verify call, as the router sees it"
             ),
-            target_rebuilds=Counter(
-                PREFIX + "num_target_rebuilds", "Target sessions rebuilt from history", registry=r
+            redis_latency=_histogram(r, "redis_latency_seconds", "Session-state writes to Redis per round"),
+            round_bytes=_histogram(
+                r, "round_bytes", "Propose + Verify bytes on the wire per round", _BYTES_BUCKETS
             ),
+            running_requests=_gauge(r, "num_requests_running", "Generations in progress"),
+            draft_fallbacks=_counter(
+                r, "num_draft_fallbacks", "Rounds verified without a draft (draft failed)"
+            ),
+            target_rebuilds=_counter(r, "num_target_rebuilds", "Target sessions rebuilt from history"),
         )
 
     def observe_round(
@@ -152,20 +156,20 @@ class TargetMetrics:
     def create(cls) -> TargetMetrics:
         r = CollectorRegistry()
         return cls(
-            kv_positions_allocated=Gauge(
-                PREFIX + "kv_cache_allocated_positions", "KV positions the sessions' caches hold", registry=r
+            kv_positions_allocated=_gauge(
+                r, "kv_cache_allocated_positions", "KV positions the sessions' caches hold"
             ),
             batching=BatchMetrics.create(r, "target"),
             registry=r,
-            sessions=Gauge(PREFIX + "target_sessions", "Sessions holding a KV cache", registry=r),
-            kv_positions_reserved=Gauge(
-                PREFIX + "kv_cache_reserved_positions", "KV positions reserved by sessions", registry=r
+            sessions=_gauge(r, "target_sessions", "Sessions holding a KV cache"),
+            kv_positions_reserved=_gauge(
+                r, "kv_cache_reserved_positions", "KV positions reserved by sessions"
             ),
-            evictions=Counter(PREFIX + "target_evictions", "Sessions evicted to fit the budget", registry=r),
+            evictions=_counter(r, "target_evictions", "Sessions evicted to fit the budget"),
             verify_latency=_histogram(r, "verify_latency_seconds", "Tree forward + acceptance + commit"),
             prefill_latency=_histogram(r, "prefill_latency_seconds", "Prompt (or rebuild) forward"),
-            kv_feed_bytes=Counter(PREFIX + "kv_feed_sent_bytes", "KV-feed payload bytes sent", registry=r),
-            kv_feed_subscribers=Gauge(PREFIX + "kv_feed_subscribers", "Open KV-feed streams", registry=r),
+            kv_feed_bytes=_counter(r, "kv_feed_sent_bytes", "KV-feed payload bytes sent"),
+            kv_feed_subscribers=_gauge(r, "kv_feed_subscribers", "Open KV-feed streams"),
         )
 
 
@@ -187,18 +191,13 @@ class DraftMetrics:
         return cls(
             batching=BatchMetrics.create(r, "draft"),
             registry=r,
-            sessions=Gauge(PREFIX + "draft_sessions", "Draft sessions", registry=r),
+            sessions=_gauge(r, "draft_sessions", "Draft sessions"),
             propose_latency=_histogram(r, "propose_latency_seconds", "Propose handler time"),
             kv_wait=_histogram(r, "kv_wait_seconds", "Propose time spent waiting for the KV feed"),
             kv_feed_lag=_histogram(r, "kv_feed_lag_seconds", "Target commit to draft mirror, per chunk"),
-            kv_feed_bytes=Counter(PREFIX + "kv_feed_received_bytes", "KV-feed payload bytes", registry=r),
-            kv_feed_resyncs=Counter(
-                PREFIX + "kv_feed_resyncs", "KV-feed reconnects (gap, epoch change, error)", registry=r
-            ),
-            proposals=Counter(
-                PREFIX + "draft_proposals",
-                "Trees returned by Propose, by how they were built",
-                ["how"],
-                registry=r,
+            kv_feed_bytes=_counter(r, "kv_feed_received_bytes", "KV-feed payload bytes"),
+            kv_feed_resyncs=_counter(r, "kv_feed_resyncs", "KV-feed reconnects (gap, epoch change, error)"),
+            proposals=_counter(
+                r, "draft_proposals", "Trees returned by Propose, by how they were built", ("how",)
             ),
         )
