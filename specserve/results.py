@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+
+OnTokens = Callable[[list[int]], None]  # called with each run of tokens a generation emits, in order
 
 
 class FinishReason(StrEnum):

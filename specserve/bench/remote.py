@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from specserve.client import Client
 from specserve.core.sampling_params import SamplingParams
-from specserve.results import FinishReason, GenerationResult, GenerationStats
+from specserve.results import FinishReason, GenerationResult, GenerationStats, OnTokens
 
 REMOTE_PREFIX = "remote:"
 _SUMMED = (
@@ -63,11 +62,7 @@ class WithRemote:
         return [*self.engine.methods, *self.remote_methods]
 
     def generate(
-        self,
-        prompt: str,
-        method: str,
-        params: SamplingParams,
-        on_tokens: Callable[[list[int]], None] | None = None,
+        self, prompt: str, method: str, params: SamplingParams, on_tokens: OnTokens | None = None
     ) -> GenerationResult:
         if not method.startswith(REMOTE_PREFIX):
             return self.engine.generate(prompt, method, params, on_tokens)

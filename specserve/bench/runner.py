@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ from specserve.bench.machine import machine_info
 from specserve.bench.prompts import Prompt
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument
-from specserve.results import GenerationResult
+from specserve.results import GenerationResult, OnTokens
 from specserve.settings import EngineSettings
 
 TARGET = "target"  # plain decoding with the target model: the baseline every speedup is against
@@ -34,11 +34,7 @@ class EngineLike(Protocol):
     def methods(self) -> list[str]: ...
 
     def generate(
-        self,
-        prompt: str,
-        method: str,
-        params: SamplingParams,
-        on_tokens: Callable[[list[int]], None] | None = None,
+        self, prompt: str, method: str, params: SamplingParams, on_tokens: OnTokens | None = None
     ) -> GenerationResult: ...
 
 

@@ -9,11 +9,10 @@ identical_to_target is exercised below N.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument
-from specserve.results import FinishReason, GenerationResult, GenerationStats
+from specserve.results import FinishReason, GenerationResult, GenerationStats, OnTokens
 
 # method -> (tokens emitted per target forward, drafts offered per forward, seconds per forward)
 COST_MODEL = {"target": (1, 0, 0.010), "hf": (3, 2, 0.012), "vanilla": (2, 4, 0.015)}
@@ -34,11 +33,7 @@ class FakeEngine:
         return list(self._methods)
 
     def generate(
-        self,
-        prompt: str,
-        method: str,
-        params: SamplingParams,
-        on_tokens: Callable[[list[int]], None] | None = None,
+        self, prompt: str, method: str, params: SamplingParams, on_tokens: OnTokens | None = None
     ) -> GenerationResult:
         if method not in self._methods:
             raise InvalidArgument(f"unknown method {method!r}")
