@@ -42,6 +42,18 @@ def serve(settings):
     )
 
 
+def tls_settings(files: tls.TlsFiles, kind: type = RouterServiceSettings, **fields: object):
+    """Settings of a server on a free loopback port that presents `files`' certificate."""
+    return kind(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        tls_cert_file=files.cert_file,
+        tls_key_file=files.key_file,
+        **fields,
+    )
+
+
 def credentials(files: tls.TlsFiles, with_cert: bool = True) -> grpc.ChannelCredentials:
     read = lambda path: Path(path).read_bytes()  # noqa: E731
     if not with_cert:
@@ -63,12 +75,9 @@ def list_methods_status(channel: grpc.Channel, token: str | None = None) -> grpc
 def test_mutual_tls_admits_only_allowed_certificate_names_and_probes_use_the_health_port(ca) -> None:
     files = ca[tls.ROUTER_NAME]
     health_port = free_port()
-    settings = TargetServiceSettings(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        tls_cert_file=files.cert_file,
-        tls_key_file=files.key_file,
+    settings = tls_settings(
+        files,
+        TargetServiceSettings,
         tls_ca_file=files.ca_file,
         tls_allowed_clients=(tls.ROUTER_NAME,),
         health_port=health_port,
@@ -95,17 +104,9 @@ def test_mutual_tls_admits_only_allowed_certificate_names_and_probes_use_the_hea
 def test_bearer_tokens_from_a_list_and_a_rotated_file(ca, tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text("# one per line\nfrom-file-1\n")
-    files = ca[tls.ROUTER_NAME]
-    settings = RouterServiceSettings(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        tls_cert_file=files.cert_file,
-        tls_key_file=files.key_file,
-        auth_tokens=("listed",),
-        auth_token_file=str(token_file),
+    running = serve(
+        tls_settings(ca[tls.ROUTER_NAME], auth_tokens=("listed",), auth_token_file=str(token_file))
     )
-    running = serve(settings)
     try:
         # TLS without client certificates (the router's public side), tokens decide.
         with grpc.secure_channel(
@@ -148,11 +149,7 @@ def test_idle_sessions_are_released_after_the_timeout() -> None:
 
 
 def test_replicas_dialled_by_ip_are_verified_against_the_configured_name(ca) -> None:
-    files = ca[tls.ROUTER_NAME]  # issued for specserve-router, localhost and 127.0.0.1
-    server_settings = RouterServiceSettings(
-        host="127.0.0.1", port=0, metrics_port=0, tls_cert_file=files.cert_file, tls_key_file=files.key_file
-    )
-    running = serve(server_settings)
+    running = serve(tls_settings(ca[tls.ROUTER_NAME]))  # issued for specserve-router, localhost, 127.0.0.1
     client = ca[tls.CLIENT_NAME]
     client_settings = RouterServiceSettings(
         tls_cert_file=client.cert_file, tls_key_file=client.key_file, tls_ca_file=client.ca_file
@@ -222,15 +219,7 @@ def test_plaintext_off_loopback_is_served_with_a_warning(caplog) -> None:
 
 def test_the_asyncio_client_sends_its_token_over_tls(ca) -> None:
     files = ca[tls.ROUTER_NAME]
-    settings = RouterServiceSettings(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        tls_cert_file=files.cert_file,
-        tls_key_file=files.key_file,
-        auth_tokens=("async-token",),
-    )
-    running = serve(settings)
+    running = serve(tls_settings(files, auth_tokens=("async-token",)))
 
     async def cancel_status(token: str | None) -> str:
         async with AsyncClient(f"localhost:{running.port}", token=token, tls_ca_file=files.ca_file) as client:
