@@ -6,15 +6,12 @@ draft and Redis: while one Generate streams, a second is refused; once the first
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import grpc
 import pytest
+from router_process import router_env, router_process
 
-from specserve.serving.stack import free_port, wait_serving
 from specserve.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
@@ -24,29 +21,9 @@ PROMPT = "Name the planets of the solar system."
 
 @pytest.fixture(scope="module")
 def limited_router(shared_stack, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("limited-router") / "router.log"
-    env = dict(os.environ) | {
-        "SPECSERVE_ROUTER_MAX_CONCURRENT_RPCS": "1",
-        "SPECSERVE_ROUTER_HOST": "127.0.0.1",
-        "SPECSERVE_ROUTER_PORT": str(port),
-        "SPECSERVE_ROUTER_METRICS_PORT": "0",
-        "SPECSERVE_ROUTER_TARGET_ADDRESSES": shared_stack.address("target"),
-        "SPECSERVE_ROUTER_DRAFT_ADDRESSES": shared_stack.address("draft"),
-        "SPECSERVE_ROUTER_REDIS_URL": shared_stack.redis_url,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specserve.cli", "serve", "router"],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_serving(f"localhost:{port}", 60, process, log)
-        yield f"localhost:{port}"
-    finally:
-        process.terminate()
-        process.wait(30)
+    env = router_env(shared_stack, max_concurrent_rpcs=1)
+    with router_process(env, tmp_path_factory.mktemp("limited-router") / "router.log"):
+        yield f"localhost:{env['SPECSERVE_ROUTER_PORT']}"
 
 
 def request(max_new_tokens: int) -> router_pb2.GenerateRequest:

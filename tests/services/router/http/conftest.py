@@ -8,15 +8,14 @@ asks for a bearer token, as a public deployment would.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from router_process import router_env, router_process
 
-from specserve.serving.stack import LocalStack, free_port, wait_serving
+from specserve.serving.stack import LocalStack, free_port
 
 MAX_CONCURRENT = 2
 MAX_BODY_BYTES = 65536
@@ -34,37 +33,14 @@ class HttpRouter:
     token: str = TOKEN
 
 
-@contextmanager
-def router_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
-    """`specserve serve router` as its own process, until SERVING; stopped (drained) at the end."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specserve.cli", "serve", "router"],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_serving(f"localhost:{env['SPECSERVE_ROUTER_PORT']}", 60, process, log)
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def router_env(stack: LocalStack, **settings: object) -> dict[str, str]:
-    """The stack's router environment on fresh gRPC and HTTP ports, plus SPECSERVE_ROUTER_<NAME> settings."""
-    env = stack.role_env("router") | {"SPECSERVE_ROUTER_PORT": str(free_port())}
-    env["SPECSERVE_ROUTER_HTTP_PORT"] = str(free_port())
-    return env | {f"SPECSERVE_ROUTER_{name.upper()}": str(value) for name, value in settings.items()}
+def http_router_env(stack: LocalStack, **settings: object) -> dict[str, str]:
+    """A router environment (see router_process.py) with the HTTP API on a fresh port."""
+    return router_env(stack, http_port=free_port(), **settings)
 
 
 @pytest.fixture(scope="session")
 def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpRouter]:
-    env = router_env(
+    env = http_router_env(
         shared_stack,
         max_concurrent_rpcs=MAX_CONCURRENT,
         http_max_body_bytes=MAX_BODY_BYTES,
@@ -83,7 +59,7 @@ def http_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture
 def lone_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[str]:
     """A router with the HTTP API whose target address has nothing behind it; yields the API's URL."""
-    env = router_env(shared_stack, target_addresses=f"localhost:{free_port()}")
+    env = http_router_env(shared_stack, target_addresses=f"localhost:{free_port()}")
     with router_process(env, tmp_path / "router.log"):
         yield f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1"
 
@@ -91,6 +67,6 @@ def lone_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def own_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     """A router of the test's own in front of the shared stack (it may stop it); yields (API URL, process)."""
-    env = router_env(shared_stack, drain_seconds=20)
+    env = http_router_env(shared_stack, drain_seconds=20)
     with router_process(env, tmp_path / "router.log") as process:
         yield f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1", process
