@@ -90,14 +90,20 @@ def test_tokens_redis_lost_are_written_again_and_a_repeated_append_lands_once(se
     assert state.load("s1")[1] == [10, 11, 12, 13, 14, 15]
 
 
+def cancelled_elsewhere(port: int) -> SessionState:
+    """The state of a router driving session s1 after another router cancelled it (Cancel went there)."""
+    driver, other = state_for(port), state_for(port)
+    driver.create(record())
+    assert driver.append("s1", [10])
+    other.load("s1")
+    assert other.delete("s1")  # a tombstone the driver will see
+    assert not driver.append("s1", [11])  # the driving router stops: not written back
+    return driver
+
+
 def test_a_cancelled_session_is_a_tombstone(server) -> None:
     port, _, _ = server
-    state, other_router = state_for(port), state_for(port)
-    state.create(record())
-    assert state.append("s1", [10])
-    other_router.load("s1")
-    assert other_router.delete("s1")  # Cancel on another router
-    assert not state.append("s1", [11])  # the driving router stops: not written back
+    state = cancelled_elsewhere(port)
     with pytest.raises(NotFound):
         state.load("s1")
     state.create(record())  # the id can be used again (a retried generation)
@@ -163,12 +169,7 @@ def test_a_dead_routers_lease_expires(server) -> None:
 
 def test_the_driving_router_clears_a_cancelled_session_completely(server) -> None:
     port, _, _ = server
-    driver, other = state_for(port), state_for(port)
-    driver.create(record())
-    assert driver.append("s1", [10])
-    other.load("s1")
-    other.delete("s1")  # Cancel: a tombstone the driver will see
-    assert not driver.append("s1", [11])
+    driver = cancelled_elsewhere(port)
     driver.delete("s1", tombstone=False)  # the driver's cleanup
     driver.release_lease("s1")
     assert not driver.redis.keys("specserve:session:s1*")
