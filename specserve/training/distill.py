@@ -445,13 +445,14 @@ def train(
                 "elapsed_s": now - started,
             }
             eta = (settings.steps - step) * (now - started) / max(1, step - first)
-            log(
+            _log_record(
+                out,
+                record,
                 f"step {step}/{settings.steps} loss {record['loss']:.3f} kl {record['kl']:.3f} "
                 f"ce {record['ce']:.3f} "
-                f"agree {record['accuracy']:.3f} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min"
+                f"agree {record['accuracy']:.3f} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min",
+                log,
             )
-            with open(out / LOG, "a") as f:
-                f.write(json.dumps(record) + "\n")
             window, window_start, window_tokens = [], now, 0
         if step % settings.eval_every == 0 or step == settings.steps:
             draft.eval()
@@ -474,12 +475,19 @@ def train(
 
 
 def _eval_record(out: Path, step: int, agreement: Any, log: Callable[[str], None]) -> None:
-    record = {"step": step, "eval": agreement.to_json()}
-    log(
+    _log_record(
+        out,
+        {"step": step, "eval": agreement.to_json()},
         f"eval step {step}: held-out agreement {agreement.overall:.3f}, "
         f"first token {agreement.by_lag[0]:.3f}, "
-        f"chain of 4 accepts {agreement.chain_accepted(4):.2f}"
+        f"chain of 4 accepts {agreement.chain_accepted(4):.2f}",
+        log,
     )
+
+
+def _log_record(out: Path, record: dict[str, Any], message: str, log: Callable[[str], None]) -> None:
+    """Says `message` and appends `record` to the run's training log (one JSON object a line)."""
+    log(message)
     with open(out / LOG, "a") as f:
         f.write(json.dumps(record) + "\n")
 

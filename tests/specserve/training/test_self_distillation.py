@@ -3,6 +3,7 @@ loss by hand, and a prompt set that never contains an MT-Bench question."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -139,3 +140,33 @@ def test_features_hold_the_targets_top_k_of_each_generated_row(tiny, tmp_path) -
         np.testing.assert_allclose(data.topk_probs[start : start + length], top.values.numpy(), atol=1e-3)
     batch = data.batch([0, 1])
     assert batch["loss_mask"][0].sum() == len(rows[0][1])  # one prediction per answer token
+
+
+def test_training_logs_each_step_and_eval_and_saves_the_draft(tiny, tiny_target_dir, tmp_path) -> None:
+    from specserve.training.distill import LOG, DistillSettings, extract_features, train
+
+    model, _ = tiny
+    _generate(tiny, tmp_path / "gen" / ANSWERS)
+    extract_features(model, tmp_path / "gen", tmp_path / "features", top_k=4, log=lambda _: None)
+    settings = DistillSettings(
+        features=tmp_path / "features",
+        out_dir=tmp_path / "draft",
+        steps=2,
+        batch_size=2,
+        draft_vocab_size=64,
+        bf16=False,
+        log_every=1,
+        eval_every=2,
+        checkpoint_every=2,
+        eval_per_category=1,
+        eval_max_new_tokens=4,
+        threads=1,
+    )
+    messages: list[str] = []
+    train(settings, tiny_target_dir, tmp_path / "cache", log=messages.append)
+    records = [json.loads(line) for line in (tmp_path / "draft" / LOG).read_text().splitlines()]
+    assert [(r["step"], "eval" in r) for r in records] == [(0, True), (1, False), (2, False), (2, True)]
+    assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
+    said = [m.split(":")[0] if m.startswith("eval") else " ".join(m.split()[:2]) for m in messages]
+    assert said[-4:] == ["eval step 0", "step 1/2", "step 2/2", "eval step 2"], messages
+    assert (tmp_path / "draft" / "model.safetensors").is_file()
