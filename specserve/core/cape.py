@@ -45,10 +45,6 @@ def cape_width(confidence: float, bins: Sequence[int] = CAPE_BINS) -> int:
     return bins[index]
 
 
-def cape_widths(confidences: Sequence[float], bins: Sequence[int] = CAPE_BINS) -> list[int]:
-    return [cape_width(c, bins) for c in confidences]
-
-
 def fit_width(width: int, num_nodes: int, depths_after: int, max_tree_nodes: int) -> int:
     """The width allowed at this depth so the tree stays within `max_tree_nodes`.
 

@@ -7,8 +7,7 @@ Sources (each prompt is a list of chat messages ending with a user turn, tagged 
 - `topics`: questions about the Python reference topics of `pydoc_data.topics` (always installed);
 - `docstrings`: questions built from the standard library's docstrings (read with `ast`, never imported);
 - `self-instruct`: questions the target itself wrote when asked for requests in the spirit of each
-  MT-Bench category (stage 1 of generation, see `generation.py`), parsed from its answers;
-- `follow-up`: a generic follow-up question after one of the target's own answers (stage 2 output).
+  MT-Bench category (stage 1 of generation, see `generation.py`), parsed from its answers.
 
 MT-Bench is evaluation data: any prompt that contains an MT-Bench question (normalised) is dropped, and
 a test checks the final set.
@@ -182,16 +181,6 @@ def parse_requests(answer: str, min_chars: int = 25, max_chars: int = 600) -> li
         if min_chars <= len(text) <= max_chars:
             out.append(text)
     return out
-
-
-FOLLOW_UPS = [
-    "Can you give a concrete example?",
-    "Can you explain that more simply?",
-    "Please make it shorter.",
-    "What would be a counterargument?",
-    "Can you rewrite that as a bulleted list?",
-    "What should I read or learn next about this?",
-]
 
 
 # --- MT-Bench exclusion and deduplication --------------------------------------------------------

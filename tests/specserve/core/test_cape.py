@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.core.cape import CAPE_BINS, CapeSettings, cape_width, cape_widths, draft_confidence, fit_width
+from specserve.core.cape import CAPE_BINS, CapeSettings, cape_width, draft_confidence, fit_width
 from specserve.errors import InvalidArgument
 
 
 def test_official_bins_by_hand():
-    assert cape_widths([0.05, 0.35, 0.65, 0.95]) == [8, 6, 4, 2]
-    assert cape_widths([0.0, 0.29, 0.3, 0.59, 0.6, 0.79, 0.8]) == [8, 8, 6, 6, 4, 4, 2]
+    assert [cape_width(c) for c in [0.05, 0.35, 0.65, 0.95]] == [8, 6, 4, 2]
+    assert [cape_width(c) for c in [0.0, 0.29, 0.3, 0.59, 0.6, 0.79, 0.8]] == [8, 8, 6, 6, 4, 4, 2]
 
 
 def test_full_confidence_takes_the_last_bin():
