@@ -114,13 +114,8 @@ class BatchStats:
     """What the scheduler did, for metrics and benchmarks."""
 
     forwards: int = 0
-    tokens: int = 0
     segments: int = 0
     per_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (forwards, tokens)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.tokens / self.forwards if self.forwards else 0.0
 
 
 class Scheduler:
@@ -224,7 +219,6 @@ class Scheduler:
             self.stats.forwards += 1
             self.stats.segments += len(segments)
             batch_tokens = sum(segment_tokens(s) for s in segments)
-            self.stats.tokens += batch_tokens
             label = str(getattr(model, "label", type(model).__name__))
             forwards, model_tokens = self.stats.per_model.get(label, (0, 0))
             self.stats.per_model[label] = (forwards + 1, model_tokens + batch_tokens)
