@@ -155,12 +155,9 @@ def test_training_logs_each_step_and_eval_and_saves_the_draft(tiny, tiny_target_
         batch_size=2,
         draft_vocab_size=64,
         bf16=False,
-        log_every=1,
-        eval_every=2,
-        checkpoint_every=2,
+        log_every=1,  # the last step also evaluates and checkpoints
         eval_per_category=1,
         eval_max_new_tokens=4,
-        threads=1,
     )
     messages: list[str] = []
     train(settings, tiny_target_dir, tmp_path / "cache", log=messages.append)
