@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README, CI): set up from nothing, lint, run the whole suite.
+# The test command (README, CI): set up from nothing, lint, type-check, run the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,4 +13,5 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+bash scripts/typecheck.sh  # mypy over specserve/ and services/; fails on any error
 exec .venv/bin/python -m pytest "$@"

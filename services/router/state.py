@@ -1,7 +1,8 @@
 """Session state in Redis: everything needed to continue a session from another router.
 
 Keys (both expire `ttl` seconds after the last round):
-  specserve:session:<id>         hash: prompt_ids, params, method, seed, status, stats, target, draft
+  specserve:session:<id>         hash: prompt_ids, request (GenerationRequest.to_dict, seed fixed), status,
+                                 stats, target, draft, created_unix, owner (each field JSON)
   specserve:session:<id>:tokens  list: generated token ids, appended after every round
 Tokens are written before they are streamed, so a resumed session never misses what a client saw.
 
@@ -23,17 +24,19 @@ session to the new holder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
 
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument, NotFound, Unavailable
 
 KEY_PREFIX = "specserve:session:"
@@ -102,9 +105,7 @@ class SessionStatus:
 class SessionRecord:
     session_id: str
     prompt_ids: list[int]
-    params: dict  # SamplingParams fields, seed resolved
-    method: str
-    seed: int
+    request: GenerationRequest  # validated, its seed fixed (GenerationRequest.with_seed)
     status: str = SessionStatus.RUNNING
     finish_reason: str = ""
     stats: dict = field(default_factory=dict)  # cumulative over every router that ran the session
@@ -112,6 +113,14 @@ class SessionRecord:
     draft: str = ""
     created_unix: float = field(default_factory=time.time)
     owner: str = ""  # the creator's principal (serving/auth.py); "" when auth is off
+
+    def to_fields(self) -> dict[str, Any]:
+        """The Redis hash's fields (each stored as JSON)."""
+        return vars(self) | {"request": self.request.to_dict()}
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any]) -> SessionRecord:
+        return cls(**(values | {"request": GenerationRequest.from_dict(values["request"])}))
 
 
 class SessionState:
@@ -182,7 +191,7 @@ class SessionState:
     def _write_record(self, record: SessionRecord, replace: bool) -> bool:
         key = self.key(record.session_id)
         args: list[Any] = [self.ttl, json.dumps(SessionStatus.CANCELLED), int(replace)]
-        for name, value in asdict(record).items():
+        for name, value in record.to_fields().items():
             args += [name, json.dumps(value)]
         return bool(self._retrying(lambda: self._create(keys=[key, key + ":tokens"], args=args)))
 
@@ -199,7 +208,7 @@ class SessionState:
         """Before driving a session: waits up to `wait_seconds` for another router's lease to end
         (released, or expired because that router died), then UNAVAILABLE."""
         key = self.key(session_id) + ":lease"
-        args = [self.router_id, int(LEASE_SECONDS * 1000)]
+        args: list[str | int] = [self.router_id, int(LEASE_SECONDS * 1000)]
         deadline = time.monotonic() + wait_seconds
         while not self._retrying(lambda: self._take_lease(keys=[key], args=args)):
             if time.monotonic() >= deadline:
@@ -233,7 +242,7 @@ class SessionState:
                 for session_id in stale:
                     del self._leases[session_id]
                 held = list(self._leases)
-            args = [self.router_id, int(LEASE_SECONDS * 1000)]
+            args: list[str | int] = [self.router_id, int(LEASE_SECONDS * 1000)]
             for session_id in held:
                 try:
                     if not self._take_lease(keys=[self.key(session_id) + ":lease"], args=args):
@@ -254,8 +263,8 @@ class SessionState:
         if not raw or values.get("status") == SessionStatus.CANCELLED:
             raise NotFound(f"no session {session_id!r} (finished long ago, cancelled, or never started)")
         try:
-            record, generated = SessionRecord(**values), [int(t) for t in tokens]
-        except (TypeError, ValueError):
+            record, generated = SessionRecord.from_fields(values), [int(t) for t in tokens]
+        except (TypeError, ValueError, KeyError):
             raise NotFound(f"session {session_id!r} has an unreadable record") from None
         self._remember(record, list(generated))
         return record, generated
@@ -265,9 +274,9 @@ class SessionState:
         returns False if it was cancelled or finished meanwhile (nothing is written then). A record
         Redis lost is written back first (see the module doc)."""
         key = self.key(session_id)
-        record, written = self._local.get(session_id, (None, None))
-        if record is None:  # not created or loaded here (cannot happen in the router): append blindly
-            record, written = None, []
+        known = self._local.get(session_id)
+        # None: not created or loaded here (cannot happen in the router): append blindly
+        record, written = known if known is not None else (None, [])
         tokens = [*written, *token_ids]
         start = len(written)
         keys = [key, key + ":tokens", key + ":lease"]
@@ -276,7 +285,7 @@ class SessionState:
             args += [*tokens[start:], self.router_id, int(LEASE_SECONDS * 1000)]
             for name, value in fields.items():
                 args += [name, json.dumps(value)]
-            result = self._retrying(lambda args=args: self._append(keys=keys, args=args))
+            result = self._retrying(functools.partial(self._append, keys=keys, args=args))
             if result == APPENDED:
                 if record is not None:
                     self._remember(record, tokens)

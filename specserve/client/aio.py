@@ -50,21 +50,33 @@ class AsyncClient:
         await self.channel.close()
 
     async def stream(
-        self, prompt: str | list[int], *, timeout: float | None = None, **kwargs: Any
+        self,
+        prompt: str | list[int],
+        *,
+        max_new_tokens: int = 128,
+        method: str = "",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: list[str] | tuple[str, ...] = (),
+        ignore_eos: bool = False,
+        session_id: str | None = None,
+        timeout: float | None = None,
     ) -> AsyncIterator[Chunk]:
-        """Keyword arguments as `Client.stream`."""
-        options = {
-            "max_new_tokens": 128,
-            "method": "",
-            "temperature": 0.0,
-            "top_p": 1.0,
-            "top_k": 0,
-            "seed": None,
-            "stop": (),
-            "ignore_eos": False,
-            "session_id": None,
-        } | kwargs
-        request = generate_request(prompt, **options)
+        """As `Client.stream`."""
+        request = generate_request(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            method=method,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            session_id=session_id,
+        )
         deadline = None if timeout is None else time.monotonic() + timeout
         collector = Collector()
         for attempt in range(self.retries + 1):

@@ -27,7 +27,7 @@ from torch import nn
 from specserve.core.sampling import make_generator
 from specserve.errors import InvalidArgument, NotFound
 from specserve.glide.config import GlideConfig
-from specserve.runtime.kv_cache import PositionalKVCache, PositionalLayer
+from specserve.runtime.kv_cache import PositionalKVCache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -126,7 +126,7 @@ class SelfAttention(nn.Module):
         v = _split_heads(self.v_proj(x), self.num_kv_heads)  # [B, Hkv, S, D]
         start = 0 if cache is None else cache.length
         if cache is not None:
-            k, v = cast(PositionalLayer, cache.layers[0]).update(k, v)  # [B, Hkv, start + S, D]
+            k, v = cache.positional_layers[0].update(k, v)  # [B, Hkv, start + S, D]
         mask = None  # a single query sees the whole history
         if seq > 1:  # causal: query i (absolute start + i) sees keys 0 .. start + i
             mask = torch.ones(seq, start + seq, dtype=torch.bool, device=x.device).tril(start)  # [S, start+S]

@@ -11,7 +11,11 @@ from specserve.models.default_model import default_model_dir
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
+
+    class CausalLM(PreTrainedModel, GenerationMixin):
+        """What `load_causal_lm` returns: any AutoModelForCausalLM model, which has `generate`."""
+
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -23,7 +27,7 @@ def resolve_model_dir(model_dir: Path | None, cache_dir: Path) -> Path:
     return _check_model_dir(Path(model_dir).expanduser())
 
 
-def load_causal_lm(model_dir: Path, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
+def load_causal_lm(model_dir: Path, device: str = "cpu", dtype: str = "float32") -> CausalLM:
     """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`."""
     model_dir = _check_model_dir(Path(model_dir).expanduser())
     torch_dtype = _torch_dtype(dtype)

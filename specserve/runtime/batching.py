@@ -32,10 +32,11 @@ from specserve.errors import Cancelled, ResourceExhausted
 
 S = TypeVar("S")  # a model's segment type
 R = TypeVar("R")  # its per-segment result
+S_contra = TypeVar("S_contra", contravariant=True)  # S, as a protocol parameter (only taken, never given)
 
 
-class BatchedModel(Protocol[S, R]):
-    def forward_batch(self, segments: Sequence[S]) -> list[R]:
+class BatchedModel(Protocol[S_contra, R]):
+    def forward_batch(self, segments: Sequence[S_contra]) -> list[R]:
         """One forward over every segment; results in the same order."""
         ...
 
@@ -189,7 +190,8 @@ class Scheduler:
         self._wake()
         if not self._pending:
             return
-        chosen, tokens = [], 0
+        chosen: list[tuple[_Job, _Request]] = []
+        tokens = 0
         for item in sorted(self._pending, key=lambda p: p[0].seq):
             size = segment_tokens(item[1].segment)
             if chosen and tokens + size > self.max_tokens_per_forward:

@@ -23,6 +23,9 @@ class PositionalLayer(CacheLayerMixin):
     is_sliding = False
     is_compileable = False
     is_croppable = True
+    # None in the base class until the first update; `lazy_initialization` sets them before any read.
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -80,13 +83,15 @@ class PositionalLayer(CacheLayerMixin):
 
 class PositionalKVCache(Cache):
     def __init__(self, num_layers: int, capacity: int) -> None:
-        super().__init__(layers=[PositionalLayer(capacity) for _ in range(num_layers)])
+        # The same layers as the base class's `layers`, typed as what they are.
+        self.positional_layers = tuple(PositionalLayer(capacity) for _ in range(num_layers))
+        super().__init__(layers=list(self.positional_layers))
         self.capacity = capacity
 
     @property
     def allocated(self) -> int:
         """Positions the buffers hold now (what the session costs in memory)."""
-        return self.layers[0].allocated
+        return self.positional_layers[0].allocated
 
     def ensure_capacity(self, end: int) -> None:
         """Raises before a forward that would need more than `capacity` positions."""
@@ -96,10 +101,10 @@ class PositionalKVCache(Cache):
     @property
     def length(self) -> int:
         """Positions holding committed KV (between forwards every layer agrees)."""
-        return self.layers[0].length
+        return self.positional_layers[0].length
 
     def truncate(self, length: int) -> None:
-        for layer in self.layers:
+        for layer in self.positional_layers:
             layer.length = length
 
     @torch.inference_mode()  # the buffers were created inside the model's inference-mode forward
@@ -109,8 +114,9 @@ class PositionalKVCache(Cache):
         Everything after the kept path is dropped.
         """
         if list(node_indices) != list(range(len(node_indices))):  # a chain prefix needs no copy
-            src = torch.tensor([start + i for i in node_indices], device=self.layers[0].keys.device)
-            for layer in self.layers:
+            device = self.positional_layers[0].keys.device
+            src = torch.tensor([start + i for i in node_indices], device=device)
+            for layer in self.positional_layers:
                 dst = slice(start, start + len(node_indices))
                 layer.keys[:, :, dst] = layer.keys.index_select(2, src)
                 layer.values[:, :, dst] = layer.values.index_select(2, src)
@@ -118,5 +124,5 @@ class PositionalKVCache(Cache):
 
     def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed K/V of one layer: ([B, H_kv, length, D], same); views, no copy."""
-        layer = self.layers[layer_idx]
+        layer = self.positional_layers[layer_idx]
         return layer.keys[:, :, : layer.length], layer.values[:, :, : layer.length]

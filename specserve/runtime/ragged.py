@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,7 @@ class _RaggedLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """key_states: [1, H_kv, N, D] packed -> returned as is; the attention reads the caches."""
         for segment, (start, end) in zip(self.plan.segments, self.plan.bounds, strict=True):
-            segment.cache.layers[self.layer_idx].update(
+            segment.cache.positional_layers[self.layer_idx].update(
                 key_states[:, :, start:end], value_states[:, :, start:end]
             )
         return key_states, value_states
@@ -110,7 +111,7 @@ def ragged_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    **kwargs: object,
+    **kwargs: Any,  # transformers' attention kwargs (is_causal, ...), passed on to SDPA as they are
 ) -> tuple[torch.Tensor, None]:
     """Per-session SDPA over each session's own cache; plain SDPA when no plan is given."""
     plan = kwargs.pop(PLAN_KWARG, None)
@@ -118,7 +119,8 @@ def ragged_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    layer_idx = module.layer_idx
+    # torch types an unknown Module attribute as Tensor | Module; attention modules hold an int here.
+    layer_idx = cast(int, module.layer_idx)
     outputs = []
     for segment, (start, end), mask in zip(plan.segments, plan.bounds, plan.masks, strict=True):
         keys, values = segment.cache.layer_kv(layer_idx)  # [1, H_kv, prefix + n, D], written above
@@ -151,7 +153,8 @@ def forward_ragged(model: PreTrainedModel, segments: Sequence[Segment]) -> list[
     the cache's length moves past them (the caller commits or truncates afterwards).
     """
     device = next(model.parameters()).device
-    bounds, masks, keep = [], [], []
+    bounds, masks = [], []
+    keep: list[int] = []  # rows of the packed sequence whose logits are returned
     start = 0
     for segment in segments:
         n = segment.num_tokens

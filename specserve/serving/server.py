@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -71,9 +71,10 @@ def security_interceptors(settings: ServerSettings) -> list[grpc.ServerIntercept
         interceptors.append(TokenAuthInterceptor(tokens))
     allowed = getattr(settings, "tls_allowed_clients", None)
     if tls.tls_enabled(settings) and settings.tls_ca_file and settings.tls_client_auth and allowed:
-        per_method = {}
-        if getattr(settings, "tls_kv_feed_clients", None):
-            per_method["StreamKV"] = settings.tls_kv_feed_clients
+        per_method: dict[str, Iterable[str]] = {}
+        feed_clients = getattr(settings, "tls_kv_feed_clients", None)  # the target's KV feed
+        if feed_clients:
+            per_method["StreamKV"] = feed_clients
         interceptors.append(tls.PeerInterceptor(allowed, per_method))
     return interceptors
 

@@ -295,13 +295,18 @@ def _local_ca(directory: Path) -> dict[str, tls.TlsFiles]:
 
 
 def stream_demo(
-    router_address: str, prompt: str, method: str, max_new_tokens: int, **client_options: object
+    router_address: str,
+    prompt: str,
+    method: str,
+    max_new_tokens: int,
+    *,
+    token: str | None = None,  # the Client's security keywords, as `LocalStack.client_options` gives them
+    tls_ca_file: str | None = None,
 ) -> None:
-    """client_options: Client's security keywords (token, tls_ca_file, ...), see `client_options`."""
     from specserve.client import Client
 
     print(f"> {prompt}\n", flush=True)
-    with Client(router_address, **client_options) as client:
+    with Client(router_address, token=token, tls_ca_file=tls_ca_file) as client:
         last = None
         for chunk in client.stream(prompt, method=method, max_new_tokens=max_new_tokens):
             print(chunk.text, end="", flush=True)

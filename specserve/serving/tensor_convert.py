@@ -49,7 +49,10 @@ def dense_probs(draft: DraftTree, vocab_size: int, device: torch.device) -> Draf
     """The wire-form q of a validated tree as [V] tensors, for the acceptance rule."""
     if not draft.draft_probs:
         return draft
-    probs = {node: sparse_probs_from_pb(q, vocab_size, device) for node, q in draft.draft_probs.items()}
+    probs: dict[int, torch.Tensor] = {}
+    for node, q in draft.draft_probs.items():
+        assert isinstance(q, common_pb2.SparseProbs), "a tree in wire form (serving/convert.py, tree_from_pb)"
+        probs[node] = sparse_probs_from_pb(q, vocab_size, device)
     return DraftTree(draft.tree, draft.kind, probs)
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from specserve.models import encode_chat
+
+if TYPE_CHECKING:
+    from specserve.models.loading import CausalLM
 
 
 @torch.inference_mode()
 def generate_answers(
-    model: nn.Module,  # the target, a HF causal LM
+    model: CausalLM,  # the target
     tokenizer: Any,
     prompts: Sequence[str],
     max_new_tokens: int,
@@ -32,7 +34,8 @@ def generate_answers(
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention_mask[i, width - len(ids) :] = 1
     device = next(model.parameters()).device
-    out = model.generate(
+    # ignore: transformers types generate's `self` as a Protocol that mypy finds none of its models meet.
+    out = model.generate(  # type: ignore[misc]
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         max_new_tokens=max_new_tokens,

@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from specserve.glide.model import (
     GlideDraft,
@@ -37,6 +36,11 @@ from specserve.glide.model import (
 )
 from specserve.training.features import IGNORE
 from specserve.training.generation import ANSWERS, INSTRUCT, Rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from specserve.models.loading import CausalLM
 
 FEATURES, CHECKPOINTS, LOG, SUMMARY = "features", "checkpoints", "training_log.jsonl", "training.json"
 
@@ -73,7 +77,7 @@ def kd_loss(
 
 @torch.inference_mode()
 def sequence_features(
-    target: nn.Module,  # HF causal LM, float32
+    target: PreTrainedModel,  # float32
     sequences: Sequence[Sequence[int]],
     layer: int,
     top_k: int,
@@ -116,7 +120,7 @@ def sequence_features(
 
 
 def shard_features(
-    target: nn.Module, rows: Rows, layer: int, top_k: int, max_len: int, batch_tokens: int
+    target: PreTrainedModel, rows: Rows, layer: int, top_k: int, max_len: int, batch_tokens: int
 ) -> dict[str, np.ndarray]:
     """Features of every row of a generation shard, flat over positions, in row order."""
     seqs = [(p + a)[:max_len] for p, a in rows.sequences()]
@@ -144,7 +148,7 @@ def shard_features(
 
 
 def extract_features(
-    target: nn.Module,
+    target: PreTrainedModel,
     data_dir: Path,
     out_dir: Path,
     layer: int = -1,
@@ -166,7 +170,7 @@ def extract_features(
             started = time.monotonic()
             feats = shard_features(target, Rows.load(shard), layer, top_k, max_len, batch_tokens)
             tmp = dest.with_name(dest.name + ".tmp.npz")
-            np.savez(tmp, **feats)
+            np.savez(tmp, allow_pickle=False, **feats)
             os.replace(tmp, dest)
             seconds = time.monotonic() - started
             log(
@@ -301,7 +305,7 @@ class DistillSettings:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def new_draft(settings: DistillSettings, target: nn.Module, data: FeatureSet) -> GlideDraft:
+def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureSet) -> GlideDraft:
     from specserve.glide.model import load_glide
 
     if settings.init_from is not None:
@@ -347,7 +351,7 @@ def step_loss(
     return loss, {"loss": float(loss.detach()), "kl": float(kl), "ce": float(ce), "accuracy": accuracy}
 
 
-def held_out_eval(target: nn.Module, tokenizer: Any, settings: DistillSettings, cache_dir: Path, layer: int):
+def held_out_eval(target: CausalLM, tokenizer: Any, settings: DistillSettings, cache_dir: Path, layer: int):
     """-> a function draft -> Agreement on `eval-draft`'s held-out MT-Bench answers (features cached)."""
     from specserve.bench.prompts import load_prompts, per_category
     from specserve.training.evaluate import held_out_answers, held_out_features, score_draft

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from torch import nn
 from specserve.core.cost import expected_tokens
 from specserve.glide.model import GlideDraft, blockwise_cross_mask, trained_cross_lengths
 from specserve.training.features import IGNORE, pad_rows, target_features
+
+if TYPE_CHECKING:
+    from specserve.models.loading import CausalLM
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ def score_draft(draft: GlideDraft, batches: Sequence[dict[str, torch.Tensor]], b
 
 
 def held_out_answers(
-    target: nn.Module,
+    target: CausalLM,
     tokenizer: Any,
     prompts: Sequence[str],
     max_new_tokens: int,

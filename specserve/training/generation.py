@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -403,7 +403,8 @@ def run_generation(args: argparse.Namespace) -> None:
         rows = read_stage(out / INSTRUCT)
         written = []
         for _, answer in rows.sequences():
-            text = tokenizer.decode(answer, skip_special_tokens=True)
+            # One sequence decodes to one str (transformers types a batch's list[str] alike).
+            text = cast(str, tokenizer.decode(answer, skip_special_tokens=True))
             written += [Prompt("self-instruct", user(q)) for q in parse_requests(text)]
         return finalise([*base_prompts(args.seed, args.docstrings), *written], args.seed)
 
@@ -419,7 +420,8 @@ def run_generation(args: argparse.Namespace) -> None:
 
     init_ray()
     actor = ray.remote(num_cpus=1)(GenerationWorker)
-    workers = [actor.remote(str(model_dir), settings, threads) for _ in range(args.workers)]
+    # Any: ray types an actor method's `.remote` only under @ray.method, and ray is imported lazily.
+    workers: list[Any] = [actor.remote(str(model_dir), settings, threads) for _ in range(args.workers)]
     for stage_dir, make_prompts, max_shards in stages:
         stage_dir.mkdir(parents=True, exist_ok=True)
         if not (stage_dir / PROMPTS_FILE).is_file():  # frozen once, by the driver

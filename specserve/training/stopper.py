@@ -84,6 +84,9 @@ class _LabellingVerifier:
     def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
         return self.verifier.prefill(prompt_ids, params, seed)
 
+    def resume(self, token_ids: Sequence[int]) -> None:
+        self.verifier.resume(token_ids)
+
     def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
         outcome = self.verifier.verify(draft, params, seed)
         assert self.runner.last_logits is not None and draft.tree.is_chain()
@@ -101,7 +104,7 @@ class _LabellingVerifier:
 
 def log_stopper_data(engine, settings: StopperLogSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs the GliDe drafter on `num_prompts` written prompts -> (features [n, 11], labels [n])."""
-    params = SamplingParams(max_new_tokens=settings.max_new_tokens)
+    params = SamplingParams()  # greedy
     runner = _LastLogitsRunner(engine.target_runner)
     features: list[torch.Tensor] = []
     labels: list[float] = []

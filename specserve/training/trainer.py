@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from specserve.glide.model import (
     GlideDraft,
@@ -32,6 +33,9 @@ from specserve.training.checkpoint import latest_checkpoint, load_checkpoint, sa
 from specserve.training.data import COUNTS, FEATURES, MANIFEST, init_ray, jsonable
 from specserve.training.features import IGNORE
 from specserve.training.settings import TrainSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CHECKPOINTS, LOG, SUMMARY = "checkpoints", "training_log.jsonl", "training.json"
 Batch = dict[str, torch.Tensor]
@@ -81,7 +85,9 @@ def train_step(
     grad_clip: float,
     bf16: bool = False,
 ) -> tuple[float, float]:
-    draft = model.module if hasattr(model, "module") else model  # DDP wraps the draft
+    # Several Ray Train workers: `prepare_model` wrapped the draft in DistributedDataParallel.
+    draft = model.module if isinstance(model, DistributedDataParallel) else model
+    assert isinstance(draft, GlideDraft)
     device_type = next(draft.parameters()).device.type
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         loss, accuracy = draft_loss(draft, batch, cross_mask)
@@ -105,7 +111,7 @@ def make_scheduler(
 # --- the draft to train ------------------------------------------------------------------------
 
 
-def new_draft(settings: TrainSettings, target: nn.Module, target_layer: int) -> GlideDraft:
+def new_draft(settings: TrainSettings, target: PreTrainedModel, target_layer: int) -> GlideDraft:
     """A draft for `target` whose reduced head and final norm start as the target's own."""
     ids = None
     if settings.draft_vocab_size is not None:
@@ -144,17 +150,10 @@ def copy_target_layer(draft: GlideDraft, layer: nn.Module) -> bool:
     for the draft's). Returns False, changing nothing, when shapes differ (a narrower draft).
     """
     block = draft.layer
-    pairs = [
-        (block.input_layernorm.weight, layer.input_layernorm.weight),
-        (block.post_attention_layernorm.weight, layer.post_attention_layernorm.weight),
-        *[(getattr(block.self_attn, n).weight, getattr(layer.self_attn, n).weight) for n in _ATTN],
-        *[(getattr(block.mlp, n).weight, getattr(layer.mlp, n).weight) for n in _MLP],
-    ]
+    names = [(n, n) for n in ("input_layernorm", "post_attention_layernorm", *_ATTN, *_MLP)]  # (mine, theirs)
     if block.cross_attn is not None:
-        pairs += [
-            (block.cross_attn.q_proj.weight, layer.self_attn.q_proj.weight),
-            (block.cross_attn.o_proj.weight, layer.self_attn.o_proj.weight),
-        ]
+        names += [("cross_attn.q_proj", "self_attn.q_proj"), ("cross_attn.o_proj", "self_attn.o_proj")]
+    pairs = [(block.get_parameter(f"{m}.weight"), layer.get_parameter(f"{t}.weight")) for m, t in names]
     if any(mine.shape != theirs.shape for mine, theirs in pairs):
         return False
     for mine, theirs in pairs:
@@ -162,8 +161,8 @@ def copy_target_layer(draft: GlideDraft, layer: nn.Module) -> bool:
     return True
 
 
-_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP = ("gate_proj", "up_proj", "down_proj")
+_ATTN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+_MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 # --- the Ray Train worker ------------------------------------------------------------------------

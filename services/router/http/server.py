@@ -20,9 +20,11 @@ STARTUP_TIMEOUT_SECONDS = 30.0
 
 class HttpServer:
     def __init__(self, servicer: RouterServicer, host: str, port: int, drain_seconds: float) -> None:
-        app = BodyLimit(create_app(servicer), servicer.settings.http_max_body_bytes)
+        limited = BodyLimit(create_app(servicer), servicer.settings.http_max_body_bytes)
         # The gRPC API's bearer tokens, here as OpenAI API keys (serving/auth.py).
-        app = BearerTokenASGI(app, TokenSet(servicer.settings.auth_tokens, servicer.settings.auth_token_file))
+        app = BearerTokenASGI(
+            limited, TokenSet(servicer.settings.auth_tokens, servicer.settings.auth_token_file)
+        )
         config = uvicorn.Config(
             app,
             host=host,
