@@ -51,6 +51,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self.model = model or ModelThread.for_settings("target-model", settings)
         metrics.batching.attach(self.model)
         self.recent = RecentSessions()  # sessions verifying here: reported back as the batch they share
+        self.model.expected_jobs = self.recent.count  # a forward may wait for them (batch_wait_ms)
 
     def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
         tokenizer, limits = self.engine.tokenizer, self.engine.settings

@@ -256,9 +256,11 @@ class SchedulerThread:
     """A model thread that serves jobs submitted from any thread, batching their forwards continuously.
 
     `max_queue` bounds jobs admitted but not finished:
-    beyond it `submit` raises ResourceExhausted. `max_wait_seconds` > 0 lets a forward wait that long
-    for more jobs when fewer than `max_tokens_per_forward` tokens are pending (off by default: on a CPU
-    the next forward is better started at once).
+    beyond it `submit` raises ResourceExhausted. `max_wait_seconds` > 0 lets a forward wait up to that
+    long for more jobs when fewer than `max_tokens_per_forward` tokens are pending: for the jobs
+    `expected_jobs()` says are coming (a service sets it to the sessions it served within the last
+    second, so a forward does not leave without the sessions whose next requests are still on their way
+    back from the router), or, without it, for the next job to arrive.
     """
 
     def __init__(
@@ -279,6 +281,7 @@ class SchedulerThread:
         self._cancelled: set[Future[Any]] = set()  # futures whose jobs should stop
         self.on_queue: Callable[[float], None] | None = None  # seconds from submit to job start
         self.capture_trace: Callable[[], object] | None = None  # the submitter's trace context
+        self.expected_jobs: Callable[[], int] | None = None  # jobs a forward may wait for (class doc)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -332,8 +335,8 @@ class SchedulerThread:
                         break
                 if self._closed and not self._inbox and not self.scheduler.busy:
                     return
-                if self.max_wait_seconds > 0 and not self._inbox_has_budget() and not self._closed:
-                    self._cond.wait(self.max_wait_seconds)
+                if self.max_wait_seconds > 0 and not self._closed:
+                    self._wait_for_more_jobs()
                 arrivals = list(self._inbox)
                 self._inbox.clear()
                 cancelled, self._cancelled = self._cancelled, set()
@@ -347,6 +350,20 @@ class SchedulerThread:
             self.scheduler.mark_cancelled(cancelled)
             if self.scheduler.busy:
                 self.scheduler.step()
+
+    def _wait_for_more_jobs(self) -> None:
+        """With the lock held: waits up to max_wait_seconds for the jobs still expected."""
+        deadline = time.perf_counter() + self.max_wait_seconds
+        if self.expected_jobs is None:
+            if not self._inbox_has_budget():
+                self._cond.wait(self.max_wait_seconds)  # returns at the next submit
+            return
+        expected = self.expected_jobs()
+        while not self._inbox_has_budget() and self.scheduler.num_active + len(self._inbox) < expected:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0 or self._closed:
+                return
+            self._cond.wait(remaining)
 
     def _inbox_has_budget(self) -> bool:
         pending = sum(segment_tokens(r.segment) for _, r in self.scheduler._pending)

@@ -205,3 +205,30 @@ def test_cheaper_models_go_first_so_the_expensive_batch_stays_whole():
 
     Scheduler().run_all([drafting("a", 1), drafting("b", 3), drafting("c", 2)])
     assert target.batches == [["a", "b", "c"]]  # one target forward, after every draft step
+
+
+@pytest.mark.parametrize("expected", [1, 2], ids=["alone", "one-more-expected"])
+def test_a_forward_waits_for_the_jobs_expected_up_to_the_wait_limit(expected: int):
+    """A service expects its recent sessions back: a forward waits (bounded) for a late one to join."""
+    model = Recorder()
+    thread = SchedulerThread("test-wait", max_wait_seconds=2.0)
+    thread.expected_jobs = lambda: expected
+    try:
+        first = thread.submit(steps(model, "a", 1))
+        threading.Event().wait(0.3)  # the second session's request is still on its way
+        second = thread.submit(steps(model, "b", 1))
+        first.result(timeout=5), second.result(timeout=5)
+    finally:
+        thread.close()
+    assert model.batches == ([["a"], ["b"]] if expected == 1 else [["a", "b"]])
+
+
+def test_a_forward_leaves_without_a_job_that_does_not_come_in_time():
+    model = Recorder()
+    thread = SchedulerThread("test-wait-limit", max_wait_seconds=0.05)
+    thread.expected_jobs = lambda: 5  # four never come
+    try:
+        thread.submit(steps(model, "a", 2)).result(timeout=5)
+    finally:
+        thread.close()
+    assert model.batches == [["a"], ["a"]]
