@@ -111,7 +111,7 @@ class RemoteVerifier:
         round_bytes = self.counters.rpc_bytes - self._bytes_before_round
         self._bytes_before_round = self.counters.rpc_bytes
         self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1, verify_s, round_bytes)
-        self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
+        self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [response.next_token]
         return outcome
 
     def take_logprobs(self) -> list[common_pb2.TokenLogprob]:
