@@ -12,6 +12,7 @@ adaptivity, never output, notices.)
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -20,8 +21,10 @@ import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
+from specserve.core.protocols import Drafter
 from specserve.core.rng import Stream, round_seed
 from specserve.core.sampling_params import SamplingParams
+from specserve.core.stopping import CostPolicy
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
@@ -115,6 +118,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         check_session_id(request.session_id)
         start = time.perf_counter()
         self.recent.touch(request.session_id, request.batch_sessions)
+        if not math.isfinite(request.overhead_seconds) or request.overhead_seconds < 0:
+            raise InvalidArgument("overhead_seconds must be a finite number >= 0")
         check_token_ids(request.new_token_ids, self.engine.target_model.config.vocab_size)
         if request.target_address:
             check_target_address(request.target_address, self.settings.target_addresses)
@@ -134,6 +139,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         session.token_ids = token_ids
         session.params = params
         session.subscriber.retarget(request.target_address)
+        _charge_overhead(session.drafter, request.overhead_seconds)
         root_position = len(token_ids) - 1
         waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
         self.metrics.kv_wait.observe(waited)
@@ -236,3 +242,10 @@ def _build(
     draft = session.drafter.propose(list(token_ids), params, step_seed)
     tree = draft_to_pb(draft)
     return Proposal(tuple(token_ids), params, step_seed, tree, draft.tree.num_nodes, max(draft.tree.depths()))
+
+
+def _charge_overhead(drafter: Drafter, seconds: float) -> None:
+    """Tells a cost policy what asking this drafter costs the router's rounds (ProposeRequest doc)."""
+    policy = getattr(drafter, "stop_policy", None)
+    if isinstance(policy, CostPolicy):
+        policy.draft_overhead_s = seconds

@@ -9,9 +9,11 @@ l_{i,j} beside spine token i, emits in expectation
 tokens (the 1 is the bonus or recovered token, always emitted; a leaf ends the path, so only the spine
 carries P on) and costs
 
-    T = draft_step_s * d + verify_s(n)            (n = tree nodes, root included)
+    T = draft_overhead_s [d > 0] + draft_step_s * d + verify_s(n)      (n = tree nodes, root included)
 
-seconds, verify_s being the calibrated cost of one target forward over n tree nodes on this machine.
+seconds, verify_s being the calibrated cost of one target forward over n tree nodes on this machine, and
+draft_overhead_s what asking the drafter costs a round at all (0 in process; through the stack the
+Propose round trip the router measures, docs/adaptive.md).
 Growing by anything with expected gain dE and cost dT raises the rate iff dE / dT > E / T (the marginal
 rate beats the current one). After each spine token the policy looks ahead k = 1..K more spine tokens,
 assuming each is accepted with the last prediction a: dE_k = P_d (a + a^2 + ... + a^k),
@@ -46,17 +48,20 @@ from specserve.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class CostModel:
-    """Calibrated costs: one target forward over n tree nodes, one draft step (both in seconds)."""
+    """Calibrated costs: one target forward over n tree nodes, one draft step (both in seconds); and
+    what a round that drafts anything pays once for asking the drafter (not calibrated: set by the
+    caller that knows its transport)."""
 
     verify_points: tuple[tuple[int, float], ...]  # (num_nodes, seconds), num_nodes increasing
     draft_step_s: float
+    draft_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         sizes = [n for n, _ in self.verify_points]
         if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
             raise InvalidArgument(f"verify points need increasing node counts >= 1, got {sizes}")
-        if any(s <= 0 for _, s in self.verify_points) or self.draft_step_s < 0:
-            raise InvalidArgument("verify costs must be > 0 and the draft step cost >= 0")
+        if any(s <= 0 for _, s in self.verify_points) or min(self.draft_step_s, self.draft_overhead_s) < 0:
+            raise InvalidArgument("verify costs must be > 0, the draft step and overhead costs >= 0")
 
     def verify_s(self, num_nodes: int) -> float:
         """Piecewise linear through the calibrated points; extrapolated with the last segment's slope
@@ -71,7 +76,8 @@ class CostModel:
         return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (num_nodes - n1)
 
     def round_s(self, num_spine: int, num_nodes: int) -> float:
-        return self.draft_step_s * num_spine + self.verify_s(num_nodes)
+        overhead = self.draft_overhead_s if num_spine > 0 else 0.0
+        return overhead + self.draft_step_s * num_spine + self.verify_s(num_nodes)
 
     def to_json(self) -> dict:
         return {"verify_s": {str(n): s for n, s in self.verify_points}, "draft_step_s": self.draft_step_s}

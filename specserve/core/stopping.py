@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
@@ -449,6 +449,9 @@ class CostPolicy:
         # sampling the tokens drawn depend on the tree, so a seeded request must get the same trees
         # whatever else runs: its trees are sized as if alone.
         self.batch_aware = True
+        # What asking the drafter costs a round beyond its draft steps, as the caller measures it (the
+        # router's Propose round trip). It depends on timing, so like the load only greedy rounds use it.
+        self.draft_overhead_s = 0.0
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
         self.model = (
             settings.require_decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
@@ -461,13 +464,20 @@ class CostPolicy:
         self.last_acceptance = 0.0
         self._width_depth = -1  # the depth `choose_width` already accounted for
 
+    def _round_cost(self) -> CostModel:
+        if self.batch_aware and self.draft_overhead_s > 0:
+            return replace(self.cost, draft_overhead_s=self.draft_overhead_s)
+        return self.cost
+
     @property
     def max_depth(self) -> int:
-        """0 when, under the current batch, not even one more token is worth its share of the forward."""
+        """0 when, under the current batch and the cost of asking the drafter, not even one more token
+        with the session's recent acceptance rate is worth it."""
         self.load = self._batch_load()
-        if self.load is ALONE:
+        cost = self._round_cost()
+        if self.load is ALONE and cost.draft_overhead_s == 0:
             return self._max_depth
-        worth = worth_extending(self.cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load)
+        worth = worth_extending(cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load)
         if not worth:
             self._reset()  # a round of the root alone: one node, nothing drafted
             return 0
@@ -507,7 +517,7 @@ class CostPolicy:
             scale = spine / top[0] if top[0] > 0 else 0.0
             gains = [reach_before * min(1.0, q * scale) for q in top[1:]]  # [width - 1]
             leaves = leaves_worth_adding(
-                self.cost, self.expected, gains, self.num_spine, self.num_nodes, self.load
+                self._round_cost(), self.expected, gains, self.num_spine, self.num_nodes, self.load
             )
             self.expected += sum(gains[:leaves])
             self.num_nodes += leaves
@@ -524,7 +534,7 @@ class CostPolicy:
         self._width_depth = -1
         more = self._max_depth - self.num_spine
         return not worth_extending(
-            self.cost,
+            self._round_cost(),
             self.expected,
             self.reach,
             self.last_acceptance,

@@ -177,3 +177,25 @@ def test_sampled_requests_size_trees_as_if_alone():
     assert policy.max_depth == 0
     policy.batch_aware = False
     assert policy.max_depth == COST_MAX_DEPTH
+
+
+def test_the_overhead_of_asking_the_drafter_is_charged_once_per_drafting_round():
+    with_overhead = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=0.020)
+    assert with_overhead.round_s(0, 1) == LINEAR.round_s(0, 1) == 0.060  # no draft, no overhead
+    assert with_overhead.round_s(2, 3) == pytest.approx(0.020 + 2 * 0.004 + 0.066)
+
+
+def test_a_draft_that_does_not_pay_for_its_round_trip_drafts_nothing():
+    """Alone, 1/0.060 = 16.7 tok/s. A first token of acceptance 0.3 costs 0.004 + 0.003 s: 43 tok/s at
+    the margin, worth drafting in process; behind a 20 ms round trip, 0.3 / 0.027 = 11 tok/s (and no
+    longer chain does better): not worth asking at all. Acceptance 0.6 still pays (22 tok/s)."""
+    policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    policy.mean_acceptance = 0.3
+    assert policy.max_depth == COST_MAX_DEPTH
+    policy.draft_overhead_s = 0.020
+    assert policy.max_depth == 0
+    policy.mean_acceptance = 0.6
+    assert policy.max_depth == COST_MAX_DEPTH
+    policy.mean_acceptance = 0.3
+    policy.batch_aware = False  # sampled: the overhead depends on timing, so it is not weighed
+    assert policy.max_depth == COST_MAX_DEPTH
