@@ -198,7 +198,7 @@ class RemoteDrafter:
         self.timeout_s = timeout_s
         self.counters = counters
         self.known = 0  # tokens the draft service has; 0 = needs a Prefill
-        self.overhead_s = 0.0  # a Propose's round trip beyond the draft's handler time, smoothed
+        self.overhead_s = 0.0  # a Propose's round trip, smoothed: what asking the draft costs a round
 
     def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
         start = time.perf_counter()
@@ -241,14 +241,14 @@ class RemoteDrafter:
             )
             start = time.perf_counter()
             response = self.stub.Propose(request, timeout=self.timeout_s)
-            transport_s = max(0.0, time.perf_counter() - start - response.handler_seconds)
+            round_trip_s = time.perf_counter() - start
         except grpc.RpcError as e:
             raise error_from_rpc(e, f"draft {self.method} Propose") from None
         self.known = len(token_ids)
         self.counters.rpc_bytes += request.ByteSize() + response.ByteSize()
         self.counters.kv_feed_bytes = response.kv_feed_bytes
         self.counters.draft_service_s += response.handler_seconds
-        self.overhead_s = transport_s if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * transport_s
+        self.overhead_s = round_trip_s if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * round_trip_s
         self.counters.prepared_proposals += response.prepared
         draft = tree_from_pb(response.tree, self.capacity)
         if draft.tree.token_ids[0] != token_ids[-1]:

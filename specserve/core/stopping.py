@@ -429,6 +429,9 @@ def prior_corrected(probability: float, positive_rate: float) -> float:
     return odds / (1.0 + odds)
 
 
+SMOOTHING = 0.8  # the cost policy's running means weigh the last few rounds
+
+
 class CostPolicy:
     """Grows a round while it raises the expected tokens per second (core/cost.py has the model).
 
@@ -443,7 +446,10 @@ class CostPolicy:
         self.cost = settings.cost_model if settings.cost_model is not None else NOMINAL_CPU_COST
         # Batches: the other sessions are assumed to send trees like this session's recent ones.
         self.batch_sessions = settings.batch_sessions
-        self.mean_nodes, self.mean_emitted, self.mean_acceptance = 4.0, 1.5, 0.5  # running means
+        # Running means. Other sessions start out assumed to send the root alone: assuming bigger trees
+        # makes the forward look expensive already, and a calibrated curve with a dip (16 nodes cheaper
+        # than 13 on the CPU of docs/benchmarks.md) then makes drafting look free.
+        self.mean_nodes, self.mean_emitted, self.mean_acceptance = 1.0, 1.0, 0.5
         self.load = ALONE
         # Sized by the batch only under greedy decoding, where trees never change the output. With
         # sampling the tokens drawn depend on the tree, so a seeded request must get the same trees
@@ -452,6 +458,7 @@ class CostPolicy:
         # What asking the drafter costs a round beyond its draft steps, as the caller measures it (the
         # router's Propose round trip). It depends on timing, so like the load only greedy rounds use it.
         self.draft_overhead_s = 0.0
+        self._sizes_counted = False  # the round being observed was counted already (max_depth 0)
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
         self.model = (
             settings.require_decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
@@ -474,12 +481,15 @@ class CostPolicy:
         """0 when, under the current batch and the cost of asking the drafter, not even one more token
         with the session's recent acceptance rate is worth it."""
         self.load = self._batch_load()
+        self._sizes_counted = False
         cost = self._round_cost()
         if self.load is ALONE and cost.draft_overhead_s == 0:
             return self._max_depth
         worth = worth_extending(cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load)
         if not worth:
             self._reset()  # a round of the root alone: one node, nothing drafted
+            self._update_sizes(1, 1)  # counted now: rounds the loop then skips send the root alone too
+            self._sizes_counted = True
             return 0
         return self._max_depth
 
@@ -546,12 +556,16 @@ class CostPolicy:
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         check_round(num_drafted, num_accepted)
-        smoothing = 0.8  # running means over the last few rounds
-        self.mean_nodes = smoothing * self.mean_nodes + (1 - smoothing) * self.num_nodes
-        self.mean_emitted = smoothing * self.mean_emitted + (1 - smoothing) * (num_accepted + 1)
+        if not self._sizes_counted:  # a round of the root alone is counted when max_depth chooses it
+            self._update_sizes(self.num_nodes, num_accepted + 1)
+        self._sizes_counted = False
         if num_drafted:
             rate = num_accepted / num_drafted
-            self.mean_acceptance = smoothing * self.mean_acceptance + (1 - smoothing) * rate
+            self.mean_acceptance = SMOOTHING * self.mean_acceptance + (1 - SMOOTHING) * rate
+
+    def _update_sizes(self, num_nodes: int, num_emitted: int) -> None:
+        self.mean_nodes = SMOOTHING * self.mean_nodes + (1 - SMOOTHING) * num_nodes
+        self.mean_emitted = SMOOTHING * self.mean_emitted + (1 - SMOOTHING) * num_emitted
 
 
 STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {
