@@ -7,9 +7,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig
 
 from specserve.core.cost import CostModel, default_calibration_name
 from specserve.core.finish import FinishChecker
@@ -27,6 +28,9 @@ from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from specserve.models.loading import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ class Engine:
         return load_tokenizer(self.model_dir)
 
     @functools.cached_property
-    def target_model(self) -> PreTrainedModel:
+    def target_model(self) -> CausalLM:
         return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
 
     @functools.cached_property
@@ -249,7 +253,8 @@ class Engine:
         if sampling:
             torch.manual_seed(seed)
         with torch.inference_mode():
-            output = self.target_model.generate(
+            # ignore: transformers types generate's `self` as a Protocol mypy finds no model meets.
+            output = self.target_model.generate(  # type: ignore[misc]
                 input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
             )
         elapsed = time.perf_counter() - start

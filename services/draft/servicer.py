@@ -74,7 +74,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 )
             return self._channels[address]
 
-    def Prefill(self, request: draft_pb2.DraftPrefillRequest, context: grpc.ServicerContext):
+    def Prefill(
+        self, request: draft_pb2.DraftPrefillRequest, context: grpc.ServicerContext
+    ) -> draft_pb2.DraftPrefillResponse:
         check_session_id(request.session_id)
         spec = method_spec(request.method)
         limits = self.engine.settings
@@ -114,7 +116,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftPrefillResponse()
 
-    def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext):
+    def Propose(
+        self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
+    ) -> draft_pb2.ProposeResponse:
         check_session_id(request.session_id)
         start = time.perf_counter()
         self.recent.touch(request.session_id, request.batch_sessions)
@@ -211,7 +215,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             session.prepared = _build(session, token_ids, params, step_seed)
             return True
 
-    def Release(self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext):
+    def Release(
+        self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext
+    ) -> draft_pb2.DraftReleaseResponse:
         check_session_id(request.session_id)
         released = self.store.release(request.session_id)
         self.recent.forget(request.session_id)

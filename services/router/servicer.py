@@ -122,7 +122,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         return target_pb2_grpc.TargetServiceStub(self._channel(address, self.settings.tls_target_name))
 
     # -- RPCs ---------------------------------------------------------------------------------------
-    def ListMethods(self, request, context):
+    def ListMethods(
+        self, request: router_pb2.ListMethodsRequest, context: grpc.ServicerContext
+    ) -> router_pb2.ListMethodsResponse:
         return router_pb2.ListMethodsResponse(
             methods=[
                 router_pb2.MethodInfo(name=i.method.value, description=i.description, lossless=i.lossless)
@@ -131,7 +133,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             ]
         )
 
-    def Generate(self, request: router_pb2.GenerateRequest, context: grpc.ServicerContext) -> Iterator:
+    def Generate(
+        self, request: router_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[router_pb2.GenerateResponse]:
         record = self.start_session(request)
         yield from self.stream_session(record, context.add_callback, top_logprobs(request))
 
@@ -148,7 +152,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         tokens to report with each token's log-probability."""
         return self._stream(record, [], 0, on_client_gone, logprobs)
 
-    def Resume(self, request: router_pb2.ResumeRequest, context: grpc.ServicerContext) -> Iterator:
+    def Resume(
+        self, request: router_pb2.ResumeRequest, context: grpc.ServicerContext
+    ) -> Iterator[router_pb2.GenerateResponse]:
         check_session_id(request.session_id)
         record, generated = self.state.load(request.session_id)
         check_owner(record.owner)
@@ -159,7 +165,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             record, generated = self.state.load(request.session_id)  # what the last holder wrote
         yield from self._stream(record, generated, request.received_tokens, context.add_callback)
 
-    def Cancel(self, request: router_pb2.CancelRequest, context: grpc.ServicerContext):
+    def Cancel(
+        self, request: router_pb2.CancelRequest, context: grpc.ServicerContext
+    ) -> router_pb2.CancelResponse:
         check_session_id(request.session_id)
         check_owner(self.state.load(request.session_id)[0].owner)  # NOT_FOUND for unknown ids
         # Deleting the state is the cancellation: whichever router runs the session finds it gone at its
@@ -451,6 +459,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self.targets.release(target_address)
             if drafter is not None:
                 drafter.release()
+            if self.drafts is not None and draft_address:  # acquired above
                 self.drafts.release(draft_address)
 
     def close(self) -> None:

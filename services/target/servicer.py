@@ -53,7 +53,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self.recent = RecentSessions()  # sessions verifying here: reported back as the batch they share
         self.model.expected_jobs = self.recent.count  # a forward may wait for them (batch_wait_ms)
 
-    def GetModelInfo(self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext):
+    def GetModelInfo(
+        self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext
+    ) -> target_pb2.ModelInfo:
         tokenizer, limits = self.engine.tokenizer, self.engine.settings
         return target_pb2.ModelInfo(
             model_name=Path(self.engine.model_dir).name,
@@ -71,7 +73,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             eos_token=tokenizer.eos_token or "",
         )
 
-    def Prefill(self, request: target_pb2.PrefillRequest, context: grpc.ServicerContext):
+    def Prefill(
+        self, request: target_pb2.PrefillRequest, context: grpc.ServicerContext
+    ) -> target_pb2.PrefillResponse:
         check_session_id(request.session_id)
         limits = self.engine.settings
         if not request.token_ids:
@@ -85,7 +89,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             raise InvalidArgument(f"token ids must be in [0, {vocab})")
         if request.HasField("root_token"):
             held = self.store.peek(request.session_id)
-            check_rebuild(request.token_ids, request.root_token, vocab, held and held.verifier.token_ids)
+            committed = None if held is None else held.verifier.token_ids
+            check_rebuild(request.token_ids, request.root_token, vocab, committed)
         params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
         rebuild = request.HasField("root_token")
         start = time.perf_counter()
@@ -142,7 +147,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         verifier.last_logits = None
         return root, logprobs
 
-    def Verify(self, request: target_pb2.VerifyRequest, context: grpc.ServicerContext):
+    def Verify(
+        self, request: target_pb2.VerifyRequest, context: grpc.ServicerContext
+    ) -> target_pb2.VerifyResponse:
         check_session_id(request.session_id)
         limits = self.engine.settings
         draft = tree_from_pb(request.tree, limits.max_tree_nodes + 1)
@@ -239,7 +246,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         verifier.last_logits = None
         return outcome, logprobs
 
-    def StreamKV(self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext) -> Iterator:
+    def StreamKV(
+        self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext
+    ) -> Iterator[target_pb2.KVChunk]:
         check_session_id(request.session_id)
         self.metrics.kv_feed_subscribers.inc()
         try:
@@ -261,7 +270,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:
             self.metrics.kv_feed_subscribers.dec()
 
-    def Release(self, request: target_pb2.ReleaseRequest, context: grpc.ServicerContext):
+    def Release(
+        self, request: target_pb2.ReleaseRequest, context: grpc.ServicerContext
+    ) -> target_pb2.ReleaseResponse:
         check_session_id(request.session_id)
         released = self.store.release(request.session_id)
         self.recent.forget(request.session_id)

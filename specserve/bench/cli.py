@@ -197,7 +197,7 @@ def _check_writable(path: Path) -> None:
         raise InvalidArgument(f"output path {path} is not writable")
 
 
-def _write(path: Path, writer: Callable[[Path], None]) -> None:
+def _write(path: Path, writer: Callable[[Path], object]) -> None:
     try:
         writer(path)
     except OSError as e:

@@ -138,12 +138,12 @@ def logprobs_to_pb(logprobs: list[TokenLogprob]) -> list[common_pb2.TokenLogprob
     ]
 
 
-def finish_to_pb(reason: FinishReason | None) -> int:
+def finish_to_pb(reason: FinishReason | None) -> common_pb2.FinishReason:
     return common_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH_TO_PB[reason]
 
 
 def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.GenerationStats:
-    return router_pb2.GenerationStats(
+    message = router_pb2.GenerationStats(
         num_generated_tokens=stats.num_generated_tokens,
         num_target_forwards=stats.num_target_forwards,
         num_draft_tokens=stats.num_draft_tokens,
@@ -153,5 +153,7 @@ def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.Gene
         tokens_per_second=stats.tokens_per_s,
         draft_seconds=stats.draft_s,
         verify_seconds=stats.verify_s,
-        **extra,
     )
+    for name, value in extra.items():  # the router's own counters, by field name (rpc_bytes, ...)
+        setattr(message, name, value)
+    return message
