@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 
@@ -15,6 +15,7 @@ from specserve.client.common import (
     Chunk,
     Collector,
     Completion,
+    GenerateOptions,
     generate_request,
     to_chunk,
 )
@@ -50,33 +51,10 @@ class AsyncClient:
         await self.channel.close()
 
     async def stream(
-        self,
-        prompt: str | list[int],
-        *,
-        max_new_tokens: int = 128,
-        method: str = "",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: list[str] | tuple[str, ...] = (),
-        ignore_eos: bool = False,
-        session_id: str | None = None,
-        timeout: float | None = None,
+        self, prompt: str | list[int], *, timeout: float | None = None, **options: Unpack[GenerateOptions]
     ) -> AsyncIterator[Chunk]:
         """As `Client.stream`."""
-        request = generate_request(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            method=method,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            session_id=session_id,
-        )
+        request = generate_request(prompt, **options)
         deadline = None if timeout is None else time.monotonic() + timeout
         collector = Collector()
         for attempt in range(self.retries + 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from specserve.v1 import common_pb2, router_pb2
 
@@ -54,19 +55,34 @@ class Completion:
     stats: dict[str, float]
 
 
+class GenerateOptions(TypedDict, total=False):
+    """What a generation may set besides its prompt; `generate_request` holds the defaults."""
+
+    max_new_tokens: int
+    method: str
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: list[str] | tuple[str, ...]
+    ignore_eos: bool
+    session_id: str | None
+
+
 def generate_request(
     prompt: str | list[int],
     *,
-    max_new_tokens: int,
-    method: str,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    stop: list[str] | tuple[str, ...],
-    ignore_eos: bool,
-    session_id: str | None,
+    max_new_tokens: int = 128,
+    method: str = "",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: list[str] | tuple[str, ...] = (),
+    ignore_eos: bool = False,
+    session_id: str | None = None,
 ) -> router_pb2.GenerateRequest:
+    """method "" = the router's default; seed None = a fresh one; session_id None = a fresh id."""
     # A seed fixed here makes a retried generation reproduce the tokens already received.
     sampling = common_pb2.SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=secrets.randbits(63) if seed is None else seed

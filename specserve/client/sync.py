@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 
@@ -14,6 +14,7 @@ from specserve.client.common import (
     Chunk,
     Collector,
     Completion,
+    GenerateOptions,
     generate_request,
     to_chunk,
 )
@@ -50,34 +51,12 @@ class Client:
         self.channel.close()
 
     def stream(
-        self,
-        prompt: str | list[int],
-        *,
-        max_new_tokens: int = 128,
-        method: str = "",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: list[str] | tuple[str, ...] = (),
-        ignore_eos: bool = False,
-        session_id: str | None = None,
-        timeout: float | None = None,
+        self, prompt: str | list[int], *, timeout: float | None = None, **options: Unpack[GenerateOptions]
     ) -> Iterator[Chunk]:
-        """Yields chunks as tokens are accepted. `timeout` is the whole generation's deadline (seconds);
-        when it passes, the router frees the session and DeadlineExceeded is raised."""
-        request = generate_request(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            method=method,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            session_id=session_id,
-        )
+        """Yields chunks as tokens are accepted (`options`: `GenerateOptions`). `timeout` is the whole
+        generation's deadline (seconds); when it passes, the router frees the session and
+        DeadlineExceeded is raised."""
+        request = generate_request(prompt, **options)
         deadline = None if timeout is None else time.monotonic() + timeout
         collector = Collector()
         for attempt in range(self.retries + 1):
