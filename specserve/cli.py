@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.catalog import DEFAULT_METHOD
+from specserve.core.request import GenerationRequest
 from specserve.errors import SpecserveError
 from specserve.settings import EngineSettings
 
@@ -28,20 +29,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
 
 
-def _add_sampling_options(parser: argparse.ArgumentParser, default_seed: int | None) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--seed", type=int, default=default_seed)
-    parser.add_argument(
-        "--allow-lossy",
-        action="store_true",
-        help="let a lossy method (see `specserve methods`) sample at T > 0, where its output is biased",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from specserve.app.sampling_args import add_sampling_options
     from specserve.bench.cli import add_bench_parser
 
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
@@ -63,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tls-ca", metavar="FILE", help="--remote: TLS, verifying the router with this CA")
     gen.add_argument("--tls-cert", metavar="FILE", help="--remote: a client certificate, if asked for")
     gen.add_argument("--tls-key", metavar="FILE", help="--remote: its key")
-    _add_sampling_options(gen, default_seed=None)
+    add_sampling_options(gen, default_seed=None)
     _add_engine_options(gen)
 
     sub.add_parser("methods", help="list the draft methods")
@@ -97,18 +86,18 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    if args.remote:
-        return _run_remote_generate(args)
-    from specserve.app.sampling_args import sampling_params_from_args
-    from specserve.engine import Engine
-    from specserve.methods import method_spec
+    from specserve.app.sampling_args import request_from_args
+    from specserve.core.request import RequestLimits
+
+    if args.remote:  # the router checks the model's bounds too
+        return _run_remote_generate(args, request_from_args(args, RequestLimits()))
+    from specserve.engine import Engine, request_limits
 
     settings = _settings(args)
-    params = sampling_params_from_args(args, settings.max_new_tokens_limit)
-    method_spec(args.method)  # fail on a bad name before loading any model
+    request = request_from_args(args, request_limits(settings))  # fails before any model loads
     engine = Engine(settings)
     if args.json:
-        result = engine.generate(args.prompt, args.method, params)
+        result = engine.generate(args.prompt, request)
         print(
             json.dumps(
                 {
@@ -121,8 +110,9 @@ def _run_generate(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    printer = _StreamPrinter(engine.decode, holdback=max((len(s) for s in params.stop), default=1) - 1)
-    result = engine.generate(args.prompt, args.method, params, on_tokens=printer.add)
+    holdback = max((len(s) for s in request.stopping.stop), default=1) - 1
+    printer = _StreamPrinter(engine.decode, holdback)
+    result = engine.generate(args.prompt, request, on_tokens=printer.add)
     printer.finish(result.text)
     stats = result.stats
     acceptance = f"{stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else "-"
@@ -135,18 +125,11 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_remote_generate(args: argparse.Namespace) -> int:
+def _run_remote_generate(args: argparse.Namespace, request: GenerationRequest) -> int:
+    from specserve.bench.remote import client_options
     from specserve.client import Client
 
-    options = {
-        "method": args.method,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "seed": args.seed,
-        "stop": tuple(args.stop),
-    }
+    options = client_options(request)
     security = {
         "token": args.token or os.environ.get("SPECSERVE_TOKEN") or None,
         "tls": args.tls,

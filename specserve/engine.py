@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import GenerationConfig
 
+from specserve.catalog import Method
 from specserve.core.cost import CostModel, default_calibration_name
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.rng import fresh_seed
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.errors import InvalidArgument
 from specserve.glide.model import GlideDraft, build_glide, load_glide
-from specserve.methods import METHODS, MethodSpec, method_spec
+from specserve.methods import method_spec
 from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.results import GenerationResult, GenerationStats
 from specserve.runtime.batching import Scheduler
@@ -33,6 +33,18 @@ if TYPE_CHECKING:
     from specserve.models.loading import CausalLM
 
 logger = logging.getLogger(__name__)
+
+
+def request_limits(settings: EngineSettings, vocab_size: int | None = None) -> RequestLimits:
+    """The bounds an in-process engine with these settings puts on requests (every method of the
+    catalog; no log-probabilities)."""
+    return RequestLimits(
+        max_new_tokens_limit=settings.max_new_tokens_limit,
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_context=settings.max_context,
+        max_tree_nodes=settings.max_tree_nodes,
+        vocab_size=vocab_size,
+    )
 
 
 class Engine:
@@ -52,7 +64,11 @@ class Engine:
 
     @property
     def methods(self) -> list[str]:
-        return [m.value for m in METHODS]
+        return [m.value for m in Method]
+
+    @property
+    def limits(self) -> RequestLimits:
+        return request_limits(self.settings, self.target_model.config.vocab_size)
 
     # Models load lazily so that `specserve generate --method target` never loads a draft.
     @functools.cached_property
@@ -141,14 +157,10 @@ class Engine:
         return frozenset(i for i in ids if i is not None)
 
     def encode_prompt(self, prompt: str) -> list[int]:
+        """The user message through the chat template (its length is checked with the request)."""
         if not prompt or not prompt.strip():
             raise InvalidArgument("the prompt is empty")
-        prompt_ids = encode_chat(self.tokenizer, prompt)
-        if len(prompt_ids) > self.settings.max_prompt_tokens:
-            raise InvalidArgument(
-                f"the prompt has {len(prompt_ids)} tokens; at most {self.settings.max_prompt_tokens} allowed"
-            )
-        return prompt_ids
+        return encode_chat(self.tokenizer, prompt)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -156,61 +168,44 @@ class Engine:
     def generate(
         self,
         prompt: str,
-        method: str,
-        params: SamplingParams,
+        request: GenerationRequest,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult:
-        spec = method_spec(method)
-        params = params.validate(self.settings.max_new_tokens_limit)
-        return self.generate_ids(self.encode_prompt(prompt), spec, params, on_tokens)
+        """One chat prompt; `request` says how (GenerationRequest.build)."""
+        return self.generate_ids(self.encode_prompt(prompt), request, on_tokens)
 
     def generate_ids(
         self,
         prompt_ids: list[int],
-        spec: MethodSpec,
-        params: SamplingParams,
+        request: GenerationRequest,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult:
-        if not spec.lossless and not params.greedy and not params.allow_lossy:
-            raise InvalidArgument(
-                f"method {spec.method.value} is lossy at temperature > 0 (its output does not follow the "
-                "target's distribution); set allow_lossy (--allow-lossy) to use it anyway"
-            )
-        capacity = len(prompt_ids) + params.max_new_tokens + self.settings.max_tree_nodes + 1
-        if capacity > self.settings.max_context:
-            raise InvalidArgument(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceed the "
-                f"context limit of {self.settings.max_context - self.settings.max_tree_nodes - 1} tokens"
-            )
-        seed = params.seed if params.seed is not None else fresh_seed()
-        finish = FinishChecker(
-            max_new_tokens=params.max_new_tokens,
-            eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
-            stop_strings=params.stop,
-            decode=self.decode,
-        )
+        limits = self.limits
+        request = request.validate(limits, prompt_ids).with_seed()
+        assert request.seed is not None
+        spec = method_spec(request.method)
+        capacity = limits.capacity(len(prompt_ids), request.stopping.max_new_tokens)
+        finish = FinishChecker.for_request(request.stopping, self.eos_token_ids, self.decode)
         if spec.uses_hf_generate:
-            stats = self._hf_generate(prompt_ids, params, seed, finish, on_tokens)
+            stats = self._hf_generate(prompt_ids, request, finish, on_tokens)
         else:
             verifier = LocalVerifier(self.target_runner, capacity)
             drafter = spec.make_drafter(self, capacity, verifier.cache)
             try:
-                stats = speculative_generate(prompt_ids, verifier, drafter, params, seed, finish, on_tokens)
+                stats = speculative_generate(
+                    prompt_ids, verifier, drafter, request.sampling, request.seed, finish, on_tokens
+                )
             finally:
                 verifier.release()
                 if drafter is not None:
                     drafter.release()
-        text = self.decode(finish.generated)
-        if finish.stop_text_end is not None:
-            text = text[: finish.stop_text_end]
         assert finish.reason is not None
-        return GenerationResult(list(finish.generated), text, finish.reason, stats)
+        return GenerationResult(list(finish.generated), finish.final_text(), finish.reason, stats)
 
     def generate_many(
         self,
         prompt_ids: Sequence[list[int]],
-        spec: MethodSpec,
-        params: SamplingParams,
+        request: GenerationRequest,
         on_tokens: Sequence[Callable[[list[int]], None] | None] | None = None,
         max_tokens_per_forward: int = 1024,
     ) -> list[GenerationResult]:
@@ -223,7 +218,7 @@ class Engine:
         callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompt_ids)
         scheduler = Scheduler(max_tokens_per_forward)
         jobs = [
-            functools.partial(self.generate_ids, list(ids), spec, params, callback)
+            functools.partial(self.generate_ids, list(ids), request, callback)
             for ids, callback in zip(prompt_ids, callbacks, strict=True)
         ]
         self.last_batch_stats = scheduler.stats
@@ -233,14 +228,14 @@ class Engine:
     def _hf_generate(
         self,
         prompt_ids: list[int],
-        params: SamplingParams,
-        seed: int,
+        request: GenerationRequest,
         finish: FinishChecker,
         on_tokens: Callable[[list[int]], None] | None,
     ) -> GenerationStats:
+        params = request.sampling
         sampling = not params.greedy
         config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=request.stopping.max_new_tokens,
             do_sample=sampling,
             temperature=params.temperature if sampling else None,
             top_k=params.top_k if sampling else None,
@@ -251,7 +246,8 @@ class Engine:
         input_ids = torch.tensor([prompt_ids], device=self.target_runner.device)
         start = time.perf_counter()
         if sampling:
-            torch.manual_seed(seed)
+            assert request.seed is not None  # generate_ids fixed it
+            torch.manual_seed(request.seed)
         with torch.inference_mode():
             # ignore: transformers types generate's `self` as a Protocol mypy finds no model meets.
             output = self.target_model.generate(  # type: ignore[misc]

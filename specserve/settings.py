@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specserve.config import load_settings
-from specserve.core.sampling_params import MAX_NEW_TOKENS_LIMIT
+from specserve.core.request import MAX_NEW_TOKENS_LIMIT
 from specserve.errors import InvalidArgument
 
 _ENV_PREFIX = "SPECSERVE_"

@@ -20,7 +20,7 @@ from pathlib import Path
 from specserve.bench.prompts import load_prompts, per_category
 from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
 from specserve.serving.stack import LocalStack
 
@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     arms = {spec[0]: dict(v.split("=", 1) for v in spec[1:]) for spec in (args.a, args.b)}
     prompts = per_category(load_prompts(), 1)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    request = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=args.max_new_tokens)
     engine = Engine()
     totals = {name: [0, 0.0] for name in [IN_PROCESS, *arms]}  # tokens, seconds
 
@@ -46,14 +46,14 @@ def main() -> None:
             (args.out / f"stack-{i}").mkdir(parents=True, exist_ok=True)
             stacks.append((name, LocalStack(log_dir=args.out / f"stack-{i}", env=env).__enter__()))
         clients = {name: Client(stack.router_address) for name, stack in stacks}
-        engine.generate("warm up", DEFAULT_METHOD, SamplingParams(max_new_tokens=8))
+        engine.generate("warm up", GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=8))
         for client in clients.values():
             client.generate("warm up", max_new_tokens=8)
         for i, prompt in enumerate(prompts, 1):
             for name in totals:
                 start = time.perf_counter()
                 if name == IN_PROCESS:
-                    tokens = engine.generate(prompt.text, DEFAULT_METHOD, params).token_ids
+                    tokens = engine.generate(prompt.text, request).token_ids
                 else:
                     tokens = (
                         clients[name]

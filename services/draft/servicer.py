@@ -139,7 +139,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             or len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity
         ):
             raise InvalidArgument("the session's tokens do not fit its capacity")
-        params = sampling_from_pb(request.sampling).validate(self.engine.settings.max_new_tokens_limit)
+        params = sampling_from_pb(request.sampling)
         session.token_ids = token_ids
         session.params = params
         session.subscriber.retarget(request.target_address)

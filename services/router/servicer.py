@@ -21,15 +21,19 @@ from services.router.state import SessionRecord, SessionState, SessionStatus
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.catalog import CATALOG, Method
 from specserve.core.finish import FinishChecker
-from specserve.core.logprobs import MAX_TOP_LOGPROBS
 from specserve.core.loop import speculative_generate
-from specserve.core.rng import fresh_seed
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.errors import InvalidArgument, ResourceExhausted, SpecserveError
 from specserve.results import FinishReason, GenerationStats
 from specserve.serving import telemetry
 from specserve.serving.auth import check_owner, current_caller
-from specserve.serving.convert import check_session_id, finish_to_pb, sampling_from_pb, stats_to_pb
+from specserve.serving.convert import (
+    check_session_id,
+    finish_to_pb,
+    limits_from_model_info,
+    request_from_pb,
+    stats_to_pb,
+)
 from specserve.serving.metrics import RouterMetrics
 from specserve.serving.server import channel_options
 from specserve.serving.settings import RouterServiceSettings
@@ -122,6 +126,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         return target_pb2_grpc.TargetServiceStub(self._channel(address, self.settings.tls_target_name))
 
     # -- RPCs ---------------------------------------------------------------------------------------
+    @property
+    def methods(self) -> frozenset[str]:
+        """The methods this router runs: remote ones, and those that draft only with a draft service."""
+        return frozenset(
+            i.method.value
+            for i in CATALOG.values()
+            if i.remote and not i.uses_hf_generate and (self.drafts is not None or not i.drafts)
+        )
+
+    @property
+    def limits(self) -> RequestLimits:
+        """What a request may ask of this router (GenerationRequest.build checks it)."""
+        return limits_from_model_info(self.model, self.methods)
+
     def ListMethods(
         self, request: router_pb2.ListMethodsRequest, context: grpc.ServicerContext
     ) -> router_pb2.ListMethodsResponse:
@@ -129,28 +147,33 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             methods=[
                 router_pb2.MethodInfo(name=i.method.value, description=i.description, lossless=i.lossless)
                 for i in CATALOG.values()
-                if i.remote and not i.uses_hf_generate
+                if i.method.value in self.methods
             ]
         )
 
     def Generate(
         self, request: router_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[router_pb2.GenerateResponse]:
-        record = self.start_session(request)
-        yield from self.stream_session(record, context.add_callback, top_logprobs(request))
+        prompt_ids = self._prompt_ids(request)
+        generation = request_from_pb(request, prompt_ids, self.limits, self.settings.default_method)
+        record = self.start_session(generation, prompt_ids, request.session_id)
+        yield from self.stream_session(record, context.add_callback)
 
-    def start_session(self, request: router_pb2.GenerateRequest) -> SessionRecord:
-        """Validates a request and stores its new session. The HTTP API starts sessions here too."""
-        record = self._new_record(request)
+    def start_session(
+        self, request: GenerationRequest, prompt_ids: list[int], session_id: str = ""
+    ) -> SessionRecord:
+        """Stores a new session of a request validated against `limits`; its seed is fixed here. The
+        HTTP API starts sessions here too."""
+        session_id = check_session_id(session_id) if session_id else uuid.uuid4().hex
+        record = SessionRecord(session_id, prompt_ids, request.with_seed(), owner=current_caller())
         self.state.create(record)
         return record
 
     def stream_session(
-        self, record: SessionRecord, on_client_gone: OnClientGone, logprobs: int | None = None
+        self, record: SessionRecord, on_client_gone: OnClientGone
     ) -> Iterator[router_pb2.GenerateResponse]:
-        """A new session's stream, one message per round. logprobs: None, or how many most likely
-        tokens to report with each token's log-probability."""
-        return self._stream(record, [], 0, on_client_gone, logprobs)
+        """A new session's stream, one message per round (with log-probabilities if it asked)."""
+        return self._stream(record, [], 0, on_client_gone, record.request.num_top_logprobs)
 
     def Resume(
         self, request: router_pb2.ResumeRequest, context: grpc.ServicerContext
@@ -180,50 +203,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         return router_pb2.CancelResponse()
 
     # -- generation -----------------------------------------------------------------------------------
-    def _new_record(self, request: router_pb2.GenerateRequest) -> SessionRecord:
-        info = self.model
+    def _prompt_ids(self, request: router_pb2.GenerateRequest) -> list[int]:
+        """The prompt's tokens: the user message through the chat template, or the ids as given."""
         if bool(request.prompt) == bool(request.prompt_token_ids):
             raise InvalidArgument("set exactly one of prompt and prompt_token_ids")
-        if request.prompt:
-            check_prompt_chars(request.prompt, info.max_prompt_tokens, self.tokenizer.max_token_chars)
-            prompt_ids = self.tokenizer.encode_prompt(request.prompt)
-        else:
-            prompt_ids = list(request.prompt_token_ids)
-            if any(not 0 <= t < info.vocab_size for t in prompt_ids):
-                raise InvalidArgument(f"prompt token ids must be in [0, {info.vocab_size})")
-        if len(prompt_ids) > info.max_prompt_tokens:
-            raise InvalidArgument(
-                f"the prompt has {len(prompt_ids)} tokens; at most {info.max_prompt_tokens}"
-            )
-        params = sampling_from_pb(
-            request.sampling, request.max_new_tokens, tuple(request.stop), request.ignore_eos
-        ).validate(info.max_new_tokens_limit)
-        if len(prompt_ids) + params.max_new_tokens + info.max_tree_nodes + 1 > info.max_context:
-            raise InvalidArgument(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceed the "
-                f"context limit of {info.max_context - info.max_tree_nodes - 1} tokens"
-            )
-        method = request.method or self.settings.default_method
-        try:
-            info_m = CATALOG[Method(method)]
-        except ValueError:
-            raise InvalidArgument(f"unknown method {method!r}; see ListMethods") from None
-        if info_m.uses_hf_generate or not info_m.remote:
-            raise InvalidArgument(f"method {method!r} runs in-process only")
-        if info_m.drafts and self.drafts is None:
-            raise InvalidArgument(f"method {method!r} needs a draft service; this router has none")
-        if request.logprobs and not info.supports_logprobs:
-            raise InvalidArgument("logprobs are not supported by this deployment's target service yet")
-        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidArgument(
-                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {request.top_logprobs}"
-            )
-        if request.top_logprobs and not request.logprobs:
-            raise InvalidArgument("top_logprobs needs logprobs")
-        session_id = check_session_id(request.session_id) if request.session_id else uuid.uuid4().hex
-        seed = params.seed if params.seed is not None else fresh_seed()
-        params_dict = asdict(params) | {"seed": seed, "stop": list(params.stop)}
-        return SessionRecord(session_id, prompt_ids, params_dict, method, seed, owner=current_caller())
+        if not request.prompt:
+            return list(request.prompt_token_ids)
+        check_prompt_chars(request.prompt, self.model.max_prompt_tokens, self.tokenizer.max_token_chars)
+        return self.tokenizer.encode_prompt(request.prompt)
 
     def _stream(
         self,
@@ -242,7 +229,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         on_client_gone(cancel.set)  # the client went away or its deadline passed
         out: queue.Queue = queue.Queue()
         # The streamed text never shows a stop string, not even the start of one (it may yet be one).
-        text = IncrementalText(self.tokenizer, generated[:received], record.params["stop"])
+        text = IncrementalText(self.tokenizer, generated[:received], record.request.stopping.stop)
         index = received
         try:
             if generated[received:]:
@@ -322,9 +309,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         logprobs: int | None = None,
     ) -> None:
         """Runs on a worker thread until the session finishes, fails or is cancelled."""
-        session_id, info = record.session_id, self.model
-        params = SamplingParams(**(record.params | {"stop": tuple(record.params["stop"])}))
-        capacity = len(record.prompt_ids) + params.max_new_tokens + info.max_tree_nodes + 1
+        session_id, request = record.session_id, record.request
+        assert request.seed is not None, "a session's seed is fixed when it starts"
+        capacity = self.limits.capacity(len(record.prompt_ids), request.stopping.max_new_tokens)
         counters = RoundCounters()
         # (draft tokens, accepted draft tokens) of the round the loop is about to emit; the prefill's
         # first token is a round without a draft.
@@ -351,28 +338,23 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         verifier.address = target_address
         drafter = None
         draft_address = ""
-        if CATALOG[Method(record.method)].drafts and self.drafts is not None:
+        if CATALOG[Method(request.method)].drafts and self.drafts is not None:
             draft_address = self.drafts.choose(session_id, record.draft)
             self.drafts.acquire(draft_address)
             drafter = RemoteDrafter(
                 session_id,
-                record.method,
+                request.method,
                 draft_pb2_grpc.DraftServiceStub(self._channel(draft_address, self.settings.tls_draft_name)),
                 lambda: verifier.address,
                 capacity,
                 self.settings.draft_timeout_seconds,
                 counters,
                 on_propose=self.metrics.draft_rpc_latency.observe,
-                seed=record.seed,
+                seed=request.seed,
                 batch_sessions=lambda: verifier.batch_sessions,
             )
         previous, previous_extra = _saved_stats(record.stats)
-        finish = FinishChecker(
-            max_new_tokens=params.max_new_tokens,
-            eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
-            stop_strings=params.stop,
-            decode=self.tokenizer.decode,
-        )
+        finish = FinishChecker.for_request(request.stopping, self.eos_token_ids, self.tokenizer.decode)
         start = time.perf_counter()
         last_emit = [start]
         first = [not generated]
@@ -406,14 +388,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         try:
             with telemetry.span(
                 telemetry.SPAN_REQUEST,
-                **{telemetry.ATTR_SESSION: session_id, telemetry.ATTR_METHOD: record.method},
+                **{telemetry.ATTR_SESSION: session_id, telemetry.ATTR_METHOD: request.method},
             ):
                 stats = speculative_generate(
                     record.prompt_ids,
                     verifier,
                     drafter,
-                    params,
-                    record.seed,
+                    request.sampling,
+                    request.seed,
                     finish,
                     on_tokens,
                     generated_ids=generated,
@@ -439,9 +421,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 finish_reason=finish.reason.value,
                 stats={"core": asdict(total), "extra": extra},
             )
-            text = self.tokenizer.decode(finish.generated)
-            if finish.stop_text_end is not None:
-                text = text[: finish.stop_text_end]
+            text = finish.final_text()
             self.metrics.e2e_request_latency.observe(time.perf_counter() - start)
             out.put(_Done(finish.reason, stats_pb, text))
         except BaseException as e:
@@ -470,11 +450,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             for channel in self._channels.values():
                 channel.close()
         self.state.close()
-
-
-def top_logprobs(request: router_pb2.GenerateRequest) -> int | None:
-    """None, or how many most likely tokens to return with each token's log-probability."""
-    return request.top_logprobs if request.logprobs else None
 
 
 def _add_stats(previous: GenerationStats, stats: GenerationStats) -> GenerationStats:

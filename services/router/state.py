@@ -1,7 +1,8 @@
 """Session state in Redis: everything needed to continue a session from another router.
 
 Keys (both expire `ttl` seconds after the last round):
-  specserve:session:<id>         hash: prompt_ids, params, method, seed, status, stats, target, draft
+  specserve:session:<id>         hash: prompt_ids, request (GenerationRequest.to_dict, seed fixed), status,
+                                 stats, target, draft, created_unix, owner (each field JSON)
   specserve:session:<id>:tokens  list: generated token ids, appended after every round
 Tokens are written before they are streamed, so a resumed session never misses what a client saw.
 
@@ -30,11 +31,12 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
 
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument, NotFound, Unavailable
 
 KEY_PREFIX = "specserve:session:"
@@ -103,9 +105,7 @@ class SessionStatus:
 class SessionRecord:
     session_id: str
     prompt_ids: list[int]
-    params: dict  # SamplingParams fields, seed resolved
-    method: str
-    seed: int
+    request: GenerationRequest  # validated, its seed fixed (GenerationRequest.with_seed)
     status: str = SessionStatus.RUNNING
     finish_reason: str = ""
     stats: dict = field(default_factory=dict)  # cumulative over every router that ran the session
@@ -113,6 +113,14 @@ class SessionRecord:
     draft: str = ""
     created_unix: float = field(default_factory=time.time)
     owner: str = ""  # the creator's principal (serving/auth.py); "" when auth is off
+
+    def to_fields(self) -> dict[str, Any]:
+        """The Redis hash's fields (each stored as JSON)."""
+        return vars(self) | {"request": self.request.to_dict()}
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any]) -> SessionRecord:
+        return cls(**(values | {"request": GenerationRequest.from_dict(values["request"])}))
 
 
 class SessionState:
@@ -183,7 +191,7 @@ class SessionState:
     def _write_record(self, record: SessionRecord, replace: bool) -> bool:
         key = self.key(record.session_id)
         args: list[Any] = [self.ttl, json.dumps(SessionStatus.CANCELLED), int(replace)]
-        for name, value in asdict(record).items():
+        for name, value in record.to_fields().items():
             args += [name, json.dumps(value)]
         return bool(self._retrying(lambda: self._create(keys=[key, key + ":tokens"], args=args)))
 
@@ -255,8 +263,8 @@ class SessionState:
         if not raw or values.get("status") == SessionStatus.CANCELLED:
             raise NotFound(f"no session {session_id!r} (finished long ago, cancelled, or never started)")
         try:
-            record, generated = SessionRecord(**values), [int(t) for t in tokens]
-        except (TypeError, ValueError):
+            record, generated = SessionRecord.from_fields(values), [int(t) for t in tokens]
+        except (TypeError, ValueError, KeyError):
             raise NotFound(f"session {session_id!r} has an unreadable record") from None
         self._remember(record, list(generated))
         return record, generated

@@ -91,7 +91,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             held = self.store.peek(request.session_id)
             committed = None if held is None else held.verifier.token_ids
             check_rebuild(request.token_ids, request.root_token, vocab, committed)
-        params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
+        params = sampling_from_pb(request.sampling)
         rebuild = request.HasField("root_token")
         start = time.perf_counter()
         with (
@@ -156,7 +156,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         vocab = self.engine.target_model.config.vocab_size
         if any(not 0 <= t < vocab for t in draft.tree.token_ids):
             raise InvalidArgument(f"tree token ids must be in [0, {vocab})")
-        params = sampling_from_pb(request.sampling).validate(limits.max_new_tokens_limit)
+        params = sampling_from_pb(request.sampling)
         num_top = _top_logprobs(request.logprobs, request.top_logprobs)
         start = time.perf_counter()
         with self.store.lock:

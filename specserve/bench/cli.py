@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specserve.app.sampling_args import sampling_params_from_args
+from specserve.app.sampling_args import add_sampling_options, request_from_args
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.settings import EngineSettings
 
@@ -42,17 +43,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="M1,M2",
         help=f"comma-separated methods (default: {DEFAULT_METHODS}); target is always run",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0, metavar="S")
+    add_sampling_options(p, default_seed=0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    p.add_argument(
-        "--allow-lossy",
-        action="store_true",
-        help="let a lossy method (e.g. mcsd-target-init) sample at T > 0, where its output is biased",
-    )
     p.add_argument("--out", type=Path, metavar="results.json", help="write the full result as JSON")
     p.add_argument("--plot", type=Path, metavar="results.png", help="write a PNG figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -87,7 +79,9 @@ def run_bench_command(
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise InvalidArgument(f"--methods must list at least one method, got {args.methods!r}")
-    params = sampling_params_from_args(args, settings.max_new_tokens_limit)
+    from specserve.engine import request_limits
+
+    request = request_from_args(args, request_limits(settings))
     prompts_path = args.prompts if args.prompts is not None else default_prompts_path()
     if args.limit is not None and args.limit < 1:
         raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
@@ -106,7 +100,7 @@ def run_bench_command(
         engine_factory = Engine
     engine = engine_factory(settings)
     if getattr(args, "concurrency", None):
-        return _run_concurrency(args, engine, [p.text for p in prompts], methods, params, settings)
+        return _run_concurrency(args, engine, [p.text for p in prompts], methods, request, settings)
     remote = None
     if getattr(args, "remote", None):
         from specserve.bench.remote import WithRemote
@@ -116,7 +110,7 @@ def run_bench_command(
         engine,
         prompts,
         methods,
-        params,
+        request,
         progress=not getattr(args, "no_progress", False),
         settings=settings,
         prompts_file=prompts_path,
@@ -136,7 +130,7 @@ def _run_concurrency(
     engine: Any,
     prompts: list[str],
     methods: list[str],
-    params: Any,
+    request: GenerationRequest,
     settings: EngineSettings,
 ) -> int:
     from specserve.bench.concurrency import (
@@ -155,7 +149,7 @@ def _run_concurrency(
         prompts,
         methods,
         levels,
-        params,
+        request,
         remote_address=getattr(args, "remote", None),
         progress=not getattr(args, "no_progress", False),
     )
@@ -164,10 +158,10 @@ def _run_concurrency(
         "config": {
             "methods": methods,
             "levels": levels,
-            "max_new_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "seed": params.seed,
-            "ignore_eos": params.ignore_eos,
+            "max_new_tokens": request.stopping.max_new_tokens,
+            "temperature": request.sampling.temperature,
+            "seed": request.seed,
+            "ignore_eos": request.stopping.ignore_eos,
             "num_prompts": len(prompts),
         },
         "machine": machine_info(settings),

@@ -21,7 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 
 REMOTE_PREFIX = "remote:"
@@ -71,16 +71,13 @@ def parse_levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
-def _run_in_process(engine: Any, prompts: Sequence[str], method: str, params: SamplingParams) -> dict:
-    from specserve.methods import method_spec
-
-    spec = method_spec(method)
+def _run_in_process(engine: Any, prompts: Sequence[str], request: GenerationRequest) -> dict:
     ids = [engine.encode_prompt(p) for p in prompts]
     timelines = [_Timeline(0.0) for _ in prompts]
     start = time.perf_counter()
     for timeline in timelines:
         timeline.start = start
-    results = engine.generate_many(ids, spec, params, [t.record for t in timelines])
+    results = engine.generate_many(ids, request, [t.record for t in timelines])
     wall = time.perf_counter() - start
     stats = engine.last_batch_stats
     target = stats.per_model.get("target", (0, 0))
@@ -95,8 +92,8 @@ def _run_in_process(engine: Any, prompts: Sequence[str], method: str, params: Sa
     }
 
 
-def _run_remote(address: str, prompts: Sequence[str], method: str, params: SamplingParams) -> dict:
-    from specserve.bench.remote import client_sampling
+def _run_remote(address: str, prompts: Sequence[str], request: GenerationRequest) -> dict:
+    from specserve.bench.remote import client_options
     from specserve.client import Client
 
     timelines = [_Timeline(0.0) for _ in prompts]
@@ -109,9 +106,7 @@ def _run_remote(address: str, prompts: Sequence[str], method: str, params: Sampl
             barrier.wait()
             timelines[i].start = time.perf_counter()
             try:
-                for chunk in client.stream(
-                    prompts[i], method=method, timeout=3600, **client_sampling(params)
-                ):
+                for chunk in client.stream(prompts[i], timeout=3600, **client_options(request)):
                     if chunk.token_ids:
                         timelines[i].record(chunk.token_ids)
                     if chunk.stats:
@@ -141,7 +136,7 @@ def run_concurrency(
     prompts: Sequence[str],
     methods: Sequence[str],
     levels: Sequence[int],
-    params: SamplingParams,
+    request: GenerationRequest,
     remote_address: str | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -151,14 +146,16 @@ def run_concurrency(
     if any(m.startswith(REMOTE_PREFIX) for m in methods) and remote_address is None:
         raise InvalidArgument("remote: methods need --remote HOST:PORT")
 
-    def run(method: str, batch: Sequence[str], params: SamplingParams) -> dict:
+    def run(method: str, batch: Sequence[str], request: GenerationRequest) -> dict:
         if method.startswith(REMOTE_PREFIX):
             assert remote_address is not None
-            return _run_remote(remote_address, batch, method[len(REMOTE_PREFIX) :], params)
-        return _run_in_process(engine, batch, method, params)
+            remote = replace(request, method=method.removeprefix(REMOTE_PREFIX))
+            return _run_remote(remote_address, batch, remote)
+        return _run_in_process(engine, batch, replace(request, method=method))
 
     # Warm-up: lazy loading, allocator growth and kernel choice are paid before anything is timed.
-    warmup = replace(params, max_new_tokens=min(8, params.max_new_tokens))
+    stopping = replace(request.stopping, max_new_tokens=min(8, request.stopping.max_new_tokens))
+    warmup = replace(request, stopping=stopping)
     for method in methods:
         run(method, _take(prompts, min(4, max(levels))), warmup)
     alone: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
@@ -169,7 +166,7 @@ def run_concurrency(
         for level in levels:
             batch = _take(prompts, level)
             for method in methods:
-                out = run(method, batch, params)
+                out = run(method, batch, request)
                 figures[method][str(level)] = _figures(out, batch, alone[method], level)
                 bar.set_postfix_str(
                     f"{method} x{level}: {figures[method][str(level)]['tokens_per_s']:.1f} tok/s",

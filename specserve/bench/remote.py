@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from specserve.client import Client
-from specserve.core.sampling_params import SamplingParams
+from specserve.client.common import GenerateOptions
+from specserve.core.request import GenerationRequest
 from specserve.results import FinishReason, GenerationResult, GenerationStats, OnTokens
 
 REMOTE_PREFIX = "remote:"
@@ -33,16 +35,18 @@ _SUMMED = (
 )
 
 
-def client_sampling(params: SamplingParams) -> dict[str, Any]:
-    """The client SDK's keyword arguments for `params`."""
+def client_options(request: GenerationRequest) -> GenerateOptions:
+    """The client SDK's keyword arguments for `request` (the router has no allow_lossy: it serves no
+    lossy method)."""
     return {
-        "max_new_tokens": params.max_new_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k,
-        "seed": params.seed,
-        "stop": params.stop,
-        "ignore_eos": params.ignore_eos,
+        "method": request.method,
+        "max_new_tokens": request.stopping.max_new_tokens,
+        "temperature": request.sampling.temperature,
+        "top_p": request.sampling.top_p,
+        "top_k": request.sampling.top_k,
+        "seed": request.seed,
+        "stop": request.stopping.stop,
+        "ignore_eos": request.stopping.ignore_eos,
     }
 
 
@@ -62,14 +66,14 @@ class WithRemote:
         return [*self.engine.methods, *self.remote_methods]
 
     def generate(
-        self, prompt: str, method: str, params: SamplingParams, on_tokens: OnTokens | None = None
+        self, prompt: str, request: GenerationRequest, on_tokens: OnTokens | None = None
     ) -> GenerationResult:
+        method = request.method
         if not method.startswith(REMOTE_PREFIX):
-            return self.engine.generate(prompt, method, params, on_tokens)
+            return self.engine.generate(prompt, request, on_tokens)
         start = time.perf_counter()
-        completion = self.client.generate(
-            prompt, method=method[len(REMOTE_PREFIX) :], **client_sampling(params)
-        )
+        remote = replace(request, method=method.removeprefix(REMOTE_PREFIX))
+        completion = self.client.generate(prompt, **client_options(remote))
         elapsed = time.perf_counter() - start
         s = completion.stats
         for key in _SUMMED:

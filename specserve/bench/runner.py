@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from specserve.bench.machine import machine_info
 from specserve.bench.prompts import Prompt
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.results import GenerationResult, OnTokens
 from specserve.settings import EngineSettings
@@ -34,7 +34,7 @@ class EngineLike(Protocol):
     def methods(self) -> list[str]: ...
 
     def generate(
-        self, prompt: str, method: str, params: SamplingParams, on_tokens: OnTokens | None = None
+        self, prompt: str, request: GenerationRequest, on_tokens: OnTokens | None = None
     ) -> GenerationResult: ...
 
 
@@ -119,7 +119,7 @@ def run_bench(
     engine: EngineLike,
     prompts: Sequence[Prompt],
     methods: Sequence[str],
-    params: SamplingParams,
+    request: GenerationRequest,
     progress: bool = True,
     *,
     settings: EngineSettings | None = None,
@@ -127,6 +127,7 @@ def run_bench(
     limit: int | None = None,
 ) -> dict[str, Any]:
     """Benchmark `methods` (plus the `target` baseline) on `prompts`; returns the JSON-able result.
+    Every method runs `request` with its own name in `request.method`.
 
     `settings`, `prompts_file` and `limit` are only recorded in the result's config/machine.
     """
@@ -135,9 +136,12 @@ def run_bench(
     run_methods, target_added = resolve_methods(methods, engine.methods)
 
     # Warm-up: first calls pay for lazy model loading, allocator growth and kernel selection.
-    warmup = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
+    stopping = request.stopping
+    warmup = replace(
+        request, stopping=replace(stopping, max_new_tokens=min(WARMUP_TOKENS, stopping.max_new_tokens))
+    )
     for method in run_methods:
-        engine.generate(prompts[0].text, method, warmup)
+        engine.generate(prompts[0].text, replace(warmup, method=method))
     machine = machine_info(settings)  # after warm-up, so torch's thread count is the one used
 
     runs = {m: _MethodRun() for m in run_methods}
@@ -146,7 +150,7 @@ def run_bench(
         for prompt in prompts:
             # Interleaved: every method runs on this prompt before the next one starts, so drift in
             # the machine (thermal throttling, other load) hits all methods alike.
-            results = {m: _timed_generate(engine, prompt, m, params) for m in run_methods}
+            results = {m: _timed_generate(engine, prompt, replace(request, method=m)) for m in run_methods}
             target_ids = results[TARGET][0].token_ids
             for method, (result, wall_s) in results.items():
                 _record(runs[method], prompt, result, wall_s, result.token_ids == target_ids)
@@ -161,17 +165,17 @@ def run_bench(
     return {
         "methods": _summarize(runs),
         "config": _config(
-            run_methods, list(methods), target_added, params, settings, prompts_file, limit, len(prompts)
+            run_methods, list(methods), target_added, request, settings, prompts_file, limit, len(prompts)
         ),
         "machine": machine,
     }
 
 
 def _timed_generate(
-    engine: EngineLike, prompt: Prompt, method: str, params: SamplingParams
+    engine: EngineLike, prompt: Prompt, request: GenerationRequest
 ) -> tuple[GenerationResult, float]:
     start = time.perf_counter()
-    result = engine.generate(prompt.text, method, params)
+    result = engine.generate(prompt.text, request)
     return result, time.perf_counter() - start
 
 
@@ -222,7 +226,7 @@ def _config(
     methods: list[str],
     requested: list[str],
     target_added: bool,
-    params: SamplingParams,
+    request: GenerationRequest,
     settings: EngineSettings | None,
     prompts_file: Path | str | None,
     limit: int | None,
@@ -234,14 +238,14 @@ def _config(
         "requested_methods": requested,
         "target_auto_added": target_added,
         "notes": [f"'{TARGET}' added as the baseline (not requested)"] if target_added else [],
-        "max_new_tokens": params.max_new_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k,
-        "seed": params.seed,
-        "stop": list(params.stop),
-        "ignore_eos": params.ignore_eos,
-        "allow_lossy": params.allow_lossy,
+        "max_new_tokens": request.stopping.max_new_tokens,
+        "temperature": request.sampling.temperature,
+        "top_p": request.sampling.top_p,
+        "top_k": request.sampling.top_k,
+        "seed": request.seed,
+        "stop": list(request.stopping.stop),
+        "ignore_eos": request.stopping.ignore_eos,
+        "allow_lossy": request.allow_lossy,
         "limit": limit,
         "num_prompts": num_prompts,
         "prompts_file": str(prompts_file) if prompts_file is not None else None,

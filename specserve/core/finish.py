@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from specserve.core.request import StoppingParams
 from specserve.results import FinishReason
 
 
 @dataclass
 class FinishChecker:
+    """A generation's stop logic. The engine and the router both make it with `for_request`, feed it
+    every accepted block (`extend`) and take `final_text` at the end."""
+
     max_new_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
@@ -17,6 +21,16 @@ class FinishChecker:
     generated: list[int] = field(default_factory=list)
     reason: FinishReason | None = None
     stop_text_end: int | None = None  # where the text is cut when a stop string matched
+
+    @classmethod
+    def for_request(
+        cls,
+        stopping: StoppingParams,
+        eos_token_ids: frozenset[int],
+        decode: Callable[[Sequence[int]], str],
+    ) -> FinishChecker:
+        eos = frozenset() if stopping.ignore_eos else eos_token_ids
+        return cls(stopping.max_new_tokens, eos, stopping.stop, decode)
 
     def extend(self, new_tokens: Sequence[int]) -> list[int]:
         """Appends new tokens up to the first finishing one; returns the tokens kept."""
@@ -55,3 +69,9 @@ class FinishChecker:
     @property
     def done(self) -> bool:
         return self.reason is not None
+
+    def final_text(self) -> str:
+        """The generated text, special tokens skipped, cut before a matched stop string."""
+        assert self.decode is not None, "the final text needs a decode function"
+        text = self.decode(self.generated)
+        return text if self.stop_text_end is None else text[: self.stop_text_end]

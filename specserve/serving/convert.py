@@ -8,6 +8,7 @@ import re
 
 from specserve.core.logprobs import TokenLogprob
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
+from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument
@@ -15,7 +16,6 @@ from specserve.results import FinishReason, GenerationStats
 from specserve.v1 import common_pb2, router_pb2, target_pb2
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the whole id (fullmatch: "$" would let "id\n" in)
-MAX_TEMPERATURE = 100.0  # beyond this every distribution is uniform to float precision anyway
 PROBS_SUM_TOLERANCE = 1e-3  # float32 probabilities of a whole vocabulary sum to 1 within ~1e-5
 
 _KIND_TO_PB = {
@@ -38,35 +38,58 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
-    message = common_pb2.SamplingParams(
-        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
+def sampling_to_pb(sampling: SamplingParams) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(
+        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k
     )
-    if params.seed is not None:
-        message.seed = params.seed
-    return message
 
 
-def sampling_from_pb(
-    message: common_pb2.SamplingParams,
-    max_new_tokens: int = 1,
-    stop: tuple[str, ...] = (),
-    ignore_eos: bool = False,
-) -> SamplingParams:
-    """Checks finiteness here (inf and NaN pass SamplingParams' comparisons); call .validate(limit) where
-    the limit is known. top_p 0 means "off", like 1."""
-    if not 0.0 <= message.temperature <= MAX_TEMPERATURE:  # False for NaN and inf too
-        raise InvalidArgument(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {message.temperature}")
-    if not math.isfinite(message.top_p):
-        raise InvalidArgument(f"top_p must be in (0, 1], got {message.top_p}")
-    return SamplingParams(
+def sampling_from_pb(message: common_pb2.SamplingParams) -> SamplingParams:
+    """A session's sampling as a router sends it to the target and draft services, checked as a
+    request's is. top_p 0 means "off", like 1."""
+    sampling = SamplingParams(
         temperature=message.temperature,
         top_p=message.top_p if message.top_p != 0 else 1.0,
         top_k=message.top_k,
-        seed=message.seed if message.HasField("seed") else None,
-        max_new_tokens=max_new_tokens,
-        stop=stop,
-        ignore_eos=ignore_eos,
+    )
+    check_sampling(sampling)
+    return sampling
+
+
+def request_from_pb(
+    message: router_pb2.GenerateRequest,
+    prompt_ids: list[int],
+    limits: RequestLimits,
+    default_method: str,
+) -> GenerationRequest:
+    """A public Generate request (its prompt already tokenized), validated by GenerationRequest.build."""
+    sampling = message.sampling
+    return GenerationRequest.build(
+        method=message.method or default_method,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p if sampling.top_p != 0 else 1.0,
+        top_k=sampling.top_k,
+        max_new_tokens=message.max_new_tokens,
+        stop=tuple(message.stop),
+        ignore_eos=message.ignore_eos,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        logprobs=message.logprobs,
+        top_logprobs=message.top_logprobs,
+        limits=limits,
+        prompt_ids=prompt_ids,
+    )
+
+
+def limits_from_model_info(info: target_pb2.ModelInfo, methods: frozenset[str]) -> RequestLimits:
+    """What a router accepts: its targets' bounds, and the methods it can run (`methods`)."""
+    return RequestLimits(
+        max_new_tokens_limit=info.max_new_tokens_limit,
+        max_prompt_tokens=info.max_prompt_tokens,
+        max_context=info.max_context,
+        max_tree_nodes=info.max_tree_nodes,
+        vocab_size=info.vocab_size,
+        methods=methods,
+        supports_logprobs=info.supports_logprobs,
     )
 
 

@@ -104,7 +104,7 @@ class _LabellingVerifier:
 
 def log_stopper_data(engine, settings: StopperLogSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs the GliDe drafter on `num_prompts` written prompts -> (features [n, 11], labels [n])."""
-    params = SamplingParams(max_new_tokens=settings.max_new_tokens)
+    params = SamplingParams()  # greedy
     runner = _LastLogitsRunner(engine.target_runner)
     features: list[torch.Tensor] = []
     labels: list[float] = []

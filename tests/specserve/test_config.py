@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from specserve.config import load_settings
-from specserve.core.sampling_params import MAX_NEW_TOKENS_LIMIT, SamplingParams
+from specserve.core.request import MAX_NEW_TOKENS_LIMIT, GenerationRequest
+from specserve.engine import request_limits
 from specserve.errors import InvalidArgument
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
 from specserve.settings import EngineSettings
@@ -73,6 +74,7 @@ def test_engine_and_service_settings_read_their_variables() -> None:
 
 def test_one_new_token_limit() -> None:
     assert EngineSettings().max_new_tokens_limit == MAX_NEW_TOKENS_LIMIT == 4096
-    SamplingParams(max_new_tokens=MAX_NEW_TOKENS_LIMIT).validate()
+    limits = request_limits(EngineSettings())
+    GenerationRequest.build(max_new_tokens=MAX_NEW_TOKENS_LIMIT, limits=limits)
     with pytest.raises(InvalidArgument, match="max_new_tokens"):
-        SamplingParams(max_new_tokens=MAX_NEW_TOKENS_LIMIT + 1).validate()
+        GenerationRequest.build(max_new_tokens=MAX_NEW_TOKENS_LIMIT + 1, limits=limits)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from shipped_methods import SHIPPED_DRAFT_METHODS
 
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
@@ -33,45 +35,51 @@ def engine(default_engine) -> Engine:
 def test_greedy_equals_transformers_generate(engine, prompt):
     # 32 tokens: several rounds of every method; longer answers are the shipped-draft and stack tests' job
     # (this test alone took 3 of CI's 16 minutes at 48)
-    params = SamplingParams(max_new_tokens=32)
-    reference = engine.generate(prompt, Method.HF, params)
+    reference = engine.generate(prompt, GenerationRequest.build(method=Method.HF, max_new_tokens=32))
     assert len(reference.token_ids) > 5
     for method in LOSSLESS:
-        result = engine.generate(prompt, method, params)
+        result = engine.generate(prompt, GenerationRequest.build(method=method, max_new_tokens=32))
         assert result.token_ids == reference.token_ids, method
         assert result.text == reference.text
 
 
 @pytest.mark.model
 def test_sampling_is_seeded_on_the_real_model(engine):
-    params = SamplingParams(temperature=0.8, top_p=0.95, seed=42, max_new_tokens=24)
-    a = engine.generate(PROMPTS[2], Method.VANILLA_TREE, params)
-    b = engine.generate(PROMPTS[2], Method.VANILLA_TREE, params)
+    request = GenerationRequest.build(
+        method=Method.VANILLA_TREE, temperature=0.8, top_p=0.95, seed=42, max_new_tokens=24
+    )
+    a = engine.generate(PROMPTS[2], request)
+    b = engine.generate(PROMPTS[2], request)
     assert a.token_ids == b.token_ids
 
 
 @pytest.mark.model
 def test_stop_string_cuts_text_and_tokens(engine):
-    full = engine.generate(PROMPTS[1], Method.TARGET, SamplingParams(max_new_tokens=48))
+    full = engine.generate(PROMPTS[1], GenerationRequest.build(method=Method.TARGET, max_new_tokens=48))
     stop = full.text.split()[3]  # a word that certainly appears
-    cut = engine.generate(PROMPTS[1], Method.VANILLA, SamplingParams(max_new_tokens=48, stop=(stop,)))
+    request = GenerationRequest.build(method=Method.VANILLA, max_new_tokens=48, stop=(stop,))
+    cut = engine.generate(PROMPTS[1], request)
     assert cut.finish_reason.value == "stop"
     assert stop not in cut.text and full.text.startswith(cut.text)
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
 
 
+TARGET = GenerationRequest(method=Method.TARGET)
+
+
 @pytest.mark.model
 @pytest.mark.parametrize(
-    "prompt,method,params",
+    "prompt,request_",
     [
-        ("", "target", SamplingParams()),
-        ("   ", "target", SamplingParams()),
-        ("hello " * 3000, "target", SamplingParams()),
-        ("hello", "nonsense", SamplingParams()),
-        ("hello", "target", SamplingParams(max_new_tokens=0)),
-        ("hello", "target", SamplingParams(temperature=-1)),
+        ("", TARGET),
+        ("   ", TARGET),
+        ("hello " * 3000, TARGET),
+        ("hello", replace(TARGET, method="nonsense")),
+        ("hello", replace(TARGET, stopping=replace(TARGET.stopping, max_new_tokens=0))),
+        ("hello", replace(TARGET, sampling=replace(TARGET.sampling, temperature=-1))),
     ],
 )
-def test_bad_requests_are_invalid_arguments(engine, prompt, method, params):
+def test_bad_requests_are_invalid_arguments(engine, prompt, request_):
+    """Requests built without `GenerationRequest.build`: the engine validates what it is given."""
     with pytest.raises(InvalidArgument):
-        engine.generate(prompt, method, params)
+        engine.generate(prompt, request_)

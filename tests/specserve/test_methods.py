@@ -4,6 +4,7 @@ every lossless method samples the target's distribution, and a lossy method need
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from scipy.stats import chisquare
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.request import GenerationRequest, StoppingParams
 from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
@@ -39,9 +41,11 @@ def engine(tiny_target_dir, tmp_path_factory) -> Engine:
 
 @pytest.mark.parametrize("method", DRAFTING)
 def test_greedy_output_equals_the_target(engine, method):
-    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
-    expected = engine.generate_ids(PROMPT, METHODS[Method.TARGET], params).token_ids
-    assert engine.generate_ids(PROMPT, METHODS[method], params).token_ids == expected
+    def request(method: Method) -> GenerationRequest:
+        return GenerationRequest.build(method=method, max_new_tokens=24, ignore_eos=True)
+
+    expected = engine.generate_ids(PROMPT, request(Method.TARGET)).token_ids
+    assert engine.generate_ids(PROMPT, request(method)).token_ids == expected
 
 
 def test_the_cost_method_measured_this_machine_once(engine):
@@ -78,13 +82,14 @@ def test_only_float32_is_promised_token_for_token(tiny_target_dir, tmp_path, cap
 
 
 def test_a_lossy_method_is_refused_at_t_above_0_without_the_opt_in(engine):
-    spec = METHODS[Method.MCSD_TARGET_INIT]
-    assert not spec.lossless
-    sampled = SamplingParams(temperature=0.8, max_new_tokens=8, ignore_eos=True, seed=1)
+    assert not METHODS[Method.MCSD_TARGET_INIT].lossless
+    sampled = GenerationRequest(
+        Method.MCSD_TARGET_INIT, SamplingParams(temperature=0.8), StoppingParams(8, ignore_eos=True), seed=1
+    )
     with pytest.raises(InvalidArgument, match="allow_lossy"):
-        engine.generate_ids(PROMPT, spec, sampled)
-    allowed = SamplingParams(temperature=0.8, max_new_tokens=8, ignore_eos=True, seed=1, allow_lossy=True)
-    assert len(engine.generate_ids(PROMPT, spec, allowed).token_ids) == 8
+        engine.generate_ids(PROMPT, sampled)
+    allowed = replace(sampled, allow_lossy=True)
+    assert len(engine.generate_ids(PROMPT, allowed).token_ids) == 8
 
 
 # --- sampling: a 16-token vocabulary, so the target's distribution is checked whole --------------
@@ -101,10 +106,10 @@ def small_engine(tiny_vocab_target_dir, tmp_path_factory) -> Engine:
 def first_round_token(engine: Engine, method: Method, params: SamplingParams, seed: int) -> int:
     """The method's own drafter (its registry factory) in the engine's loop; the 16-token model has no
     tokenizer for Engine.generate to decode with, so the loop is driven directly."""
-    capacity = len(SMALL_PROMPT) + params.max_new_tokens + engine.settings.max_tree_nodes + 1
+    capacity = len(SMALL_PROMPT) + 2 + engine.settings.max_tree_nodes + 1
     verifier = LocalVerifier(engine.target_runner, capacity)
     drafter = METHODS[method].make_drafter(engine, capacity, verifier.cache)
-    finish = FinishChecker(params.max_new_tokens, frozenset())
+    finish = FinishChecker(2, frozenset())
     speculative_generate(SMALL_PROMPT, verifier, drafter, params, seed, finish)
     return finish.generated[1]
 
@@ -112,7 +117,7 @@ def first_round_token(engine: Engine, method: Method, params: SamplingParams, se
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_sampling_keeps_the_target_distribution(small_engine, method):
     """Token 2 is the first one a speculative round decides (token 1 comes from the prefill)."""
-    params = SamplingParams(temperature=1.0, max_new_tokens=2, ignore_eos=True)
+    params = SamplingParams(temperature=1.0)
     model = small_engine.target_model
 
     def probs(ids: list[int]) -> torch.Tensor:

@@ -31,11 +31,12 @@ from services.router.http.generation import (
     chat_logprobs,
     check_model,
     completion_logprobs,
-    generate_request,
+    generation_request,
     usage,
 )
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.router.servicer import RouterServicer
+from services.router.state import SessionRecord
 from specserve.errors import SpecserveError
 from specserve.v1 import router_pb2
 
@@ -191,19 +192,18 @@ def create_app(servicer: RouterServicer) -> FastAPI:
             served = await model_name()
             check_model(body, served)
 
-            def start():
+            def start() -> SessionRecord:
                 ids = prompt_ids()
-                generate = generate_request(body, ids, servicer)
-                return servicer.start_session(generate), generate
+                return servicer.start_session(generation_request(body, ids, servicer), ids)
 
             # In the request's context: the caller's principal (serving/auth.py BearerTokenASGI) binds the
             # session to its creator, as over gRPC.
-            record, generate = await asyncio.to_thread(start)
-            generation = Generation(servicer, record, body.num_top_logprobs)
+            record = await asyncio.to_thread(start)
+            generation = Generation(servicer, record)
         except BaseException:
             release()
             raise
-        output = output_type(servicer, body, record, served, generate.method)
+        output = output_type(servicer, body, record, served, record.request.method)
         loop = asyncio.get_running_loop()
         deadline = None if body.timeout_seconds is None else loop.time() + body.timeout_seconds
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from services.router.http.errors import HttpError, from_specserve, invalid
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from services.router.servicer import RouterServicer
+from services.router.state import SessionRecord
 from services.router.tokenizer import IncrementalText, RouterTokenizer
-from specserve.catalog import CATALOG, Method
+from specserve.core.request import GenerationRequest, InvalidField
 from specserve.errors import SpecserveError
 from specserve.v1 import common_pb2, router_pb2
 
@@ -30,47 +31,42 @@ FINISH_REASONS = {  # specserve's finish reason -> OpenAI's
 _END = object()
 
 
-def generate_request(
+# GenerationRequest's field names -> the body's, where OpenAI names them otherwise
+_PARAMS = {"max_new_tokens": "max_tokens"}
+
+
+def generation_request(
     body: ChatCompletionRequest | CompletionRequest,
     prompt_ids: list[int],
     servicer: RouterServicer,
-) -> router_pb2.GenerateRequest:
-    """The router's request for an HTTP body (sampling defaults are OpenAI's: temperature 1)."""
+) -> GenerationRequest:
+    """The validated request of an HTTP body, through the router's GenerationRequest.build (so gRPC and
+    HTTP refuse the same input with the same message); sampling defaults are OpenAI's: temperature 1."""
     info = servicer.model
-    temperature = 1.0 if body.temperature is None else body.temperature
-    method = body.method or servicer.settings.default_method
-    known = method in {m.value for m in CATALOG}  # unknown methods get the router's own error
-    if known and not CATALOG[Method(method)].lossless and temperature > 0 and not body.allow_lossy:
-        raise invalid(
-            f"method {method!r} is lossy at temperature > 0; set allow_lossy to use it anyway", "method"
-        )
-    if body.seed is not None and not 0 <= body.seed < 2**63:
-        raise invalid(f"seed must be in [0, 2**63), got {body.seed}", "seed")
     max_new_tokens = body.max_new_tokens
     if max_new_tokens is None:  # as many as the context holds, up to the server's limit
         room = info.max_context - info.max_tree_nodes - 1 - len(prompt_ids)
         max_new_tokens = max(1, min(info.max_new_tokens_limit, room))
+    top = body.num_top_logprobs
     try:
-        sampling = common_pb2.SamplingParams(
-            temperature=temperature,
+        return GenerationRequest.build(
+            method=body.method or servicer.settings.default_method,
+            temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
-        )
-        if body.seed is not None:
-            sampling.seed = body.seed
-        top = body.num_top_logprobs
-        return router_pb2.GenerateRequest(
-            prompt_token_ids=prompt_ids,
-            sampling=sampling,
             max_new_tokens=max_new_tokens,
             stop=body.stop_strings,
             ignore_eos=body.ignore_eos,
-            method=method,
+            seed=body.seed,
+            allow_lossy=body.allow_lossy,
             logprobs=top is not None,
             top_logprobs=top or 0,
+            limits=servicer.limits,
+            prompt_ids=prompt_ids,
         )
-    except (ValueError, TypeError) as e:  # a number outside its protobuf type's range
-        raise invalid(f"a field is out of range: {e}") from None
+    except InvalidField as e:
+        prompt = "prompt" if isinstance(body, CompletionRequest) else "messages"
+        raise invalid(str(e), (_PARAMS | {"prompt": prompt}).get(e.field, e.field)) from None
 
 
 class TextAssembler:
@@ -103,7 +99,7 @@ class TextAssembler:
 class Generation:
     """A session's stream on a thread of its own, consumed from the event loop."""
 
-    def __init__(self, servicer: RouterServicer, record, logprobs: int | None) -> None:
+    def __init__(self, servicer: RouterServicer, record: SessionRecord) -> None:
         self.record = record
         self.session_id = record.session_id
         self._loop = asyncio.get_running_loop()
@@ -111,7 +107,7 @@ class Generation:
         self._lock = threading.Lock()
         self._on_gone: list[Callable[[], None]] = []
         self._gone = False
-        iterator = servicer.stream_session(record, self._register, logprobs)
+        iterator = servicer.stream_session(record, self._register)
         threading.Thread(target=self._pump, args=(iterator,), name="http-generation", daemon=True).start()
 
     def _register(self, callback: Callable[[], None]) -> None:

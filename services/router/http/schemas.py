@@ -60,7 +60,7 @@ class GenerationFields(Strict):
     # specserve's extensions
     method: str | None = None  # draft method; "target" turns speculation off; None = the router's default
     allow_lossy: bool = False  # opt in to a lossy method at temperature > 0
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = None  # checked with the rest of the request (GenerationRequest.build)
     ignore_eos: bool = False
     timeout_seconds: float | None = Field(default=None, gt=0)  # 504 when the generation takes longer
 

@@ -16,7 +16,7 @@ import redis
 
 from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.errors import DeadlineExceeded, SpecserveError
 from specserve.serving.stack import LocalStack, free_port
 
@@ -42,14 +42,14 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(default_engine) -> list[int]:
-    params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
-    return default_engine.generate(PROMPT, METHOD, params).token_ids
+    request = GenerationRequest.build(method=METHOD, max_new_tokens=MAX_NEW_TOKENS)
+    return default_engine.generate(PROMPT, request).token_ids
 
 
 @pytest.fixture(scope="module")
 def long_reference(default_engine) -> list[int]:
-    params = SamplingParams(max_new_tokens=LONG_NEW_TOKENS, ignore_eos=True)
-    return default_engine.generate(PROMPT, METHOD, params).token_ids
+    request = GenerationRequest.build(method=METHOD, max_new_tokens=LONG_NEW_TOKENS, ignore_eos=True)
+    return default_engine.generate(PROMPT, request).token_ids
 
 
 EQUALITY_PROMPTS = (
@@ -68,7 +68,8 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
     with Client(stack.router_address) as client:
         for prompt in EQUALITY_PROMPTS:
             remote = client.generate(prompt, method=method, max_new_tokens=32)
-            local = default_engine.generate(prompt, in_process_method, SamplingParams(max_new_tokens=32))
+            request = GenerationRequest.build(method=in_process_method, max_new_tokens=32)
+            local = default_engine.generate(prompt, request)
             assert remote.token_ids == local.token_ids, prompt
             assert remote.text == local.text
             assert remote.finish_reason == local.finish_reason.value
@@ -83,11 +84,11 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
 @pytest.mark.timeout(300)
 def test_seeded_sampling_equals_in_process(stack, default_engine):
     """At T > 0 the stack reproduces the in-process run of the same seed token for token."""
-    params = SamplingParams(max_new_tokens=32, temperature=0.8, seed=31337)
+    request = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=32, temperature=0.8, seed=31337)
     with Client(stack.router_address) as client:
         for prompt in EQUALITY_PROMPTS[:2]:
             remote = client.generate(prompt, max_new_tokens=32, temperature=0.8, seed=31337)
-            local = default_engine.generate(prompt, DEFAULT_METHOD, params)
+            local = default_engine.generate(prompt, request)
             assert remote.token_ids == local.token_ids, prompt
 
 

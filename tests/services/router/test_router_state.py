@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from services.router.state import LEASE_SECONDS, SessionRecord, SessionState, SessionStatus
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument, NotFound, Unavailable
 from specserve.serving.stack import free_port, redis_server_binary
 
@@ -61,7 +62,8 @@ def state_for(port: int, retry_seconds: float = 2.0) -> SessionState:
 
 
 def record(session_id: str = "s1") -> SessionRecord:
-    return SessionRecord(session_id, [1, 2, 3], {"max_new_tokens": 8}, "glide", seed=7, owner="alice")
+    request = GenerationRequest.build(method="glide", max_new_tokens=8, seed=7)
+    return SessionRecord(session_id, [1, 2, 3], request, owner="alice")
 
 
 def test_a_record_redis_lost_is_written_back_with_its_tokens(server) -> None:
@@ -74,6 +76,7 @@ def test_a_record_redis_lost_is_written_back_with_its_tokens(server) -> None:
     restored, tokens = state.load("s1")
     assert tokens == [10, 11, 12]
     assert restored.owner == "alice" and restored.status == SessionStatus.RUNNING
+    assert restored.request == record().request  # the request comes back whole
 
 
 def test_tokens_redis_lost_are_written_again_and_a_repeated_append_lands_once(server) -> None:

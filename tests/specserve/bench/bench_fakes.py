@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.results import FinishReason, GenerationResult, GenerationStats, OnTokens
 
@@ -33,14 +33,15 @@ class FakeEngine:
         return list(self._methods)
 
     def generate(
-        self, prompt: str, method: str, params: SamplingParams, on_tokens: OnTokens | None = None
+        self, prompt: str, request: GenerationRequest, on_tokens: OnTokens | None = None
     ) -> GenerationResult:
+        method, max_new_tokens = request.method, request.stopping.max_new_tokens
         if method not in self._methods:
             raise InvalidArgument(f"unknown method {method!r}")
         if not prompt:
             raise InvalidArgument("empty prompt")
-        self.calls.append((prompt, method, params.max_new_tokens))
-        n = min(params.max_new_tokens, len(prompt))
+        self.calls.append((prompt, method, max_new_tokens))
+        n = min(max_new_tokens, len(prompt))
         ids = fake_token_ids(prompt, n)
         if method == "vanilla" and "Diverge" in prompt:
             ids[-1] += 1
@@ -55,5 +56,5 @@ class FakeEngine:
             num_generated_tokens=n,
             elapsed_s=seconds * forwards,
         )
-        finish = FinishReason.LENGTH if n == params.max_new_tokens else FinishReason.EOS
+        finish = FinishReason.LENGTH if n == max_new_tokens else FinishReason.EOS
         return GenerationResult(token_ids=ids, text=prompt[:n], finish_reason=finish, stats=stats)

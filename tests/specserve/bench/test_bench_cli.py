@@ -89,7 +89,7 @@ def test_limit_applies_after_the_per_category_selection(tmp_path: Path) -> None:
     assert list(dict.fromkeys(ran)) == ["Write a loop", "What is 2+2?"]  # (a warm-up repeats one)
 
 
-def test_allow_lossy_reaches_the_sampling_params(prompts_file: Path, tmp_path: Path) -> None:
+def test_allow_lossy_reaches_the_request(prompts_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     args = parse(
         "--prompts", str(prompts_file), "--methods", "hf", "--temperature", "0.7", "--allow-lossy",

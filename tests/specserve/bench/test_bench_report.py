@@ -6,7 +6,7 @@ from bench_fakes import FakeEngine
 from specserve.bench.prompts import Prompt
 from specserve.bench.report import format_table, plot
 from specserve.bench.runner import run_bench
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 
 PROMPTS = [
     Prompt(question_id=1, category="math", text="2+2?"),
@@ -17,7 +17,11 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def result() -> dict:
     return run_bench(
-        FakeEngine(), PROMPTS, ["target", "hf", "vanilla"], SamplingParams(max_new_tokens=10), False
+        FakeEngine(),
+        PROMPTS,
+        ["target", "hf", "vanilla"],
+        GenerationRequest.build(method="target", max_new_tokens=10),
+        False,
     )
 
 
@@ -43,6 +47,8 @@ def test_plot_writes_png(result: dict, tmp_path: Path) -> None:
 
 
 def test_plot_with_only_target(tmp_path: Path) -> None:
-    only = run_bench(FakeEngine(), PROMPTS, ["target"], SamplingParams(max_new_tokens=4), False)
+    only = run_bench(
+        FakeEngine(), PROMPTS, ["target"], GenerationRequest.build(method="target", max_new_tokens=4), False
+    )
     plot(only, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0

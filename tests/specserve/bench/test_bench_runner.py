@@ -5,7 +5,7 @@ from bench_fakes import FakeEngine, fake_token_ids
 
 from specserve.bench.prompts import Prompt
 from specserve.bench.runner import WARMUP_TOKENS, run_bench
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.settings import EngineSettings
 
@@ -15,7 +15,7 @@ PROMPTS = [
     Prompt(question_id=2, category="writing", text="Write a poem"),
     Prompt(question_id=3, category="writing", text="Diverge now!"),
 ]
-PARAMS = SamplingParams(max_new_tokens=10)
+PARAMS = GenerationRequest.build(method="target", max_new_tokens=10)
 METHODS = ["target", "hf", "vanilla"]
 
 # Per-prompt (generated, target forwards, drafted, accepted, elapsed_s) from the fake's cost model.
@@ -104,7 +104,13 @@ def test_warmup_then_methods_interleaved_per_prompt() -> None:
 
 def test_warmup_never_longer_than_the_run() -> None:
     engine = FakeEngine()
-    run_bench(engine, PROMPTS, ["target"], SamplingParams(max_new_tokens=3), progress=False)
+    run_bench(
+        engine,
+        PROMPTS,
+        ["target"],
+        GenerationRequest.build(method="target", max_new_tokens=3),
+        progress=False,
+    )
     assert engine.calls[0] == (PROMPTS[0].text, "target", 3)
 
 

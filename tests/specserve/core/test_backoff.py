@@ -62,10 +62,10 @@ class EmptyUntil:
 def test_skipped_rounds_verify_the_root_alone_and_the_drafter_catches_up(temperature: float) -> None:
     target = ModelRunner(tiny_llama())
     draft = ModelRunner(noisy_copy(target.model, scale=0.6))
-    params = SamplingParams(temperature=temperature, max_new_tokens=40)
+    params = SamplingParams(temperature=temperature)
 
     def run(drafter):
-        finish = FinishChecker(params.max_new_tokens, frozenset())
+        finish = FinishChecker(40, frozenset())
         stats = speculative_generate(PROMPT, LocalVerifier(target, CAPACITY), drafter, params, 7, finish)
         return finish.generated, stats
 

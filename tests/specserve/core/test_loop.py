@@ -33,14 +33,14 @@ def draft(target):
     return ModelRunner(noisy_copy(target.model, scale=0.6))
 
 
-def run(target, drafter_runner, shape, params, seed=0, eos=frozenset(), prompt=PROMPT):
-    finish = FinishChecker(params.max_new_tokens, eos)
+def run(target, drafter_runner, shape, params, seed=0, eos=frozenset(), prompt=PROMPT, max_new_tokens=40):
+    finish = FinishChecker(max_new_tokens, eos)
     drafter = None if drafter_runner is None else ModelDrafter(drafter_runner, CAPACITY, shape)
     stats = speculative_generate(prompt, LocalVerifier(target, CAPACITY), drafter, params, seed, finish)
     return finish, stats
 
 
-GREEDY = SamplingParams(max_new_tokens=40)
+GREEDY = SamplingParams()
 SHAPES = [
     DraftShape(depth=0),
     DraftShape(depth=1),
@@ -107,19 +107,18 @@ def test_eos_inside_an_accepted_block(target):
 
 def test_max_tokens_inside_an_accepted_block(target):
     reference, _ = run(target, None, None, GREEDY)
-    params = SamplingParams(max_new_tokens=7)
-    finish, _ = run(target, target, DraftShape(depth=4), params)
+    finish, _ = run(target, target, DraftShape(depth=4), GREEDY, max_new_tokens=7)
     assert finish.generated == reference.generated[:7]
     assert finish.reason is FinishReason.LENGTH
 
 
 @pytest.mark.parametrize("kind", list(CandidateKind))
 def test_sampling_is_seeded(target, draft, kind):
-    params = SamplingParams(temperature=1.0, max_new_tokens=24)
+    params = SamplingParams(temperature=1.0)
     shape = DraftShape(depth=3, widths=(2, 2), sampled_kind=kind)
-    a, _ = run(target, draft, shape, params, seed=11)
-    b, _ = run(target, draft, shape, params, seed=11)
-    c, _ = run(target, draft, shape, params, seed=12)
+    a, _ = run(target, draft, shape, params, seed=11, max_new_tokens=24)
+    b, _ = run(target, draft, shape, params, seed=11, max_new_tokens=24)
+    c, _ = run(target, draft, shape, params, seed=12, max_new_tokens=24)
     assert a.generated == b.generated != c.generated
 
 
@@ -150,11 +149,11 @@ def small_draft(small_target):
 def test_speculative_sampling_preserves_target_distribution(small_target, small_draft, shape):
     """Tokens 2 and 3 come from the first speculative round (token 1 comes from the prefill)."""
     prompt = [1, 2, 3, 0, 1]
-    params = SamplingParams(temperature=1.0, max_new_tokens=3)
+    params = SamplingParams(temperature=1.0)
     trials = 3000
     counts = torch.zeros(V, V)
     for seed in range(trials):
-        finish, _ = run(small_target, small_draft, shape, params, seed=seed, prompt=prompt)
+        finish, _ = run(small_target, small_draft, shape, params, seed=seed, prompt=prompt, max_new_tokens=3)
         counts[finish.generated[1], finish.generated[2]] += 1
     expected = exact_joint_of_tokens_2_and_3(small_target.model, prompt, params, V) * trials
     result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())

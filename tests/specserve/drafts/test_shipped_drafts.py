@@ -17,6 +17,7 @@ from shipped_methods import SHIPPED_DRAFT_METHODS
 
 from specserve.core.accept import accept_draft
 from specserve.core.cape import CapeSettings
+from specserve.core.request import GenerationRequest
 from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import tree_children
@@ -35,7 +36,10 @@ PROMPTS = [
     "Write a Python function that returns the largest of three numbers.",
     "Explain why the sky is blue in two sentences.",
 ]
-GREEDY_40 = SamplingParams(max_new_tokens=40)
+
+
+def greedy_40(method: str) -> GenerationRequest:
+    return GenerationRequest.build(method=method, max_new_tokens=40)
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +76,14 @@ def test_engine_uses_the_shipped_drafts_for_the_default_model(engine) -> None:
 @pytest.fixture(scope="module")
 def target_tokens(engine) -> dict[str, list[int]]:
     """The target's own greedy tokens per prompt, generated once for every method below."""
-    return {p: engine.generate(p, "target", GREEDY_40).token_ids for p in PROMPTS}
+    return {p: engine.generate(p, greedy_40("target")).token_ids for p in PROMPTS}
 
 
 @pytest.mark.parametrize("method", SHIPPED_DRAFT_METHODS)
 def test_greedy_output_equals_the_target_and_drafts_are_accepted(engine, target_tokens, method) -> None:
     accepted = 0
     for prompt in PROMPTS:
-        result = engine.generate(prompt, method, GREEDY_40)
+        result = engine.generate(prompt, greedy_40(method))
         assert result.token_ids == target_tokens[prompt], prompt
         accepted += result.stats.num_accepted_tokens
     # Trained: >= 10 of the 120 tokens came from the draft (the untrained early-exit draft gave ~2).
@@ -87,7 +91,7 @@ def test_greedy_output_equals_the_target_and_drafts_are_accepted(engine, target_
 
 
 def test_sampled_verification_of_a_shipped_cape_tree_keeps_the_target_distribution(engine) -> None:
-    params = SamplingParams(temperature=0.7, max_new_tokens=8)
+    params = SamplingParams(temperature=0.7)
     prompt_ids = engine.encode_prompt(PROMPTS[0])
     verifier = LocalVerifier(engine.target_runner, capacity=len(prompt_ids) + 64)
     root = verifier.prefill(prompt_ids, SamplingParams(), seed=0)

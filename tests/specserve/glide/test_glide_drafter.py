@@ -26,7 +26,7 @@ from specserve.runtime.target import LocalVerifier
 
 PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
 CAPACITY = 256
-GREEDY = SamplingParams(max_new_tokens=40)
+GREEDY = SamplingParams()
 
 
 def _glide(target_model, seed: int = 0, std: float = 0.3, **overrides) -> GlideDraft:
@@ -61,12 +61,12 @@ class Recording:
         self.drafter.release()
 
 
-def run(target, model, shape, cape, params, seed=0, prompt=PROMPT):
+def run(target, model, shape, cape, params, seed=0, prompt=PROMPT, max_new_tokens=40):
     verifier = LocalVerifier(target, CAPACITY)
     drafter = None
     if model is not None:
         drafter = Recording(GlideDrafter(model, verifier.cache, CAPACITY, shape, cape))
-    finish = FinishChecker(params.max_new_tokens, frozenset())
+    finish = FinishChecker(max_new_tokens, frozenset())
     stats = speculative_generate(prompt, verifier, drafter, params, seed, finish)
     return finish.generated, stats, drafter
 
@@ -130,11 +130,11 @@ def test_speculative_sampling_preserves_target_distribution(small_target, cape):
     """Tokens 2 and 3 come from the first speculative round (token 1 comes from the prefill)."""
     model = _glide(small_target.model, seed=4, std=1.0)
     prompt = [1, 2, 3, 0, 1]
-    params = SamplingParams(temperature=1.0, max_new_tokens=3)
+    params = SamplingParams(temperature=1.0)
     trials = 3000
     counts = torch.zeros(V, V)
     for seed in range(trials):
-        generated, _, _ = run(small_target, model, DraftShape(depth=2), cape, params, seed, prompt)
+        generated, _, _ = run(small_target, model, DraftShape(depth=2), cape, params, seed, prompt, 3)
         counts[generated[1], generated[2]] += 1
     expected = exact_joint_of_tokens_2_and_3(small_target.model, prompt, params, V) * trials
     result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())

@@ -22,9 +22,9 @@ PROMPTS = [[3, 17, 5, 9, 41, 2, 33, 8], [1, 2], [60, 61, 5, 5, 5, 7, 9, 11, 13, 
 SHAPES = [None, DraftShape(depth=4), DraftShape(depth=3, widths=(3, 2))]
 
 
-def session(target, draft, shape, prompt, params, seed, prefill_chunk=256):
+def session(target, draft, shape, prompt, params, seed, prefill_chunk=256, max_new_tokens=30):
     def run() -> list[int]:
-        finish = FinishChecker(params.max_new_tokens, frozenset())
+        finish = FinishChecker(max_new_tokens, frozenset())
         drafter = None if shape is None else ModelDrafter(draft, CAPACITY, shape)
         verifier = LocalVerifier(target, CAPACITY, prefill_chunk=prefill_chunk)
         speculative_generate(prompt, verifier, drafter, params, seed, finish)
@@ -35,12 +35,12 @@ def session(target, draft, shape, prompt, params, seed, prefill_chunk=256):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_greedy_batched_equals_each_session_alone(target, draft, shape):
-    params = SamplingParams(max_new_tokens=30)
+    params = SamplingParams()
     alone = [session(target, None, None, p, params, 0)() for p in PROMPTS]
     scheduler = Scheduler(max_tokens_per_forward=16)
     # mixed methods and prefill chunk sizes in one batch: sessions join and leave between forwards
     jobs = [session(target, draft, shape, p, params, 0, prefill_chunk=3) for p in PROMPTS]
-    jobs.append(session(target, None, None, PROMPTS[0], SamplingParams(max_new_tokens=5), 0))
+    jobs.append(session(target, None, None, PROMPTS[0], params, 0, max_new_tokens=5))
     batched = scheduler.run_all(jobs)
     assert batched[: len(PROMPTS)] == alone
     assert batched[-1] == alone[0][:5]
@@ -48,11 +48,13 @@ def test_greedy_batched_equals_each_session_alone(target, draft, shape):
 
 
 def test_seeded_sampling_batched_equals_alone(target, draft):
-    params = SamplingParams(temperature=0.9, max_new_tokens=20)
+    params = SamplingParams(temperature=0.9)
     shape = DraftShape(depth=3, widths=(2, 2))
-    alone = [session(target, draft, shape, p, params, seed=7 + i)() for i, p in enumerate(PROMPTS)]
+    alone = [
+        session(target, draft, shape, p, params, 7 + i, max_new_tokens=20)() for i, p in enumerate(PROMPTS)
+    ]
     batched = Scheduler().run_all(
-        [session(target, draft, shape, p, params, seed=7 + i) for i, p in enumerate(PROMPTS)]
+        [session(target, draft, shape, p, params, 7 + i, max_new_tokens=20) for i, p in enumerate(PROMPTS)]
     )
     assert batched == alone
 
@@ -64,12 +66,15 @@ def test_batched_sampling_preserves_target_distribution():
     draft = ModelRunner(noisy_copy(target.model, scale=1.0, seed=4))
     shape = DraftShape(depth=2, widths=(2, 2), sampled_kind=CandidateKind.SAMPLED_WITHOUT_REPLACEMENT)
     prompt = [1, 2, 3, 0, 1]
-    params = SamplingParams(temperature=1.0, max_new_tokens=3)
+    params = SamplingParams(temperature=1.0)
     trials, wave = 2000, 500
     counts = torch.zeros(vocab, vocab)
     for first in range(0, trials, wave):
         outputs = Scheduler(max_tokens_per_forward=4096).run_all(
-            [session(target, draft, shape, prompt, params, seed) for seed in range(first, first + wave)]
+            [
+                session(target, draft, shape, prompt, params, seed, max_new_tokens=3)
+                for seed in range(first, first + wave)
+            ]
         )
         for generated in outputs:
             counts[generated[1], generated[2]] += 1

@@ -26,11 +26,11 @@ from specserve.runtime.target import LocalVerifier
 
 PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
 CAPACITY = 256
-GREEDY = SamplingParams(max_new_tokens=40)
+GREEDY = SamplingParams()
 
 
-def run(target, drafter, params, seed=0, prompt=PROMPT):
-    finish = FinishChecker(params.max_new_tokens, frozenset())
+def run(target, drafter, params, seed=0, prompt=PROMPT, max_new_tokens=40):
+    finish = FinishChecker(max_new_tokens, frozenset())
     stats = speculative_generate(prompt, LocalVerifier(target, CAPACITY), drafter, params, seed, finish)
     return finish.generated, stats
 
@@ -104,7 +104,7 @@ def test_draft_cache_is_reused_across_rounds(draft):
 
 @pytest.mark.parametrize("kind", [CandidateKind.SAMPLED, CandidateKind.SAMPLED_WITHOUT_REPLACEMENT])
 def test_sampled_trees_carry_q_of_every_internal_node(draft, kind):
-    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    params = SamplingParams(temperature=1.0)
     proposal = MultiCandidateDrafter(draft, CAPACITY, McsdShape((3, 2), sampled_kind=kind)).propose(
         PROMPT, params, seed=4
     )
@@ -166,7 +166,7 @@ def test_root_candidates_need_a_seeded_drafter_and_a_target_shape(target, draft)
 
 V = 4
 SMALL_PROMPT = [1, 2, 3, 0, 1]
-SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=2)
+SAMPLING = SamplingParams(temperature=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def second_token_counts(small_target, small_draft, shape: McsdShape, trials: int
     counts = torch.zeros(V)
     for seed in range(trials):
         drafter = MultiCandidateDrafter(small_draft, CAPACITY, shape)
-        generated, _ = run(small_target, drafter, SAMPLING, seed=seed, prompt=SMALL_PROMPT)
+        generated, _ = run(small_target, drafter, SAMPLING, seed=seed, prompt=SMALL_PROMPT, max_new_tokens=2)
         counts[generated[1]] += 1
     return counts
 

@@ -38,8 +38,8 @@ from specserve.runtime.target import LocalVerifier
 PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
 CAPACITY = 256
 V = 64  # tiny_llama's vocabulary
-GREEDY = SamplingParams(max_new_tokens=40)
-SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=40)
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=1.0)
 NEVER_STOPS = StopSettings(svip_h=1e9)  # sqrt(c H) never exceeds it
 ALWAYS_STOPS = StopSettings(svip_h=0.0)  # any entropy above 0 exceeds it
 
@@ -130,7 +130,7 @@ def run(target, make_drafter, params=GREEDY, seed=0):
     """make_drafter(verifier) -> drafter or None; returns (generated, verifier, drafter)."""
     verifier = RecordingVerifier(LocalVerifier(target, CAPACITY))
     drafter = make_drafter(verifier.inner)
-    finish = FinishChecker(params.max_new_tokens, frozenset())
+    finish = FinishChecker(40, frozenset())
     speculative_generate(PROMPT, verifier, drafter, params, seed, finish)
     return finish.generated, verifier, drafter
 

@@ -38,9 +38,9 @@ class CheckedVerifier(LocalVerifier):
     ],
 )
 def test_token_ids_are_the_committed_sequence(target, draft, make_drafter, temperature):
-    params = SamplingParams(max_new_tokens=40, temperature=temperature)
+    params = SamplingParams(temperature=temperature)
     verifier = CheckedVerifier(target, CAPACITY)
-    finish = FinishChecker(params.max_new_tokens, frozenset())
+    finish = FinishChecker(40, frozenset())
     speculative_generate(PROMPT, verifier, make_drafter(draft), params, 5, finish)
     committed = [*PROMPT, *finish.generated]
     # the last round may commit past max_new_tokens; the loop emits only up to it

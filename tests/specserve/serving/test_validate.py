@@ -39,7 +39,7 @@ def test_temperature_must_be_finite_and_bounded(temperature: float) -> None:
 @pytest.mark.parametrize("top_p", [math.inf, math.nan, -1.0])
 def test_top_p_must_be_finite(top_p: float) -> None:
     with pytest.raises(InvalidArgument, match="top_p"):
-        sampling_from_pb(common_pb2.SamplingParams(temperature=1.0, top_p=top_p)).validate()
+        sampling_from_pb(common_pb2.SamplingParams(temperature=1.0, top_p=top_p))
 
 
 def test_a_prompt_too_long_for_any_tokenization_is_refused_by_length() -> None:
