@@ -189,12 +189,10 @@ class Engine:
         if spec.uses_hf_generate:
             stats = self._hf_generate(prompt_ids, request, finish, on_tokens)
         else:
-            verifier = LocalVerifier(self.target_runner, capacity)
-            drafter = spec.make_drafter(self, capacity, verifier.cache)
+            verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling)
+            drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
             try:
-                stats = speculative_generate(
-                    prompt_ids, verifier, drafter, request.sampling, request.seed, finish, on_tokens
-                )
+                stats = speculative_generate(prompt_ids, verifier, drafter, request.seed, finish, on_tokens)
             finally:
                 verifier.release()
                 if drafter is not None:

@@ -16,6 +16,7 @@ from specserve.catalog import ADAPTIVE_DEPTH, CATALOG, Method
 from specserve.core.cape import CapeSettings
 from specserve.core.cost import CostModel
 from specserve.core.protocols import Drafter
+from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import StopPolicyName, StopSettings
 from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
@@ -46,10 +47,10 @@ class DraftSources(Protocol):
     def cost_model(self) -> CostModel: ...
 
 
-# (engine, capacity of the sequence's caches, the target's committed KV of the sequence) -> its drafter,
-# or None. In-process the KV source is the verifier's own cache; in the draft service it is the mirror
-# of the target's KV feed. Only GliDe drafters read it.
-DrafterFactory = Callable[[DraftSources, int, TargetKVSource], Drafter | None]
+# (engine, capacity of the sequence's caches, the target's committed KV of the sequence, the session's
+# sampling) -> its drafter, or None. In-process the KV source is the verifier's own cache; in the draft
+# service it is the mirror of the target's KV feed. Only GliDe drafters read it.
+DrafterFactory = Callable[[DraftSources, int, TargetKVSource, SamplingParams], Drafter | None]
 
 
 @dataclass(frozen=True)
@@ -61,24 +62,30 @@ class MethodSpec:
     uses_hf_generate: bool = False
 
 
-def _no_drafter(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> None:
+def _no_drafter(
+    engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+) -> None:
     return None
 
 
 def _vanilla(shape: DraftShape) -> DrafterFactory:
-    def make(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+    ) -> Drafter:
         trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
         if trained is not None:
-            return GlideDrafter(trained, target_kv, capacity, shape)
-        return ModelDrafter(engine.vanilla_draft_runner, capacity, shape)
+            return GlideDrafter(trained, target_kv, capacity, shape, sampling=sampling)
+        return ModelDrafter(engine.vanilla_draft_runner, capacity, shape, sampling)
 
     return make
 
 
 def _glide(shape: DraftShape, cape: bool) -> DrafterFactory:
-    def make(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+    ) -> Drafter:
         settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
-        return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, settings)
+        return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, settings, sampling)
 
     return make
 
@@ -90,18 +97,22 @@ def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
     return _glide(DraftShape(depth=ADAPTIVE_DEPTH, stop=stop), cape=True)
 
 
-def _glide_cape_cost(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter | None:
+def _glide_cape_cost(
+    engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+) -> Drafter | None:
     """The cost policy needs this machine's calibration, which only the engine knows."""
     settings = StopSettings(cost_model=engine.cost_model, batch_sessions=other_sessions)
     shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
-    return _glide(shape, cape=True)(engine, capacity, target_kv)
+    return _glide(shape, cape=True)(engine, capacity, target_kv, sampling)
 
 
 def _mcsd(shape: McsdShape) -> DrafterFactory:
-    def make(engine: DraftSources, capacity: int, target_kv: TargetKVSource) -> Drafter:
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+    ) -> Drafter:
         # Trees are drafted level by level with tree attention, which the causal-LM runner supports; the
         # draft is the vanilla methods' causal LM (draft_dir, else the target's first layers).
-        return MultiCandidateDrafter(engine.vanilla_draft_runner, capacity, shape)
+        return MultiCandidateDrafter(engine.vanilla_draft_runner, capacity, shape, sampling)
 
     return make
 

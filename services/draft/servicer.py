@@ -3,10 +3,10 @@
 With `prepare_ahead` on (DraftServiceSettings), proposals are prepared ahead: when the KV feed delivers
 a commit (its chunk carries the committed tokens and the new root), the draft builds the next round's
 tree at once, on the model thread, while the router is still hearing back from the target and appending
-to Redis. The Propose that follows returns it if it asks for exactly that tree (same tokens, sampling
-params and seed), and builds a fresh one otherwise, so the tokens a client receives never depend on the
-timing. (A tree built ahead and then not used has still taught the stop policy one round; only
-adaptivity, never output, notices.)
+to Redis. The Propose that follows returns it if it asks for exactly that tree (same tokens and round
+seed; the sampling is the session's), and builds a fresh one otherwise, so the tokens a client receives
+never depend on the timing. (A tree built ahead and then not used has still taught the stop policy one
+round; only adaptivity, never output, notices.)
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import grpc
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
 from specserve.core.protocols import Drafter
-from specserve.core.rng import Stream, round_seed
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.rng import draft_round_seed
 from specserve.core.stopping import CostPolicy
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
@@ -94,7 +93,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             request.capacity,
             self.engine.target_runner.device,
         )
-        drafter = self.model.run(spec.make_drafter, self.engine, request.capacity, mirror)
+        sampling = sampling_from_pb(request.sampling)  # the session's, for every Propose
+        drafter = self.model.run(spec.make_drafter, self.engine, request.capacity, mirror, sampling)
         if drafter is None:
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
         subscriber = FeedSubscriber(
@@ -106,10 +106,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             on_resync=self.metrics.kv_feed_resyncs.inc,
             run=self.model.run,  # the mirror's tensors are written where the drafter reads them
         )
-        seed = request.seed if request.HasField("seed") and self.settings.prepare_ahead else None
+        ahead = request.HasField("request_seed") and self.settings.prepare_ahead
+        request_seed = request.request_seed if ahead else None
         self.store.put(
             DraftSession(
-                request.session_id, request.method, list(request.token_ids), drafter, mirror, subscriber, seed
+                request.session_id,
+                request.method,
+                list(request.token_ids),
+                drafter,
+                mirror,
+                subscriber,
+                request_seed,
             )
         )
         subscriber.start()
@@ -139,16 +146,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             or len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity
         ):
             raise InvalidArgument("the session's tokens do not fit its capacity")
-        params = sampling_from_pb(request.sampling)
         session.token_ids = token_ids
-        session.params = params
         session.subscriber.retarget(request.target_address)
         _charge_overhead(session.drafter, request.overhead_seconds)
         root_position = len(token_ids) - 1
         waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
         self.metrics.kv_wait.observe(waited)
         with telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span:
-            proposal, prepared = self.model.run(self._propose, session, token_ids, params, request.step_seed)
+            proposal, prepared = self.model.run(self._propose, session, token_ids, request.step_seed)
             span.set_attribute(telemetry.ATTR_TREE_SIZE, proposal.num_nodes)
             span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, proposal.depth)
             span.set_attribute(telemetry.ATTR_PREPARED, prepared)
@@ -163,17 +168,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         )
 
     @staticmethod
-    def _propose(
-        session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
-    ) -> tuple[Proposal, bool]:
+    def _propose(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> tuple[Proposal, bool]:
         """On the model thread: the prepared tree if it answers this call, else a fresh one; and which."""
         with session.exclusive():
             if session.closed:
                 raise NotFound(f"draft session {session.session_id!r} was released")
             prepared, session.prepared = session.prepared, None
-            if prepared is not None and prepared.answers(token_ids, params, step_seed):
+            if prepared is not None and prepared.answers(token_ids, round_seed):
                 return prepared, True
-            return _build(session, token_ids, params, step_seed), False
+            return _build(session, token_ids, round_seed), False
 
     def _on_chunk(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
         """On the session's feed thread, after the chunk is in the mirror."""
@@ -188,7 +191,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         session = self.store.peek(session_id)
         if not chunk.HasField("root_token") or session is None:
             return
-        if session.seed is None or session.params is None:  # no Propose yet: its params are unknown
+        if session.request_seed is None:
             return
         start = chunk.start_position
         known = session.token_ids
@@ -197,22 +200,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         token_ids = (*known[:start], *chunk.token_ids, chunk.root_token)
         if len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity:
             return
-        # Exactly the seed the router's loop will send for this round (core/loop.py).
-        step_seed = round_seed(session.seed, len(token_ids), Stream.DRAFT)
+        # Exactly the seed the router's loop will send for this round (core/rng.py).
+        round_seed = draft_round_seed(session.request_seed, len(token_ids))
         with telemetry.span(telemetry.SPAN_PREPARE, **{telemetry.ATTR_SESSION: session_id}) as span:
-            prepared = self.model.run(
-                self._prepare_on_model_thread, session, token_ids, session.params, step_seed
-            )
+            prepared = self.model.run(self._prepare_on_model_thread, session, token_ids, round_seed)
             span.set_attribute(telemetry.ATTR_PREPARED, prepared)
 
     @staticmethod
-    def _prepare_on_model_thread(
-        session: DraftSession, token_ids: tuple[int, ...], params: SamplingParams, step_seed: int
-    ) -> bool:
+    def _prepare_on_model_thread(session: DraftSession, token_ids: tuple[int, ...], round_seed: int) -> bool:
         with session.exclusive():
             if session.closed or session.proposed_root >= len(token_ids) - 1:
                 return False  # released, or Propose got here first and built this round's tree itself
-            session.prepared = _build(session, token_ids, params, step_seed)
+            session.prepared = _build(session, token_ids, round_seed)
             return True
 
     def Release(
@@ -238,16 +237,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             self._channels.clear()
 
 
-def _build(
-    session: DraftSession, token_ids: Sequence[int], params: SamplingParams, step_seed: int
-) -> Proposal:
+def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> Proposal:
     """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
     root_position = len(token_ids) - 1
     session.mirror.visible = root_position
     session.proposed_root = root_position
-    draft = session.drafter.propose(list(token_ids), params, step_seed)
+    draft = session.drafter.propose(list(token_ids), round_seed)
     tree = draft_to_pb(draft)
-    return Proposal(tuple(token_ids), params, step_seed, tree, draft.tree.num_nodes, max(draft.tree.depths()))
+    return Proposal(tuple(token_ids), round_seed, tree, draft.tree.num_nodes, max(draft.tree.depths()))
 
 
 def _charge_overhead(drafter: Drafter, seconds: float) -> None:

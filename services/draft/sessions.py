@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from specserve.core.protocols import Drafter
-from specserve.core.sampling_params import SamplingParams
 from specserve.errors import NotFound
 from specserve.runtime.batching import wait_until
 from specserve.serving.model_thread import run_inline
@@ -22,15 +21,15 @@ class Proposal:
     """A drafted tree, ready for the wire, and what it was drafted from."""
 
     token_ids: tuple[int, ...]  # the committed tokens it was drafted from, the root last
-    params: SamplingParams
-    step_seed: int
+    round_seed: int
     tree: common_pb2.DraftTree
     num_nodes: int
     depth: int
 
-    def answers(self, token_ids: Sequence[int], params: SamplingParams, step_seed: int) -> bool:
-        """Whether it is exactly the tree a Propose with these arguments would build."""
-        return self.step_seed == step_seed and self.params == params and self.token_ids == tuple(token_ids)
+    def answers(self, token_ids: Sequence[int], round_seed: int) -> bool:
+        """Whether it is exactly the tree a Propose with these arguments would build (the session's
+        sampling is fixed)."""
+        return self.round_seed == round_seed and self.token_ids == tuple(token_ids)
 
 
 @dataclass
@@ -41,8 +40,9 @@ class DraftSession:
     drafter: Drafter
     mirror: KVMirror
     subscriber: FeedSubscriber
-    seed: int | None = None  # the request's seed (Prefill); None = never prepare proposals ahead
-    params: SamplingParams | None = None  # the sampling params of the last Propose
+    # The request seed (Prefill), from which each round's draft seed derives (core/rng.py,
+    # draft_round_seed); None = never prepare proposals ahead.
+    request_seed: int | None = None
     # Written and read on the model thread only:
     proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
     prepared: Proposal | None = None  # built ahead, when the KV feed delivered its commit

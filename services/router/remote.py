@@ -4,6 +4,8 @@ RemoteVerifier keeps the session's committed history, so a target that lost the 
 eviction, a retried commit) is rebuilt from it and the round is retried with the same seed: the output
 does not change. RemoteDrafter sends only the tokens committed since its last call; when the draft
 service fails or is too slow, the round verifies the root alone (lossless, just no speculation).
+Both send the session's sampling parameters once, in their service's Prefill (a rebuild too); a round
+carries its tokens and seed. A drafted tree travels as the draft service sent it (WireDraftTree).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -25,6 +27,20 @@ from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, targ
 logger = logging.getLogger(__name__)
 
 RETRY_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class WireDraftTree(DraftTree):
+    """A tree as the draft service sent it. The router has no torch: the message (q of a sampled tree
+    included, sparse) goes to the target untouched, and `draft_probs` stays empty."""
+
+    message: common_pb2.DraftTree = field(default_factory=common_pb2.DraftTree)
+
+
+def wire_tree(draft: DraftTree) -> common_pb2.DraftTree:
+    """What a Verify carries: the draft's own message, or the structure of a tree made here (the root
+    alone, when the draft failed or was not asked)."""
+    return draft.message if isinstance(draft, WireDraftTree) else tree_to_pb(draft)
 
 
 @dataclass
@@ -48,6 +64,7 @@ class RemoteVerifier:
         stub_for: Callable[[str], target_pb2_grpc.TargetServiceStub],
         choose_target: Callable[[], str],
         on_target_failed: Callable[[str], None],
+        sampling: SamplingParams,
         capacity: int,
         timeout_s: float,
         counters: RoundCounters,
@@ -59,6 +76,7 @@ class RemoteVerifier:
         self.stub_for = stub_for
         self.choose_target = choose_target
         self.on_target_failed = on_target_failed
+        self.sampling = sampling  # the session's: sent with every Prefill, fresh or rebuild
         self.capacity = capacity
         self.timeout_s = timeout_s
         self.counters = counters
@@ -72,13 +90,13 @@ class RemoteVerifier:
         self._logprobs: list[common_pb2.TokenLogprob] = []  # of the tokens the last call committed
         self.batch_sessions = 0  # sessions sharing the target, as its last Verify reported
 
-    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
+    def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
         request = target_pb2.PrefillRequest(
             session_id=self.session_id,
             token_ids=prompt_ids,
             capacity=self.capacity,
-            sampling=sampling_to_pb(params),
-            step_seed=seed,
+            sampling=sampling_to_pb(self.sampling),
+            step_seed=round_seed,
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
         )
@@ -91,13 +109,12 @@ class RemoteVerifier:
         self.history = list(token_ids)
         self._rebuild()
 
-    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
         request = target_pb2.VerifyRequest(
             session_id=self.session_id,
-            tree=tree_to_pb(draft),
+            tree=wire_tree(draft),
             committed_length=len(self.history),
-            sampling=sampling_to_pb(params),
-            step_seed=seed,
+            step_seed=round_seed,
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
         )
@@ -134,7 +151,7 @@ class RemoteVerifier:
             token_ids=self.history[:-1],
             root_token=self.history[-1],
             capacity=self.capacity,
-            step_seed=0,
+            sampling=sampling_to_pb(self.sampling),
         )
         self._call("Prefill", request, rebuild=None)
         self.counters.target_rebuilds += 1
@@ -180,16 +197,18 @@ class RemoteDrafter:
         method: str,
         stub: draft_pb2_grpc.DraftServiceStub,
         target_address: Callable[[], str],
+        sampling: SamplingParams,
         capacity: int,
         timeout_s: float,
         counters: RoundCounters,
         on_propose: Callable[[float], None] = lambda seconds: None,
-        seed: int | None = None,  # the request's seed: lets the draft prepare each round's tree ahead
+        request_seed: int | None = None,  # lets the draft prepare each round's tree ahead (core/rng.py)
         batch_sessions: Callable[[], int] = lambda: 0,  # the target's load, for the draft's cost policy
     ) -> None:
         self.session_id = session_id
         self.method = method
-        self.seed = seed
+        self.sampling = sampling  # the session's: sent once, in Prefill
+        self.request_seed = request_seed
         self.on_propose = on_propose  # seconds of each Propose round trip (fallbacks included)
         self.stub = stub
         self.target_address = target_address
@@ -200,14 +219,14 @@ class RemoteDrafter:
         self.known = 0  # tokens the draft service has; 0 = needs a Prefill
         self.overhead_s = 0.0  # a Propose's round trip, smoothed: what asking the draft costs a round
 
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         start = time.perf_counter()
         try:
             try:
-                return self._propose(token_ids, params, seed)
+                return self._propose(token_ids, round_seed)
             except NotFound:  # the draft restarted or evicted the session: open it again
                 self.known = 0
-                return self._propose(token_ids, params, seed)
+                return self._propose(token_ids, round_seed)
         except SpecserveError as e:
             logger.info("draft %s failed (%s); verifying the root alone", self.session_id, e)
             self.counters.draft_fallbacks += 1
@@ -215,7 +234,7 @@ class RemoteDrafter:
         finally:
             self.on_propose(time.perf_counter() - start)
 
-    def _propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+    def _propose(self, token_ids: Sequence[int], round_seed: int) -> WireDraftTree:
         try:
             if self.known == 0:
                 prefill = draft_pb2.DraftPrefillRequest(
@@ -224,7 +243,8 @@ class RemoteDrafter:
                     token_ids=token_ids,
                     target_address=self.target_address(),
                     capacity=self.capacity,
-                    seed=self.seed,
+                    sampling=sampling_to_pb(self.sampling),
+                    request_seed=self.request_seed,
                 )
                 self.stub.Prefill(prefill, timeout=self.timeout_s)
                 self.counters.rpc_bytes += prefill.ByteSize()
@@ -233,8 +253,7 @@ class RemoteDrafter:
                 session_id=self.session_id,
                 from_position=self.known,
                 new_token_ids=token_ids[self.known :],
-                sampling=sampling_to_pb(params),
-                step_seed=seed,
+                step_seed=round_seed,
                 target_address=self.target_address(),
                 batch_sessions=self.batch_sessions(),
                 overhead_seconds=self.overhead_s,
@@ -253,7 +272,7 @@ class RemoteDrafter:
         draft = tree_from_pb(response.tree, self.capacity)
         if draft.tree.token_ids[0] != token_ids[-1]:
             raise FailedPrecondition("the draft's tree does not start at the root")
-        return draft
+        return WireDraftTree(draft.tree, draft.kind, message=response.tree)
 
     def release(self) -> None:
         try:

@@ -13,7 +13,6 @@ from services.target.feed import kv_feed
 from services.target.sessions import SessionStore, TargetSession
 from specserve.core.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, path_logprobs, token_logprobs
 from specserve.core.protocols import DraftTree, VerifyOutcome
-from specserve.core.sampling_params import SamplingParams
 from specserve.engine import Engine
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
 from specserve.serving import telemetry
@@ -22,9 +21,9 @@ from specserve.serving.metrics import TargetMetrics
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.recent import RecentSessions
 from specserve.serving.settings import TargetServiceSettings
-from specserve.serving.tensor_convert import chunk_payload_bytes, dense_probs
-from specserve.serving.validate import check_rebuild
-from specserve.v1 import target_pb2, target_pb2_grpc
+from specserve.serving.tensor_convert import chunk_payload_bytes, with_dense_probs
+from specserve.serving.validate import check_rebuild, check_token_ids
+from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 R = TypeVar("R")
 
@@ -85,20 +84,21 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         if len(request.token_ids) + 1 + limits.max_tree_nodes > request.capacity:
             raise InvalidArgument("capacity is too small for token_ids plus one draft tree")
         vocab = self.engine.target_model.config.vocab_size
-        if any(not 0 <= t < vocab for t in request.token_ids):
-            raise InvalidArgument(f"token ids must be in [0, {vocab})")
+        check_token_ids(request.token_ids, vocab)
         if request.HasField("root_token"):
             held = self.store.peek(request.session_id)
             committed = None if held is None else held.verifier.token_ids
             check_rebuild(request.token_ids, request.root_token, vocab, committed)
-        params = sampling_from_pb(request.sampling)
+        sampling = sampling_from_pb(request.sampling)  # the session's, for every Verify
         rebuild = request.HasField("root_token")
         start = time.perf_counter()
         with (
             self.store.lock,
             telemetry.span(telemetry.SPAN_PREFILL, **{telemetry.ATTR_SESSION: request.session_id}),
         ):
-            session = self.store.create(request.session_id, request.capacity, len(request.token_ids) + 1)
+            session = self.store.create(
+                request.session_id, request.capacity, len(request.token_ids) + 1, sampling
+            )
             session.in_flight += 1
         try:
             if rebuild:
@@ -112,7 +112,6 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     self._prefill,
                     session,
                     list(request.token_ids),
-                    params,
                     request.step_seed,
                     num_top,
                 )
@@ -131,16 +130,12 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
     @staticmethod
     def _prefill(
-        session: TargetSession,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        step_seed: int,
-        num_top: int | None,
+        session: TargetSession, prompt_ids: list[int], round_seed: int, num_top: int | None
     ) -> tuple[int, list[TokenLogprob]]:
         """On the model thread: the prompt's forward, the first token, and its log-probability if asked."""
         verifier = session.verifier
         verifier.keep_logits = num_top is not None
-        root = verifier.prefill(prompt_ids, params, step_seed)
+        root = verifier.prefill(prompt_ids, round_seed)
         logprobs: list[TokenLogprob] = []
         if num_top is not None and verifier.last_logits is not None:
             logprobs = token_logprobs(verifier.last_logits[None], [0], [root], num_top)
@@ -153,10 +148,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         check_session_id(request.session_id)
         limits = self.engine.settings
         draft = tree_from_pb(request.tree, limits.max_tree_nodes + 1)
-        vocab = self.engine.target_model.config.vocab_size
-        if any(not 0 <= t < vocab for t in draft.tree.token_ids):
-            raise InvalidArgument(f"tree token ids must be in [0, {vocab})")
-        params = sampling_from_pb(request.sampling)
+        check_token_ids(draft.tree.token_ids, self.engine.target_model.config.vocab_size, "tree token ids")
         num_top = _top_logprobs(request.logprobs, request.top_logprobs)
         start = time.perf_counter()
         with self.store.lock:
@@ -184,7 +176,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 },
             ) as span:
                 outcome, logprobs = self._run(
-                    context, self._verify, session, draft, params, request.step_seed, num_top
+                    context, self._verify, session, draft, request.tree, request.step_seed, num_top
                 )
                 span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
         finally:
@@ -220,18 +212,19 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self,
         session: TargetSession,
         draft: DraftTree,
-        params: SamplingParams,
-        step_seed: int,
+        message: common_pb2.DraftTree,
+        round_seed: int,
         num_top: int | None,
     ) -> tuple[VerifyOutcome, list[TokenLogprob]]:
-        """On the model thread: the draft's sparse probabilities become dense rows there too; the
+        """On the model thread: the message's sparse probabilities become dense rows there too; the
         committed tokens' log-probabilities come from the same forward's logits when asked."""
-        dense = dense_probs(
-            draft, self.engine.target_model.config.vocab_size, self.engine.target_runner.device
+        engine = self.engine
+        dense = with_dense_probs(
+            draft, message, engine.target_model.config.vocab_size, engine.target_runner.device
         )
         verifier = session.verifier
         verifier.keep_logits = num_top is not None
-        outcome = verifier.verify(dense, params, step_seed)
+        outcome = verifier.verify(dense, round_seed)
         if session.closed:  # released or evicted while its forward ran: nothing of it may be reported
             raise NotFound(f"session {session.session_id!r} was released while it was being verified")
         logprobs: list[TokenLogprob] = []

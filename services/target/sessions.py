@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument, NotFound, ResourceExhausted
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
@@ -74,8 +75,11 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def create(self, session_id: str, capacity: int, num_tokens: int) -> TargetSession:
+    def create(
+        self, session_id: str, capacity: int, num_tokens: int, sampling: SamplingParams
+    ) -> TargetSession:
         """Replaces any session of that id; evicts idle sessions to fit `num_tokens` plus one tree.
+        `sampling` is the session's (every Verify uses it).
 
         Caller holds the lock."""
         if capacity < 1:
@@ -88,7 +92,7 @@ class SessionStore:
             )
         self._make_room(need, new_session=True)
         self._epochs += 1
-        verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk)
+        verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk, sampling)
         session = TargetSession(session_id, verifier, capacity, self._epochs, self.reserve)
         self._sessions[session_id] = session
         self.changed.notify_all()

@@ -9,8 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
 from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, Verifier
-from specserve.core.rng import Stream, round_seed
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.errors import FailedPrecondition
 from specserve.results import GenerationStats
 
@@ -19,8 +18,7 @@ def speculative_generate(
     prompt_ids: Sequence[int],
     verifier: Verifier,
     drafter: Drafter | None,
-    params: SamplingParams,
-    seed: int,
+    request_seed: int,
     finish: FinishChecker,
     on_tokens: Callable[[list[int]], None] | None = None,
     generated_ids: Sequence[int] = (),
@@ -28,8 +26,9 @@ def speculative_generate(
 ) -> GenerationStats:
     """Generates until `finish` says so; new tokens go to `on_tokens` as soon as they are accepted.
 
-    With drafter None this is plain decoding on the same engine (the `target` baseline).
-    Randomness of a round depends only on (seed, position), so a run is reproducible and resumable:
+    With drafter None this is plain decoding on the same engine (the `target` baseline). The drafter
+    and verifier already hold the session's sampling parameters. Randomness of a round depends only on
+    (request_seed, position) (core/rng.py), so a run is reproducible and resumable:
     `generated_ids` are tokens an earlier run already emitted (a resumed session); they are not emitted
     again, and the result is the same as if the run had never stopped. `round_scope(position)`, if
     given, wraps each round (the router opens a tracing span there).
@@ -50,7 +49,7 @@ def speculative_generate(
         token_ids.extend(finish.extend(list(generated_ids)))
         verifier.resume(token_ids)
     else:
-        first = verifier.prefill(prompt_ids, params, round_seed(seed, len(token_ids), Stream.VERIFY))
+        first = verifier.prefill(prompt_ids, verify_round_seed(request_seed, len(token_ids)))
         stats.num_target_forwards += 1
         emit([first])
     stats.verify_s += time.perf_counter() - t0
@@ -61,21 +60,21 @@ def speculative_generate(
         position = len(token_ids)
         with round_scope(position) if round_scope is not None else nullcontext():
             t0 = time.perf_counter()
-            draft_seed = round_seed(seed, position, Stream.DRAFT)
+            draft_seed = draft_round_seed(request_seed, position)
             if drafter is None:
                 draft = DraftTree.root_only(token_ids[-1])
             elif root_candidates:
                 if not isinstance(drafter, RootSeededDrafter):
                     raise FailedPrecondition("root candidates came back to a drafter that cannot use them")
-                draft = drafter.propose_from_roots(token_ids, root_candidates, params, draft_seed)
+                draft = drafter.propose_from_roots(token_ids, root_candidates, draft_seed)
             elif backoff.should_ask():
-                draft = drafter.propose(token_ids, params, draft_seed)
+                draft = drafter.propose(token_ids, draft_seed)
                 if not draft.target_roots:
                     backoff.observe(draft.num_draft_tokens)
             else:
                 draft = DraftTree.root_only(token_ids[-1])
             t1 = time.perf_counter()
-            outcome = verifier.verify(draft, params, round_seed(seed, position, Stream.VERIFY))
+            outcome = verifier.verify(draft, verify_round_seed(request_seed, position))
             t2 = time.perf_counter()
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1

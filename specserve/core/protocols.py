@@ -1,13 +1,17 @@
-"""The two roles of the speculative loop. In-process and gRPC implementations both satisfy these."""
+"""The two roles of the speculative loop. In-process and gRPC implementations both satisfy these.
+
+A session's sampling parameters are fixed: drafters and verifiers are given them when they are made
+(over gRPC: in each service's Prefill), so a round passes only what changes, the tokens and the round's
+seed (core/rng.py derives it from the request seed and the position).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 
 if TYPE_CHECKING:  # torch stays out of the router, which runs the loop without it
@@ -43,13 +47,14 @@ class DraftTree:
 
     draft_probs is only needed for sampled candidates (q of each internal node); fixed candidates
     (greedy drafts, top-k expansions) verify without it, so nothing vocabulary-sized has to travel.
-    In-process each q is a [V] tensor; the router, which has no torch, carries q in its wire form
-    (specserve.v1.SparseProbs) from the draft service to the target service untouched.
+    Each q is a [V] tensor. Over gRPC q travels sparse (specserve.v1.SparseProbs): the services convert
+    at their edge (serving/tensor_convert.py), and the router, which has no torch, passes the draft's
+    message to the target untouched (services/router/remote.py, WireDraftTree).
     """
 
     tree: TokenTree
     kind: CandidateKind = CandidateKind.FIXED
-    draft_probs: Mapping[int, torch.Tensor | Any] = field(default_factory=dict)  # node -> q [V]
+    draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)  # node -> q [V]
     # Target-initialised MCSD (lossy at T > 0): W > 0 means node 0's children, if any, are the target's
     # root candidates from the previous round, judged by the longest-accepted-branch rule, and the
     # verifier answers with W candidates for the next position instead of a bonus token.
@@ -70,8 +75,9 @@ class DraftTree:
 
 
 class Drafter(Protocol):
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
-        """token_ids: the whole committed sequence (prompt + generated); its last token is the root."""
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+        """token_ids: the whole committed sequence (prompt + generated); its last token is the root.
+        round_seed: this round's draft seed (core/rng.py, draft_round_seed)."""
         ...
 
     def release(self) -> None: ...
@@ -82,14 +88,14 @@ class RootSeededDrafter(Drafter, Protocol):
     """A drafter of target-initialised MCSD: grows its tree under the target's root candidates."""
 
     def propose_from_roots(
-        self, token_ids: Sequence[int], root_candidates: Sequence[int], params: SamplingParams, seed: int
+        self, token_ids: Sequence[int], root_candidates: Sequence[int], round_seed: int
     ) -> DraftTree:
         """root_candidates: the last VerifyOutcome's, for the position after token_ids."""
         ...
 
 
 class Verifier(Protocol):
-    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
+    def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
         """Computes the prompt's KV and returns the first generated token."""
         ...
 
@@ -97,7 +103,7 @@ class Verifier(Protocol):
         """Continues a sequence whose tokens are already committed (the last one is the root)."""
         ...
 
-    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
         """One target forward over the tree, acceptance, and commit of the accepted path's KV."""
         ...
 

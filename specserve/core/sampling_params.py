@@ -21,3 +21,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()

@@ -24,20 +24,13 @@ import torch
 
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
 from specserve.core.protocols import CandidateKind, DraftTree
-from specserve.core.sampling import make_generator
-from specserve.core.sampling_params import SamplingParams
-from specserve.core.stopping import CostPolicy, StopPolicy
+from specserve.core.sampling_params import GREEDY, SamplingParams
+from specserve.core.stopping import CostPolicy
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.batch import GlideSegment, glide_batcher
 from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
 from specserve.runtime.batching import batched_call
-from specserve.runtime.drafter import (
-    DraftShape,
-    SpineFeedback,
-    common_prefix_length,
-    grow_spine_tree,
-    spine_cap,
-)
+from specserve.runtime.drafter import DraftShape, SpineDrafter, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
 
 TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv, L, D], same)
@@ -51,7 +44,7 @@ class TargetKVSource(Protocol):
         ...
 
 
-class GlideDrafter:
+class GlideDrafter(SpineDrafter):
     def __init__(
         self,
         model: GlideDraft,
@@ -59,31 +52,25 @@ class GlideDrafter:
         capacity: int,
         shape: DraftShape | None = None,
         cape: CapeSettings | None = None,
+        sampling: SamplingParams = GREEDY,
     ) -> None:
         """shape: depth, and fixed widths for non-CaPE trees (default: a chain of 4); cape: widths by
-        confidence instead (then shape.widths must be empty)."""
-        self.shape = shape or DraftShape(depth=4)
-        if cape is not None and self.shape.widths:
+        confidence instead (then shape.widths must be empty; CaPE's candidates are fixed)."""
+        shape = shape or DraftShape(depth=4)
+        if cape is not None and shape.widths:
             raise InvalidArgument("CaPE chooses the widths; give DraftShape only a depth")
+        super().__init__(shape, sampling, CandidateKind.FIXED if cape is not None else shape.sampled_kind)
+        if isinstance(self.stop_policy, CostPolicy):
+            self.stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
         self.model = model
         self.target_kv = target_kv
         self.cape = cape
         self.device = next(model.parameters()).device
         self.cache = PositionalKVCache(num_layers=1, capacity=capacity)  # the draft's self-attention KV
         self._cached_ids: list[int] = []  # committed tokens (never the root) whose KV `cache` holds
-        # One policy per drafter, i.e. per request: it holds online state. Public so a caller may swap in
-        # its own StopPolicy.
-        self.stop_policy: StopPolicy = self.shape.new_stop_policy()
-        self._feedback = SpineFeedback()
 
     @torch.inference_mode()
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
-        self._feedback.report(token_ids, self.stop_policy)
-        if isinstance(self.stop_policy, CostPolicy):
-            self.stop_policy.batch_aware = params.greedy  # seeded sampling stays reproducible under load
-        fixed = params.greedy or self.cape is not None
-        kind = CandidateKind.FIXED if fixed else self.shape.sampled_kind
-        generator = make_generator(seed)
+    def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         root_position = len(token_ids) - 1
         target_kv = self.target_kv.layer_kv(self.model.config.target_layer)  # views: [1, Hkv, L, D]
         if target_kv[0].shape[2] != root_position:
@@ -94,9 +81,7 @@ class GlideDrafter:
         if spine_cap(self.shape.depth, self.stop_policy) == 0:
             # Nothing is worth drafting this round (the batch-aware cost policy under load): no forward
             # at all; the draft cache catches up on the next round that drafts.
-            draft = DraftTree.root_only(token_ids[-1])
-            self._feedback.record(token_ids, draft)
-            return draft
+            return DraftTree.root_only(token_ids[-1])
         logits = self._sync(token_ids, target_kv)  # [V] after the root
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:
@@ -107,19 +92,7 @@ class GlideDrafter:
         def width_at(depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
             return self._width(depth_index, logits, num_nodes, max_depth)
 
-        draft = grow_spine_tree(
-            token_ids[-1],
-            logits,
-            self.shape.depth,
-            width_at,
-            advance,
-            params,
-            kind,
-            generator,
-            self.stop_policy,
-        )
-        self._feedback.record(token_ids, draft)
-        return draft
+        return self._grow(token_ids, logits, width_at, advance, generator)
 
     def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int, max_depth: int) -> int:
         """max_depth: this round's spine cap. CaPE reserves one node per depth still to come under it; a

@@ -17,7 +17,6 @@ from tqdm import tqdm
 
 from specserve.core.cost import CostModel
 from specserve.core.protocols import DraftTree
-from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import tree_depths
 from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import NotFound
@@ -140,11 +139,11 @@ def calibrate_engine(engine, repeats: int = 3) -> CostModel:
     verify_points += measure_batch_verify_s(runner, repeats=repeats)
     prompt = [i % runner.vocab_size for i in range(10, 10 + PROMPT_TOKENS)]
     verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
-    root = verifier.prefill(prompt, SamplingParams(), seed=0)
+    root = verifier.prefill(prompt, round_seed=0)  # greedy
 
     def propose(depth: int) -> DraftTree:
         drafter = GlideDrafter(engine.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth))
-        return drafter.propose([*prompt, root], SamplingParams(), seed=0)
+        return drafter.propose([*prompt, root], round_seed=0)
 
     draft_step_s = measure_draft_step_s(propose, repeats=repeats)
     verifier.release()

@@ -5,6 +5,7 @@ as leaves beside the spine token (nothing is drafted under them), which turns th
 At T == 0 candidates are the draft's top-w (fixed); at T > 0 they are drawn from the draft's
 processed distribution q (sampled, with or without replacement) or taken as its top-w (fixed).
 A stop policy (core/stopping.py) may end the spine sooner; it learns from each round's acceptance.
+The session's sampling parameters are given at construction; a round passes its tokens and seed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling import logits_to_probs, make_generator
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
     DraftStep,
@@ -69,49 +70,79 @@ class DraftShape:
         return make_stop_policy(self.stop, settings)
 
 
-class ModelDrafter:
-    def __init__(self, runner: ModelRunner, capacity: int, shape: DraftShape) -> None:
-        self.runner = runner
-        self.shape = shape
-        self.cache: PositionalKVCache = runner.new_cache(capacity)
-        self._cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
-        # One policy per drafter, i.e. per request: it holds online state. Public so a caller may swap in
-        # its own StopPolicy.
-        self.stop_policy: StopPolicy = shape.new_stop_policy()
+class PolicyDrafter:
+    """What every drafter with a stop policy shares: the session's sampling parameters, the candidate
+    kind they imply, a stop policy that learns from each round (SpineFeedback), and `propose` around
+    the drafter's own `_draft`.
+
+    One policy per drafter, i.e. per request: it holds online state. `stop_policy` is public so a
+    caller may swap in its own StopPolicy.
+    """
+
+    def __init__(
+        self, sampled_kind: CandidateKind, stop_policy: StopPolicy, sampling: SamplingParams
+    ) -> None:
+        self.sampling = sampling
+        self.kind = CandidateKind.FIXED if sampling.greedy else sampled_kind
+        self.stop_policy = stop_policy
         self._feedback = SpineFeedback()
 
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         self._feedback.report(token_ids, self.stop_policy)
-        kind = CandidateKind.FIXED if params.greedy else self.shape.sampled_kind
-        generator = make_generator(seed)
-        logits = self._sync(token_ids)  # [V] draft logits after the root
+        draft = self._draft(token_ids, make_generator(round_seed))
+        self._feedback.record(token_ids, draft)
+        return draft
+
+    def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
+        raise NotImplementedError
+
+
+class SpineDrafter(PolicyDrafter):
+    """A PolicyDrafter that drafts a spine of `shape` (grow_spine_tree): ModelDrafter, GlideDrafter."""
+
+    def __init__(self, shape: DraftShape, sampling: SamplingParams, sampled_kind: CandidateKind) -> None:
+        super().__init__(sampled_kind, shape.new_stop_policy(), sampling)
+        self.shape = shape
+
+    def _grow(
+        self,
+        token_ids: Sequence[int],
+        logits: torch.Tensor,  # [V] draft logits after the root
+        width_at: Callable[[int, torch.Tensor, int], int],
+        advance: Callable[[int, int], torch.Tensor],
+        generator: torch.Generator,
+    ) -> DraftTree:
+        root = token_ids[-1]
+        return grow_spine_tree(
+            root,
+            logits,
+            self.shape.depth,
+            width_at,
+            advance,
+            self.sampling,
+            self.kind,
+            generator,
+            self.stop_policy,
+        )
+
+
+class ModelDrafter(SpineDrafter):
+    def __init__(
+        self, runner: ModelRunner, capacity: int, shape: DraftShape, sampling: SamplingParams = GREEDY
+    ) -> None:
+        super().__init__(shape, sampling, shape.sampled_kind)
+        self.runner = runner
+        self.cache: PositionalKVCache = runner.new_cache(capacity)
+        self._cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
+
+    def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
+        logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids)  # [V] after the root
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:
             self._cached_ids.append(spine_token)
             return self.runner.forward(self.cache, [spine_token], last_only=True)
 
-        draft = grow_spine_tree(
-            token_ids[-1],
-            logits,
-            self.shape.depth,
-            lambda d, _logits, _n: self.shape.width(d),
-            advance,
-            params,
-            kind,
-            generator,
-            self.stop_policy,
-        )
-        self._feedback.record(token_ids, draft)
-        return draft
-
-    def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Keeps the cached KV that still matches the committed tokens, feeds the rest (root included)."""
-        keep = common_prefix_length(self._cached_ids, token_ids[:-1])
-        self.cache.truncate(keep)
-        del self._cached_ids[keep:]
-        feed = list(token_ids[keep:])
-        self._cached_ids.extend(feed)
-        return self.runner.forward(self.cache, feed, last_only=True)
+        return self._grow(token_ids, logits, lambda d, _logits, _n: self.shape.width(d), advance, generator)
 
     def release(self) -> None:
         """Ends the request: the cache and the pending round go; the policy's learning stays with the
@@ -119,6 +150,19 @@ class ModelDrafter:
         self.cache.truncate(0)
         self._cached_ids.clear()
         self._feedback.reset()
+
+
+def sync_draft_cache(
+    runner: ModelRunner, cache: PositionalKVCache, cached_ids: list[int], token_ids: Sequence[int]
+) -> torch.Tensor:
+    """A causal draft's cache for a round: keeps the KV that still matches the committed tokens (never
+    the root), feeds the rest with the root; `cached_ids` follows. Returns the logits after the root [V]."""
+    keep = common_prefix_length(cached_ids, token_ids[:-1])
+    cache.truncate(keep)
+    del cached_ids[keep:]
+    feed = list(token_ids[keep:])
+    cached_ids.extend(feed)
+    return runner.forward(cache, feed, last_only=True)
 
 
 def spine_cap(depth: int, stop: StopPolicy | None) -> int:

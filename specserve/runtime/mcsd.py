@@ -26,12 +26,12 @@ import torch
 
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling import logits_to_probs, make_generator
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.sliced_mask import SlicedTreeMask, sliced_tree_mask
 from specserve.core.stopping import DraftStep, StopPolicy, StopPolicyName, StopSettings
 from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument
-from specserve.runtime.drafter import SpineFeedback, common_prefix_length
+from specserve.runtime.drafter import PolicyDrafter, sync_draft_cache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.stopper import make_stop_policy
 
@@ -57,30 +57,31 @@ class McsdShape:
         return make_stop_policy(self.stop, settings)
 
 
-class MultiCandidateDrafter:
+class MultiCandidateDrafter(PolicyDrafter):
     """Satisfies Drafter and, for target-initialised shapes, RootSeededDrafter."""
 
-    def __init__(self, runner: ModelRunner, capacity: int, shape: McsdShape) -> None:
+    def __init__(
+        self, runner: ModelRunner, capacity: int, shape: McsdShape, sampling: SamplingParams = GREEDY
+    ) -> None:
+        super().__init__(shape.sampled_kind, shape.new_stop_policy(), sampling)
         self.runner = runner
         self.shape = shape
         full = sliced_tree_mask(shape.k_config)
         self.cache = runner.new_cache(capacity + full.num_nodes(full.gamma))
         self._cached_ids: list[int] = []  # committed tokens (root included) whose KV the cache holds
-        self.stop_policy: StopPolicy = shape.new_stop_policy()
-        self._feedback = SpineFeedback()
 
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         if self.shape.target_roots:
             # The first round has no root candidates yet: the verifier's forward over the root alone
             # produces them (one target forward that commits no token).
             return DraftTree(TokenTree.chain([token_ids[-1]]), target_roots=self.shape.k_config[0])
-        self._feedback.report(token_ids, self.stop_policy)
-        draft = self._grow(token_ids, (), params, seed)
-        self._feedback.record(token_ids, draft)
-        return draft
+        return super().propose(token_ids, round_seed)
+
+    def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
+        return self._grow(token_ids, (), generator)
 
     def propose_from_roots(
-        self, token_ids: Sequence[int], root_candidates: Sequence[int], params: SamplingParams, seed: int
+        self, token_ids: Sequence[int], root_candidates: Sequence[int], round_seed: int
     ) -> DraftTree:
         if not self.shape.target_roots:
             raise InvalidArgument("this MCSD shape is not target-initialised")
@@ -88,18 +89,17 @@ class MultiCandidateDrafter:
             raise InvalidArgument(
                 f"need 1..{self.shape.k_config[0]} root candidates, got {len(root_candidates)}"
             )
-        return self._grow(token_ids, tuple(root_candidates), params, seed)
+        return self._grow(token_ids, tuple(root_candidates), make_generator(round_seed))
 
     @torch.inference_mode()
     def _grow(
-        self, token_ids: Sequence[int], roots: tuple[int, ...], params: SamplingParams, seed: int
+        self, token_ids: Sequence[int], roots: tuple[int, ...], generator: torch.Generator
     ) -> DraftTree:
-        kind = CandidateKind.FIXED if params.greedy else self.shape.sampled_kind
-        generator = make_generator(seed)
         k_config = (len(roots), *self.shape.k_config[1:]) if roots else self.shape.k_config
         sliced = sliced_tree_mask(k_config)  # cached per shape: a mask build once, a slice per round
         prefix = len(token_ids) - 1  # the root's cache slot; node i sits at prefix + i
-        level_logits = self._sync(token_ids)[None]  # [1, V]: after each node of the current level
+        # [1, V]: after each node of the current level
+        level_logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids)[None]
         nodes: list[int] = [token_ids[-1]]
         draft_probs: dict[int, torch.Tensor] = {}
         levels = min(sliced.gamma, self.stop_policy.max_depth)
@@ -110,7 +110,7 @@ class MultiCandidateDrafter:
                 if d == 0 and roots:
                     nodes.extend(roots)
                     continue
-                children, q = self._children(logits, params, kind, k_config[d], generator)
+                children, q = self._children(logits, self.sampling, self.kind, k_config[d], generator)
                 nodes.extend(children)
                 if q is not None:
                     draft_probs[level_start + local] = q
@@ -122,7 +122,7 @@ class MultiCandidateDrafter:
             level_logits = self._forward_level(sliced, d + 1, nodes, prefix)  # [k, V]
         self.cache.truncate(prefix + 1)  # drop the tree; the root stays (it is committed)
         tree = TokenTree(tuple(nodes), sliced.levels(drafted).parent_ids)
-        return DraftTree(tree, kind, draft_probs, target_roots=self.shape.k_config[0] if roots else 0)
+        return DraftTree(tree, self.kind, draft_probs, target_roots=self.shape.k_config[0] if roots else 0)
 
     def _forward_level(
         self, sliced: SlicedTreeMask, level: int, nodes: list[int], prefix: int
@@ -134,15 +134,6 @@ class MultiCandidateDrafter:
         attend = torch.cat([seen, sliced.mask[start:end, :end]], dim=1)  # [n, prefix + end]
         positions = prefix + sliced.depths[start:end]  # [n]
         return self.runner.forward_masked(self.cache, nodes[start:end], positions, attend)
-
-    def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Keeps the cached committed tokens that still match, feeds the rest (root included) -> [V]."""
-        keep = common_prefix_length(self._cached_ids, token_ids[:-1])
-        self.cache.truncate(keep)
-        del self._cached_ids[keep:]
-        feed = list(token_ids[keep:])
-        self._cached_ids.extend(feed)
-        return self.runner.forward(self.cache, feed, last_only=True)
 
     @staticmethod
     def _children(

@@ -10,7 +10,7 @@ import torch
 
 from specserve.core.accept import accept_draft, choose_token
 from specserve.core.protocols import DraftTree, VerifyOutcome
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.errors import FailedPrecondition
 from specserve.runtime.runner import ModelRunner
 
@@ -31,8 +31,10 @@ class LocalVerifier:
         capacity: int,
         commit_lock: AbstractContextManager[object] | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        sampling: SamplingParams = GREEDY,
     ) -> None:
         self.runner = runner
+        self.sampling = sampling  # the session's, fixed
         self.cache = runner.new_cache(capacity)
         self.commit_lock = commit_lock if commit_lock is not None else threading.RLock()
         self.prefill_chunk = prefill_chunk
@@ -64,10 +66,10 @@ class LocalVerifier:
     def root_token(self) -> int | None:
         return self.token_ids[-1] if self.token_ids else None
 
-    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
+    def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
         logits = self._encode(prompt_ids)  # [V]
         self.last_logits = logits if self.keep_logits else None
-        root = choose_token(logits, params, seed)
+        root = choose_token(logits, self.sampling, round_seed)
         with self.commit_lock:
             self.token_ids = [*prompt_ids, root]
         return root
@@ -82,7 +84,7 @@ class LocalVerifier:
         with self.commit_lock:
             self.token_ids = list(token_ids)
 
-    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
         tree = draft.tree
         if tree.token_ids[0] != self.root_token:
             raise FailedPrecondition(
@@ -93,7 +95,7 @@ class LocalVerifier:
             self.cache, tree.token_ids, None if tree.is_chain() else tree.parent_ids
         )  # [N, V]
         self.last_logits = logits if self.keep_logits else None
-        outcome = accept_draft(logits, draft, params, seed)
+        outcome = accept_draft(logits, draft, self.sampling, round_seed)
         accepted = [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
         with self.commit_lock:
             self.cache.commit_path(start, outcome.accepted_nodes)

@@ -94,20 +94,18 @@ def limits_from_model_info(info: target_pb2.ModelInfo, methods: frozenset[str]) 
 
 
 def tree_to_pb(draft: DraftTree) -> common_pb2.DraftTree:
-    """Structure only; q (if any) is attached by the caller that has it in wire form or as tensors."""
-    message = common_pb2.DraftTree(
+    """The tree's structure. A tree with q (tensors) goes through tensor_convert.draft_to_pb."""
+    if draft.draft_probs:
+        raise TypeError("a tree with draft_probs is converted by tensor_convert.draft_to_pb")
+    return common_pb2.DraftTree(
         token_ids=draft.tree.token_ids, parent_ids=draft.tree.parent_ids, kind=_KIND_TO_PB[draft.kind]
     )
-    for node, q in draft.draft_probs.items():
-        if isinstance(q, common_pb2.SparseProbs):  # the router passes q through untouched
-            message.draft_probs.append(q)
-        else:
-            raise TypeError(f"node {node}: dense q must be converted with tensor_convert.tree_to_pb")
-    return message
 
 
 def tree_from_pb(message: common_pb2.DraftTree, max_nodes: int) -> DraftTree:
-    """Validates the structure (InvalidArgument on a malformed or oversized tree); q stays in wire form."""
+    """Validates the whole message (InvalidArgument on a malformed or oversized tree, or on q that is no
+    distribution) and returns its structure. q stays in the message: the target makes tensors of it
+    (tensor_convert.with_dense_probs), the router forwards the message as it came (remote.py)."""
     if len(message.token_ids) > max_nodes:
         raise InvalidArgument(f"the tree has {len(message.token_ids)} nodes; at most {max_nodes} allowed")
     if message.kind not in _KIND_FROM_PB:
@@ -125,7 +123,7 @@ def tree_from_pb(message: common_pb2.DraftTree, max_nodes: int) -> DraftTree:
             raise InvalidArgument("sampled candidates need draft_probs for exactly the internal nodes")
     elif probs:
         raise InvalidArgument("fixed candidates carry no draft_probs")
-    return DraftTree(tree, kind, probs)
+    return DraftTree(tree, kind)
 
 
 def check_sparse_probs(q: common_pb2.SparseProbs) -> None:

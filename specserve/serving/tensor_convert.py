@@ -38,22 +38,22 @@ def sparse_probs_from_pb(
 
 
 def draft_to_pb(draft: DraftTree) -> common_pb2.DraftTree:
-    fixed = DraftTree(draft.tree, draft.kind)  # structure first, then the dense q as sparse
-    message = tree_to_pb(fixed)
+    """A drafted tree for the wire: its structure, then each dense q as sparse."""
+    message = tree_to_pb(DraftTree(draft.tree, draft.kind, target_roots=draft.target_roots))
     for node, q in draft.draft_probs.items():
         message.draft_probs.append(sparse_probs_to_pb(node, q))
     return message
 
 
-def dense_probs(draft: DraftTree, vocab_size: int, device: torch.device) -> DraftTree:
-    """The wire-form q of a validated tree as [V] tensors, for the acceptance rule."""
-    if not draft.draft_probs:
+def with_dense_probs(
+    draft: DraftTree, message: common_pb2.DraftTree, vocab_size: int, device: torch.device
+) -> DraftTree:
+    """The tree `message` carried (validated by serving/convert.py, tree_from_pb, into `draft`) with its
+    sparse q as [V] tensors, for the acceptance rule."""
+    if not message.draft_probs:
         return draft
-    probs: dict[int, torch.Tensor] = {}
-    for node, q in draft.draft_probs.items():
-        assert isinstance(q, common_pb2.SparseProbs), "a tree in wire form (serving/convert.py, tree_from_pb)"
-        probs[node] = sparse_probs_from_pb(q, vocab_size, device)
-    return DraftTree(draft.tree, draft.kind, probs)
+    probs = {q.node: sparse_probs_from_pb(q, vocab_size, device) for q in message.draft_probs}
+    return DraftTree(draft.tree, draft.kind, probs, draft.target_roots)
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -23,7 +23,6 @@ from specserve.core.decision import decision_features
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import DraftTree, VerifyOutcome
-from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import DraftStep, FixedPolicy, StopSettings
 from specserve.glide.drafter import GlideDrafter
 from specserve.runtime.drafter import DraftShape
@@ -81,14 +80,14 @@ class _LabellingVerifier:
         self.features: list[torch.Tensor] = []
         self.labels: list[float] = []
 
-    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
-        return self.verifier.prefill(prompt_ids, params, seed)
+    def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
+        return self.verifier.prefill(prompt_ids, round_seed)
 
     def resume(self, token_ids: Sequence[int]) -> None:
         self.verifier.resume(token_ids)
 
-    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
-        outcome = self.verifier.verify(draft, params, seed)
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
+        outcome = self.verifier.verify(draft, round_seed)
         assert self.runner.last_logits is not None and draft.tree.is_chain()
         target_choice = self.runner.last_logits.argmax(-1).tolist()  # [N] after each node
         drafted = draft.tree.token_ids[1:]
@@ -104,7 +103,6 @@ class _LabellingVerifier:
 
 def log_stopper_data(engine, settings: StopperLogSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs the GliDe drafter on `num_prompts` written prompts -> (features [n, 11], labels [n])."""
-    params = SamplingParams()  # greedy
     runner = _LastLogitsRunner(engine.target_runner)
     features: list[torch.Tensor] = []
     labels: list[float] = []
@@ -120,7 +118,7 @@ def log_stopper_data(engine, settings: StopperLogSettings) -> tuple[torch.Tensor
         drafter.stop_policy = policy
         finish = FinishChecker(settings.max_new_tokens, engine.eos_token_ids)
         try:
-            speculative_generate(prompt_ids, verifier, drafter, params, seed=0, finish=finish)
+            speculative_generate(prompt_ids, verifier, drafter, request_seed=0, finish=finish)  # greedy
         finally:
             verifier.release()
             drafter.release()

@@ -138,7 +138,6 @@ def test_malformed_draft_probabilities_are_refused(stubs, target_session, token_
         session_id="fuzz-target",
         tree=tree,
         committed_length=target_session.committed_length + 1,
-        sampling=common_pb2.SamplingParams(temperature=1.0),
     )
     assert status_of(stubs[1].Verify, request) == INVALID
 
@@ -232,7 +231,6 @@ REQUESTS = {
         session_id=session_ids,
         tree=trees,
         committed_length=st.integers(-5, 40),
-        sampling=sampling,
         step_seed=st.integers(0, 2**64 - 1),
     ),
     ("target", "StreamKV"): st.builds(
@@ -249,13 +247,14 @@ REQUESTS = {
         token_ids=st.lists(ids, max_size=8),
         target_address=st.sampled_from(["", "localhost:1", "example.com:443"]),
         capacity=st.integers(-5, 5000),
+        request_seed=st.integers(0, 2**64 - 1),
+        sampling=sampling,
     ),
     ("draft", "Propose"): st.builds(
         draft_pb2.ProposeRequest,
         session_id=session_ids,
         from_position=st.integers(-5, 50),
         new_token_ids=st.lists(ids, max_size=8),
-        sampling=sampling,
         step_seed=st.integers(0, 2**64 - 1),
     ),
     ("draft", "Release"): st.builds(draft_pb2.DraftReleaseRequest, session_id=session_ids),

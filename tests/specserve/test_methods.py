@@ -107,10 +107,10 @@ def first_round_token(engine: Engine, method: Method, params: SamplingParams, se
     """The method's own drafter (its registry factory) in the engine's loop; the 16-token model has no
     tokenizer for Engine.generate to decode with, so the loop is driven directly."""
     capacity = len(SMALL_PROMPT) + 2 + engine.settings.max_tree_nodes + 1
-    verifier = LocalVerifier(engine.target_runner, capacity)
-    drafter = METHODS[method].make_drafter(engine, capacity, verifier.cache)
+    verifier = LocalVerifier(engine.target_runner, capacity, sampling=params)
+    drafter = METHODS[method].make_drafter(engine, capacity, verifier.cache, params)
     finish = FinishChecker(2, frozenset())
-    speculative_generate(SMALL_PROMPT, verifier, drafter, params, seed, finish)
+    speculative_generate(SMALL_PROMPT, verifier, drafter, seed, finish)
     return finish.generated[1]
 
 

@@ -3,7 +3,8 @@ returns it only to a Propose that asks for exactly that tree.
 
 Over real gRPC on the shared stack (which turns SPECSERVE_DRAFT_PREPARE_AHEAD on), with the target and
 the draft called directly as the router calls them. Sampled chains (T > 0) make the tree depend on the
-seed, so "the same tree" means the seed derivation matches the router's too.
+seed, so "the same tree" means the seed derivation matches the router's too. The session's sampling
+travels once, in each service's Prefill; Propose and Verify carry none.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from specserve.core.rng import Stream, round_seed
+from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
@@ -54,7 +55,8 @@ class RouterLikeSession:
                 token_ids=self.token_ids,
                 target_address=target_address,
                 capacity=CAPACITY,
-                seed=seed,
+                sampling=SAMPLED,
+                request_seed=seed,
             ),
             timeout=60,
         )
@@ -67,8 +69,7 @@ class RouterLikeSession:
                 session_id=self.session_id,
                 from_position=self.known,
                 new_token_ids=self.token_ids[self.known :],
-                sampling=SAMPLED,
-                step_seed=round_seed(SEED, position, Stream.DRAFT) if step_seed is None else step_seed,
+                step_seed=draft_round_seed(SEED, position) if step_seed is None else step_seed,
                 target_address=self.target_address,
             ),
             timeout=60,
@@ -83,8 +84,7 @@ class RouterLikeSession:
                 session_id=self.session_id,
                 tree=tree,
                 committed_length=position,
-                sampling=SAMPLED,
-                step_seed=round_seed(SEED, position, Stream.VERIFY),
+                step_seed=verify_round_seed(SEED, position),
             ),
             timeout=60,
         )
@@ -115,8 +115,9 @@ def test_prepared_trees_are_the_trees_propose_would_build(target, draft, shared_
     finally:
         ahead.release()
         asked.release()
-    # The first round's params are unknown until its Propose: built on request; every later one ahead.
-    assert [r.prepared for r in ahead_responses] == [False, True, True, True]
+    # Every round after the first is built ahead (the first may be too, if the prompt's KV arrives before
+    # its Propose: the sampling came with Prefill).
+    assert all(r.prepared for r in ahead_responses[1:])
     assert not any(r.prepared for r in asked_responses)
     assert ahead.token_ids == asked.token_ids  # same seeds, same trees, same sampled tokens
     for a, b in zip(ahead_responses, asked_responses, strict=True):
@@ -128,7 +129,7 @@ def test_a_propose_that_asks_for_another_tree_gets_a_fresh_one(target, draft, sh
     session = RouterLikeSession(target, draft, shared_stack.address("target"), "prepared-mismatch", seed=SEED)
     try:
         run_rounds(session, 1)  # now a tree for the next round is prepared with that round's seed
-        other_seed = round_seed(SEED, len(session.token_ids), Stream.DRAFT) + 1
+        other_seed = draft_round_seed(SEED, len(session.token_ids)) + 1
         response = session.propose(step_seed=other_seed)
         assert not response.prepared
         session.verify(response.tree)  # a well-formed tree for this session's root

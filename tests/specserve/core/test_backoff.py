@@ -48,11 +48,11 @@ class EmptyUntil:
         self.inner, self.start_position = inner, start_position
         self.positions: list[int] = []
 
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         self.positions.append(len(token_ids))
         if len(token_ids) < self.start_position:
             return DraftTree.root_only(token_ids[-1])
-        return self.inner.propose(token_ids, params, seed)
+        return self.inner.propose(token_ids, round_seed)
 
     def release(self) -> None:
         self.inner.release()
@@ -66,11 +66,12 @@ def test_skipped_rounds_verify_the_root_alone_and_the_drafter_catches_up(tempera
 
     def run(drafter):
         finish = FinishChecker(40, frozenset())
-        stats = speculative_generate(PROMPT, LocalVerifier(target, CAPACITY), drafter, params, 7, finish)
+        verifier = LocalVerifier(target, CAPACITY, sampling=params)
+        stats = speculative_generate(PROMPT, verifier, drafter, 7, finish)
         return finish.generated, stats
 
     alone, _ = run(None)
-    drafter = EmptyUntil(ModelDrafter(draft, CAPACITY, DraftShape(depth=3)), len(PROMPT) + 12)
+    drafter = EmptyUntil(ModelDrafter(draft, CAPACITY, DraftShape(depth=3), params), len(PROMPT) + 12)
     generated, stats = run(drafter)
     # Plain decoding (one token a round) while the drafter proposes nothing: asked at rounds 0, 2, 5,
     # 10, 19; it drafts from the last of these on, asked every round, from a longer history.

@@ -35,8 +35,9 @@ def draft(target):
 
 def run(target, drafter_runner, shape, params, seed=0, eos=frozenset(), prompt=PROMPT, max_new_tokens=40):
     finish = FinishChecker(max_new_tokens, eos)
-    drafter = None if drafter_runner is None else ModelDrafter(drafter_runner, CAPACITY, shape)
-    stats = speculative_generate(prompt, LocalVerifier(target, CAPACITY), drafter, params, seed, finish)
+    drafter = None if drafter_runner is None else ModelDrafter(drafter_runner, CAPACITY, shape, params)
+    verifier = LocalVerifier(target, CAPACITY, sampling=params)
+    stats = speculative_generate(prompt, verifier, drafter, seed, finish)
     return finish, stats
 
 
@@ -79,7 +80,7 @@ class WrongDrafter:
     def __init__(self, reference: list[int], prompt_len: int, vocab: int) -> None:
         self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
 
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         nxt = len(token_ids) - self.prompt_len
         wrong = [(t + 1) % self.vocab for t in self.reference[nxt : nxt + 3]]
         return DraftTree(TokenTree.chain([token_ids[-1], *wrong]))
@@ -91,7 +92,7 @@ def test_first_token_rejected_every_round(target):
     reference, _ = run(target, None, None, GREEDY)
     finish = FinishChecker(40)
     drafter = WrongDrafter(reference.generated, len(PROMPT), target.vocab_size)
-    stats = speculative_generate(PROMPT, LocalVerifier(target, CAPACITY), drafter, GREEDY, 0, finish)
+    stats = speculative_generate(PROMPT, LocalVerifier(target, CAPACITY), drafter, 0, finish)
     assert finish.generated == reference.generated
     assert stats.num_accepted_tokens == 0 and stats.num_draft_tokens > 0
 

@@ -94,10 +94,11 @@ def test_sampled_verification_of_a_shipped_cape_tree_keeps_the_target_distributi
     params = SamplingParams(temperature=0.7)
     prompt_ids = engine.encode_prompt(PROMPTS[0])
     verifier = LocalVerifier(engine.target_runner, capacity=len(prompt_ids) + 64)
-    root = verifier.prefill(prompt_ids, SamplingParams(), seed=0)
+    root = verifier.prefill(prompt_ids, 0)
     capacity = len(prompt_ids) + 64
-    drafter = GlideDrafter(engine.glide_draft, verifier.cache, capacity, DraftShape(4), CapeSettings())
-    draft = drafter.propose([*prompt_ids, root], params, seed=1)
+    cape = CapeSettings()
+    drafter = GlideDrafter(engine.glide_draft, verifier.cache, capacity, DraftShape(4), cape, params)
+    draft = drafter.propose([*prompt_ids, root], 1)
     tree = draft.tree
     assert len(tree_children(tree.parent_ids)[0]) > 1  # a real tree: several candidates for the first token
     start = verifier.cache.length

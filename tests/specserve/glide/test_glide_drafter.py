@@ -52,8 +52,8 @@ class Recording:
     def __init__(self, drafter: GlideDrafter) -> None:
         self.drafter, self.trees = drafter, []
 
-    def propose(self, token_ids: Sequence[int], params: SamplingParams, seed: int) -> DraftTree:
-        draft = self.drafter.propose(token_ids, params, seed)
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+        draft = self.drafter.propose(token_ids, round_seed)
         self.trees.append(draft)
         return draft
 
@@ -62,12 +62,12 @@ class Recording:
 
 
 def run(target, model, shape, cape, params, seed=0, prompt=PROMPT, max_new_tokens=40):
-    verifier = LocalVerifier(target, CAPACITY)
+    verifier = LocalVerifier(target, CAPACITY, sampling=params)
     drafter = None
     if model is not None:
-        drafter = Recording(GlideDrafter(model, verifier.cache, CAPACITY, shape, cape))
+        drafter = Recording(GlideDrafter(model, verifier.cache, CAPACITY, shape, cape, params))
     finish = FinishChecker(max_new_tokens, frozenset())
-    stats = speculative_generate(prompt, verifier, drafter, params, seed, finish)
+    stats = speculative_generate(prompt, verifier, drafter, seed, finish)
     return finish.generated, stats, drafter
 
 
@@ -160,7 +160,7 @@ def test_draft_cache_depends_only_on_the_committed_sequence(target, glide):
     g = torch.Generator().manual_seed(0)
     for grow in [3, 1, 5, 2, 4, 1]:
         _commit(target, verifier, token_ids)
-        drafter.propose(token_ids, GREEDY, 0)
+        drafter.propose(token_ids, 0)
         token_ids += torch.randint(0, 64, (grow,), generator=g).tolist()
     _commit(target, verifier, token_ids)
     target_kv = verifier.cache.layer_kv(-1)
@@ -196,14 +196,14 @@ class AliasWatch(TorchDispatchMode):
 def test_drafter_reads_the_target_cache_without_copying(target, glide):
     verifier = LocalVerifier(target, CAPACITY)
     drafter = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=4), CapeSettings())
-    token_ids = [*PROMPT, verifier.prefill(PROMPT, GREEDY, 0)]
+    token_ids = [*PROMPT, verifier.prefill(PROMPT, 0)]
     last = verifier.cache.layers[-1]
     seen = []
     hook = glide.layer.cross_attn.register_forward_pre_hook(lambda module, args: seen.append(args[3:5]))
     watch = AliasWatch({last.keys.untyped_storage().data_ptr(), last.values.untyped_storage().data_ptr()})
     try:
         with watch:
-            drafter.propose(token_ids, GREEDY, 0)
+            drafter.propose(token_ids, 0)
     finally:
         hook.remove()
     assert len(seen) == 4  # sync + 3 spine steps
@@ -217,9 +217,9 @@ def test_drafter_reads_the_target_cache_without_copying(target, glide):
 def test_target_cache_out_of_step_is_refused(target, glide):
     verifier = LocalVerifier(target, CAPACITY)
     drafter = GlideDrafter(glide, verifier.cache, CAPACITY)
-    verifier.prefill(PROMPT, GREEDY, 0)
+    verifier.prefill(PROMPT, 0)
     with pytest.raises(FailedPrecondition):
-        drafter.propose([*PROMPT, 1, 2], GREEDY, 0)  # the target has not verified token 1
+        drafter.propose([*PROMPT, 1, 2], 0)  # the target has not verified token 1
 
 
 def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
@@ -229,7 +229,7 @@ def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
     drafter = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=3))
     token_ids = list(PROMPT)
     _commit(target, verifier, token_ids)
-    drafter.propose(token_ids, GREEDY, 0)
+    drafter.propose(token_ids, 0)
     cached = drafter.cache.length
     token_ids += [5, 6]
     _commit(target, verifier, token_ids)
@@ -240,10 +240,10 @@ def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
         def observe(self, num_drafted: int, num_accepted: int) -> None: ...
 
     real, drafter.stop_policy = drafter.stop_policy, Nothing()
-    draft = drafter.propose(token_ids, GREEDY, 0)
+    draft = drafter.propose(token_ids, 0)
     assert draft.tree.token_ids == (token_ids[-1],) and drafter.cache.length == cached
     drafter.stop_policy = real
     token_ids += [7]
     _commit(target, verifier, token_ids)
     fresh = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=3))
-    assert drafter.propose(token_ids, GREEDY, 0).tree == fresh.propose(token_ids, GREEDY, 0).tree
+    assert drafter.propose(token_ids, 0).tree == fresh.propose(token_ids, 0).tree

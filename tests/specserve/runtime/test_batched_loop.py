@@ -25,9 +25,9 @@ SHAPES = [None, DraftShape(depth=4), DraftShape(depth=3, widths=(3, 2))]
 def session(target, draft, shape, prompt, params, seed, prefill_chunk=256, max_new_tokens=30):
     def run() -> list[int]:
         finish = FinishChecker(max_new_tokens, frozenset())
-        drafter = None if shape is None else ModelDrafter(draft, CAPACITY, shape)
-        verifier = LocalVerifier(target, CAPACITY, prefill_chunk=prefill_chunk)
-        speculative_generate(prompt, verifier, drafter, params, seed, finish)
+        drafter = None if shape is None else ModelDrafter(draft, CAPACITY, shape, params)
+        verifier = LocalVerifier(target, CAPACITY, prefill_chunk=prefill_chunk, sampling=params)
+        speculative_generate(prompt, verifier, drafter, seed, finish)
         return list(finish.generated)
 
     return run

@@ -87,11 +87,11 @@ class RecordingVerifier:
         self.inner = inner
         self.rounds: list[tuple[DraftTree, VerifyOutcome]] = []
 
-    def prefill(self, prompt_ids: Sequence[int], params: SamplingParams, seed: int) -> int:
-        return self.inner.prefill(prompt_ids, params, seed)
+    def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
+        return self.inner.prefill(prompt_ids, round_seed)
 
-    def verify(self, draft: DraftTree, params: SamplingParams, seed: int) -> VerifyOutcome:
-        outcome = self.inner.verify(draft, params, seed)
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
+        outcome = self.inner.verify(draft, round_seed)
         self.rounds.append((draft, outcome))
         return outcome
 
@@ -127,20 +127,20 @@ def glide(target: ModelRunner) -> GlideDraft:
 
 
 def run(target, make_drafter, params=GREEDY, seed=0):
-    """make_drafter(verifier) -> drafter or None; returns (generated, verifier, drafter)."""
-    verifier = RecordingVerifier(LocalVerifier(target, CAPACITY))
-    drafter = make_drafter(verifier.inner)
+    """make_drafter(verifier, sampling) -> drafter or None; returns (generated, verifier, drafter)."""
+    verifier = RecordingVerifier(LocalVerifier(target, CAPACITY, sampling=params))
+    drafter = make_drafter(verifier.inner, params)
     finish = FinishChecker(40, frozenset())
-    speculative_generate(PROMPT, verifier, drafter, params, seed, finish)
+    speculative_generate(PROMPT, verifier, drafter, seed, finish)
     return finish.generated, verifier, drafter
 
 
 def model_drafter(runner: ModelRunner, shape: DraftShape):
-    return lambda verifier: ModelDrafter(runner, CAPACITY, shape)
+    return lambda verifier, sampling: ModelDrafter(runner, CAPACITY, shape, sampling)
 
 
 def glide_drafter(model: GlideDraft, shape: DraftShape, cape: CapeSettings | None = None):
-    return lambda verifier: GlideDrafter(model, verifier.cache, CAPACITY, shape, cape)
+    return lambda verifier, sampling: GlideDrafter(model, verifier.cache, CAPACITY, shape, cape, sampling)
 
 
 # --- grow_spine_tree with a policy, on hand-built logits --------------------------------------------
@@ -269,7 +269,7 @@ def test_svip_threshold_sets_the_spine_length(target, draft, glide, kind, depth,
     assert verifier.rounds
     for proposal, _ in verifier.rounds:
         assert len(spine_token_ids(proposal.tree)) == spine_length
-    reference, _, _ = run(target, lambda verifier: None)
+    reference, _, _ = run(target, lambda verifier, sampling: None)
     assert generated == reference
 
 
@@ -294,8 +294,8 @@ def test_observe_gets_what_the_verifier_decided(target, draft, glide, name, kind
     shape = DraftShape(depth=6, stop=name, stop_settings=StopSettings(max_depth=6))
     recorders: list[RecordingPolicy] = []
 
-    def make_recorded(verifier):
-        drafter = make(kind, draft, glide, shape)(verifier)
+    def make_recorded(verifier, sampling):
+        drafter = make(kind, draft, glide, shape)(verifier, sampling)
         recorders.append(RecordingPolicy(drafter.stop_policy))
         drafter.stop_policy = recorders[-1]
         return drafter
@@ -338,7 +338,7 @@ def test_heuristic_depth_follows_its_schedule(target, draft):
 @pytest.mark.parametrize("name", list(STOP_POLICIES))
 @pytest.mark.parametrize("kind", ["model-tree", "glide-cape"])
 def test_greedy_output_equals_target_alone_with_every_policy(target, draft, glide, kind, name):
-    reference, _, _ = run(target, lambda verifier: None)
+    reference, _, _ = run(target, lambda verifier, sampling: None)
     shape = DraftShape(depth=6, stop=name)
     generated, verifier, _ = run(target, make(kind, draft, glide, shape))
     assert generated == reference

@@ -18,8 +18,8 @@ CAPACITY = 256
 class CheckedVerifier(LocalVerifier):
     """Checks the invariant after every commit: one id per cached position, plus the root."""
 
-    def verify(self, draft, params, seed):
-        outcome = super().verify(draft, params, seed)
+    def verify(self, draft, round_seed):
+        outcome = super().verify(draft, round_seed)
         assert len(self.token_ids) == self.cache.length + 1
         assert self.root_token == self.token_ids[-1]
         return outcome
@@ -29,19 +29,21 @@ class CheckedVerifier(LocalVerifier):
 @pytest.mark.parametrize(
     "make_drafter",
     [
-        pytest.param(lambda d: ModelDrafter(d, CAPACITY, DraftShape(depth=4, widths=(2, 2))), id="tree"),
+        pytest.param(
+            lambda d, s: ModelDrafter(d, CAPACITY, DraftShape(depth=4, widths=(2, 2)), s), id="tree"
+        ),
         # target-rooted rounds commit no token after the path: the root stays the last id
         pytest.param(
-            lambda d: MultiCandidateDrafter(d, CAPACITY, McsdShape((2, 2, 1), target_roots=True)),
+            lambda d, s: MultiCandidateDrafter(d, CAPACITY, McsdShape((2, 2, 1), target_roots=True), s),
             id="target-rooted",
         ),
     ],
 )
 def test_token_ids_are_the_committed_sequence(target, draft, make_drafter, temperature):
     params = SamplingParams(temperature=temperature)
-    verifier = CheckedVerifier(target, CAPACITY)
+    verifier = CheckedVerifier(target, CAPACITY, sampling=params)
     finish = FinishChecker(40, frozenset())
-    speculative_generate(PROMPT, verifier, make_drafter(draft), params, 5, finish)
+    speculative_generate(PROMPT, verifier, make_drafter(draft, params), 5, finish)
     committed = [*PROMPT, *finish.generated]
     # the last round may commit past max_new_tokens; the loop emits only up to it
     assert verifier.token_ids[: len(committed)] == committed
