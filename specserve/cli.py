@@ -195,10 +195,10 @@ class _StreamPrinter:
 
 def _run_calibrate(args: argparse.Namespace) -> int:
     from specserve.engine import Engine
-    from specserve.runtime.calibrate import calibrate_engine, save_calibration
+    from specserve.runtime.calibrate import save_calibration
 
     engine = Engine(_settings(args))
-    cost = calibrate_engine(engine)
+    cost = engine.calibrate()
     path = save_calibration(cost, args.out or engine.calibration_path, engine.calibration_about())
     print(json.dumps({"path": str(path), **cost.to_json()}))
     return 0

@@ -16,6 +16,7 @@ from specserve.catalog import Method
 from specserve.core.cost import CostModel, default_calibration_name
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.protocols import DraftTree
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.errors import InvalidArgument
@@ -130,15 +131,43 @@ class Engine:
     @functools.cached_property
     def cost_model(self) -> CostModel:
         """The cost policy's costs for this machine: loaded, or measured once and saved (~30 s on 2 cores)."""
-        from specserve.runtime.calibrate import calibrate_engine, load_calibration, save_calibration
+        from specserve.runtime.calibrate import load_calibration, save_calibration
 
         path = self.calibration_path
         if path.is_file():
             return load_calibration(path)
 
         logger.warning("no cost calibration at %s: measuring this machine's costs once", path)
-        cost = calibrate_engine(self)
+        cost = self.calibrate()
         save_calibration(cost, path, self.calibration_about())
+        return cost
+
+    def calibrate(self, repeats: int = 3) -> CostModel:
+        """Measures this engine's target verify curve and its GliDe draft's step cost."""
+        from specserve.glide.drafter import GlideDrafter
+        from specserve.runtime.calibrate import (
+            PROMPT_TOKENS,
+            measure_batch_verify_s,
+            measure_draft_step_s,
+            measure_verify_s,
+        )
+        from specserve.runtime.drafter import DraftShape
+
+        runner = self.target_runner
+        verify_points = measure_verify_s(runner, repeats=repeats)
+        verify_points += measure_batch_verify_s(runner, repeats=repeats)
+        prompt = [i % runner.vocab_size for i in range(10, 10 + PROMPT_TOKENS)]
+        verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
+        root = verifier.prefill(prompt, round_seed=0)  # greedy
+
+        def propose(depth: int) -> DraftTree:
+            drafter = GlideDrafter(self.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth))
+            return drafter.propose([*prompt, root], round_seed=0)
+
+        draft_step_s = measure_draft_step_s(propose, repeats=repeats)
+        verifier.release()
+        cost = CostModel(verify_points, draft_step_s)
+        logger.info("calibrated: verify %s s, draft step %.4f s", dict(verify_points), draft_step_s)
         return cost
 
     def calibration_about(self) -> dict:

@@ -110,6 +110,37 @@ class ReplicaSet:
         return self._load[address]
 
 
+class HeldReplica:
+    """The replica one run of a session uses, counted in its set's load while held.
+
+    Chosen once (the session's replica if healthy, else the least loaded). When a call to it fails,
+    `move` marks it failed and takes the next choice, and the session's load moves with it: the counts
+    always name the replicas sessions actually use.
+    """
+
+    def __init__(self, replicas: ReplicaSet, session_id: str, preferred: str = "") -> None:
+        self.replicas, self.session_id = replicas, session_id
+        self.address = replicas.choose(session_id, preferred)
+        replicas.acquire(self.address)
+        self._held = True
+
+    def move(self) -> str:
+        """The replica failed: the session goes to the next choice (the same one if nothing else is
+        healthy). Returns the new address."""
+        failed = self.address
+        self.replicas.mark_failed(failed)
+        self.address = self.replicas.choose(self.session_id)
+        if self._held and self.address != failed:
+            self.replicas.acquire(self.address)
+            self.replicas.release(failed)
+        return self.address
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.replicas.release(self.address)
+
+
 def _stable_hash(session_id: str, address: str) -> int:
     return int.from_bytes(
         hashlib.blake2b(f"{session_id}@{address}".encode(), digest_size=8).digest(), "little"

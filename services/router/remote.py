@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
@@ -43,6 +44,14 @@ def wire_tree(draft: DraftTree) -> common_pb2.DraftTree:
     return draft.message if isinstance(draft, WireDraftTree) else tree_to_pb(draft)
 
 
+class Replica(Protocol):
+    """Where a session's calls go (placement.HeldReplica): one address, moved after a failure."""
+
+    address: str
+
+    def move(self) -> str: ...
+
+
 @dataclass
 class RoundCounters:
     """Per-session numbers the loop's stats do not have."""
@@ -62,8 +71,7 @@ class RemoteVerifier:
         self,
         session_id: str,
         stub_for: Callable[[str], target_pb2_grpc.TargetServiceStub],
-        choose_target: Callable[[], str],
-        on_target_failed: Callable[[str], None],
+        target: Replica,
         sampling: SamplingParams,
         capacity: int,
         timeout_s: float,
@@ -74,8 +82,7 @@ class RemoteVerifier:
     ) -> None:
         self.session_id = session_id
         self.stub_for = stub_for
-        self.choose_target = choose_target
-        self.on_target_failed = on_target_failed
+        self.target = target  # moves to another replica when this one is unavailable
         self.sampling = sampling  # the session's: sent with every Prefill, fresh or rebuild
         self.capacity = capacity
         self.timeout_s = timeout_s
@@ -84,11 +91,15 @@ class RemoteVerifier:
         # (draft tokens, accepted draft tokens, Verify seconds, Propose + Verify bytes) of each round
         self.on_round = on_round
         self._bytes_before_round = 0
-        self.address = choose_target()
         self.history: list[int] = []  # committed tokens; the last is the root
         self.logprobs = logprobs
         self._logprobs: list[common_pb2.TokenLogprob] = []  # of the tokens the last call committed
         self.batch_sessions = 0  # sessions sharing the target, as its last Verify reported
+
+    @property
+    def address(self) -> str:
+        """The target replica the session is on now."""
+        return self.target.address
 
     def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
         request = target_pb2.PrefillRequest(
@@ -175,9 +186,8 @@ class RemoteVerifier:
             if isinstance(error, NotFound | FailedPrecondition) and rebuild is not None:
                 rebuild()
             elif isinstance(error, Unavailable) and time.monotonic() < deadline:
-                self.on_target_failed(self.address)
+                self.target.move()
                 time.sleep(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
-                self.address = self.choose_target()
                 if rebuild is not None:
                     try:
                         rebuild()

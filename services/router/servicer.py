@@ -1,5 +1,5 @@
-"""RouterService: the public API. Each generation runs the core loop on a worker thread with the remote
-drafter and verifier; its tokens go to Redis first and then to the client's stream."""
+"""RouterService: the public API. Each generation runs on a worker thread (session_run.py: the core loop
+with the remote drafter and verifier); its tokens go to Redis first and then to the client's stream."""
 
 from __future__ import annotations
 
@@ -7,25 +7,20 @@ import contextvars
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 
 import grpc
 
 from services.router.placement import ReplicaSet
-from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
+from services.router.session_run import Done, Round, SessionRun, saved_stats
 from services.router.state import SessionRecord, SessionState, SessionStatus
 from services.router.tokenizer import IncrementalText, RouterTokenizer
-from specserve.catalog import CATALOG, Method
-from specserve.core.finish import FinishChecker
-from specserve.core.loop import speculative_generate
+from specserve.catalog import CATALOG
 from specserve.core.request import GenerationRequest, RequestLimits
-from specserve.errors import InvalidArgument, ResourceExhausted, SpecserveError
-from specserve.results import FinishReason, GenerationStats
-from specserve.serving import telemetry
+from specserve.errors import InvalidArgument, ResourceExhausted
+from specserve.results import FinishReason
 from specserve.serving.auth import check_owner, current_caller
 from specserve.serving.convert import (
     check_session_id,
@@ -41,28 +36,11 @@ from specserve.serving.status import Cancelled, error_from_rpc
 from specserve.serving.telemetry import traced_channel
 from specserve.serving.tls import channel_credentials, server_name_options
 from specserve.serving.validate import check_prompt_chars
-from specserve.v1 import common_pb2, draft_pb2_grpc, router_pb2, router_pb2_grpc, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, router_pb2, router_pb2_grpc, target_pb2, target_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 STREAM_POLL_SECONDS = 0.25  # how often a waiting stream checks that its client is still there
-
-
-@dataclass
-class _Done:
-    reason: FinishReason
-    stats: router_pb2.GenerationStats
-    text: str  # the finished text (cut before a stop string)
-
-
-@dataclass
-class _Round:
-    """One round's tokens as the worker hands them to the stream."""
-
-    token_ids: list[int]
-    num_draft_tokens: int
-    num_accepted_tokens: int  # the first this many of token_ids came from the draft
-    logprobs: list[common_pb2.TokenLogprob]
 
 
 # Called with a function to run once the client has gone (disconnect, deadline): gRPC's
@@ -124,6 +102,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub:
         return target_pb2_grpc.TargetServiceStub(self._channel(address, self.settings.tls_target_name))
+
+    def draft_channel(self, address: str) -> grpc.Channel:
+        return self._channel(address, self.settings.tls_draft_name)
 
     # -- RPCs ---------------------------------------------------------------------------------------
     @property
@@ -239,15 +220,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     # In the RPC's context, so the worker's spans join the caller's trace (a pool
                     # thread does not inherit context variables).
                     worker_context = contextvars.copy_context()
-                    self._workers.submit(
-                        worker_context.run, self._generate, record, generated, out, cancel, logprobs
-                    )
+                    run = SessionRun(self, record, generated, out, cancel, logprobs)
+                    self._workers.submit(worker_context.run, run.run)
                 except RuntimeError:
                     raise ResourceExhausted("the router is shutting down") from None
             else:
-                saved, saved_extra = _saved_stats(record.stats)
+                saved, saved_extra = saved_stats(record.stats)
                 stats = stats_to_pb(saved, **saved_extra)
-                out.put(_Done(FinishReason(record.finish_reason), stats, self.tokenizer.decode(generated)))
+                out.put(Done(FinishReason(record.finish_reason), stats, self.tokenizer.decode(generated)))
             while True:
                 try:
                     item = out.get(timeout=STREAM_POLL_SECONDS)
@@ -261,7 +241,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     return
                 if isinstance(item, BaseException):
                     raise item
-                if isinstance(item, _Done):
+                if isinstance(item, Done):
                     yield router_pb2.GenerateResponse(
                         session_id=session_id,
                         index=index,
@@ -270,7 +250,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                         stats=item.stats,
                     )
                     return
-                if isinstance(item, _Round):
+                if isinstance(item, Round):
                     yield router_pb2.GenerateResponse(
                         session_id=session_id,
                         token_ids=item.token_ids,
@@ -300,149 +280,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             session_id=session_id, index=index, finish_reason=common_pb2.FINISH_REASON_CANCELLED
         )
 
-    def _generate(
-        self,
-        record: SessionRecord,
-        generated: list[int],
-        out: queue.Queue,
-        cancel: threading.Event,
-        logprobs: int | None = None,
-    ) -> None:
-        """Runs on a worker thread until the session finishes, fails or is cancelled."""
-        session_id, request = record.session_id, record.request
-        assert request.seed is not None, "a session's seed is fixed when it starts"
-        capacity = self.limits.capacity(len(record.prompt_ids), request.stopping.max_new_tokens)
-        counters = RoundCounters()
-        # (draft tokens, accepted draft tokens) of the round the loop is about to emit; the prefill's
-        # first token is a round without a draft.
-        this_round = [(0, 0)]
-
-        def on_round(num_draft: int, num_accepted: int, verify_s: float, round_bytes: int) -> None:
-            this_round[0] = (num_draft, num_accepted)
-            self.metrics.observe_round(num_draft, num_accepted, verify_s, round_bytes)
-
-        target_address = self.targets.choose(session_id, record.target)
-        self.targets.acquire(target_address)
-        verifier = RemoteVerifier(
-            session_id,
-            self.target_stub,
-            lambda: self.targets.choose(session_id, record.target),
-            self.targets.mark_failed,
-            request.sampling,
-            capacity,
-            self.settings.target_timeout_seconds,
-            counters,
-            is_cancelled=cancel.is_set,
-            on_round=on_round,
-            logprobs=logprobs,
-        )
-        verifier.address = target_address
-        drafter = None
-        draft_address = ""
-        if CATALOG[Method(request.method)].drafts and self.drafts is not None:
-            draft_address = self.drafts.choose(session_id, record.draft)
-            self.drafts.acquire(draft_address)
-            drafter = RemoteDrafter(
-                session_id,
-                request.method,
-                draft_pb2_grpc.DraftServiceStub(self._channel(draft_address, self.settings.tls_draft_name)),
-                lambda: verifier.address,
-                request.sampling,
-                capacity,
-                self.settings.draft_timeout_seconds,
-                counters,
-                on_propose=self.metrics.draft_rpc_latency.observe,
-                request_seed=request.seed,
-                batch_sessions=lambda: verifier.batch_sessions,
-            )
-        previous, previous_extra = _saved_stats(record.stats)
-        finish = FinishChecker.for_request(request.stopping, self.eos_token_ids, self.tokenizer.decode)
-        start = time.perf_counter()
-        last_emit = [start]
-        first = [not generated]
-        self.metrics.running_requests.inc()
-
-        def on_tokens(token_ids: list[int]) -> None:
-            now = time.perf_counter()
-            if first[0]:
-                self.metrics.time_to_first_token.observe(now - start)
-                first[0] = False
-            else:
-                self.metrics.inter_token_latency.observe((now - last_emit[0]) / len(token_ids))
-            last_emit[0] = now
-            t0 = time.perf_counter()
-            running = self.state.append(session_id, token_ids, target=verifier.address, draft=draft_address)
-            counters.redis_s += time.perf_counter() - t0
-            self.metrics.redis_latency.observe(time.perf_counter() - t0)
-            if not running or cancel.is_set():
-                raise Cancelled(f"session {session_id} was cancelled")
-            num_draft, num_accepted = this_round[0]
-            this_round[0] = (0, 0)
-            # The loop keeps a prefix of the round's tokens (it may end inside it).
-            round_logprobs = verifier.take_logprobs()[: len(token_ids)]
-            out.put(_Round(token_ids, num_draft, min(num_accepted, len(token_ids)), round_logprobs))
-
-        def round_scope(position: int):
-            return telemetry.span(
-                telemetry.SPAN_ROUND, **{telemetry.ATTR_SESSION: session_id, "specserve.position": position}
-            )
-
-        try:
-            with telemetry.span(
-                telemetry.SPAN_REQUEST,
-                **{telemetry.ATTR_SESSION: session_id, telemetry.ATTR_METHOD: request.method},
-            ):
-                stats = speculative_generate(
-                    record.prompt_ids,
-                    verifier,
-                    drafter,
-                    request.seed,
-                    finish,
-                    on_tokens,
-                    generated_ids=generated,
-                    round_scope=round_scope,
-                )
-            total = _add_stats(previous, stats)
-            extra = {
-                "rpc_bytes": counters.rpc_bytes,
-                "kv_feed_bytes": counters.kv_feed_bytes,
-                "num_draft_fallbacks": counters.draft_fallbacks,
-                "num_prepared_proposals": counters.prepared_proposals,
-                "num_target_rebuilds": counters.target_rebuilds,
-                "redis_seconds": counters.redis_s,
-                "draft_service_seconds": counters.draft_service_s,
-                "target_service_seconds": counters.target_service_s,
-            }
-            extra = {k: v + previous_extra.get(k, 0) for k, v in extra.items()}
-            stats_pb = stats_to_pb(total, **extra)
-            assert finish.reason is not None
-            self.state.update(
-                session_id,
-                status=SessionStatus.FINISHED,
-                finish_reason=finish.reason.value,
-                stats={"core": asdict(total), "extra": extra},
-            )
-            text = finish.final_text()
-            self.metrics.e2e_request_latency.observe(time.perf_counter() - start)
-            out.put(_Done(finish.reason, stats_pb, text))
-        except BaseException as e:
-            if cancel.is_set() or isinstance(e, Cancelled):
-                self.state.delete(session_id, tombstone=False)  # this router drove it: nothing stays
-            out.put(e if isinstance(e, SpecserveError) else SpecserveError(f"generation failed: {e!r}"))
-            if not isinstance(e, SpecserveError):
-                logger.exception("generation %s failed", session_id)
-        finally:
-            self.state.release_lease(session_id)
-            self.metrics.running_requests.dec()
-            self.metrics.draft_fallbacks.inc(counters.draft_fallbacks)
-            self.metrics.target_rebuilds.inc(counters.target_rebuilds)
-            verifier.release()
-            self.targets.release(target_address)
-            if drafter is not None:
-                drafter.release()
-            if self.drafts is not None and draft_address:  # acquired above
-                self.drafts.release(draft_address)
-
     def close(self) -> None:
         for event in list(self._cancel_events.values()):
             event.set()
@@ -451,14 +288,3 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             for channel in self._channels.values():
                 channel.close()
         self.state.close()
-
-
-def _add_stats(previous: GenerationStats, stats: GenerationStats) -> GenerationStats:
-    return GenerationStats(
-        **{k: getattr(previous, k) + getattr(stats, k) for k in GenerationStats.__dataclass_fields__}
-    )
-
-
-def _saved_stats(saved: dict) -> tuple[GenerationStats, dict]:
-    """The cumulative stats a session's Redis record holds (empty for a new session)."""
-    return GenerationStats(**saved.get("core", {})), dict(saved.get("extra", {}))

@@ -128,30 +128,6 @@ def measure_batch_verify_s(
     return tuple(points)
 
 
-def calibrate_engine(engine, repeats: int = 3) -> CostModel:
-    """The engine's target verify curve and its GliDe draft's step cost."""
-    from specserve.glide.drafter import GlideDrafter
-    from specserve.runtime.drafter import DraftShape
-    from specserve.runtime.target import LocalVerifier
-
-    runner = engine.target_runner
-    verify_points = measure_verify_s(runner, repeats=repeats)
-    verify_points += measure_batch_verify_s(runner, repeats=repeats)
-    prompt = [i % runner.vocab_size for i in range(10, 10 + PROMPT_TOKENS)]
-    verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
-    root = verifier.prefill(prompt, round_seed=0)  # greedy
-
-    def propose(depth: int) -> DraftTree:
-        drafter = GlideDrafter(engine.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth))
-        return drafter.propose([*prompt, root], round_seed=0)
-
-    draft_step_s = measure_draft_step_s(propose, repeats=repeats)
-    verifier.release()
-    cost = CostModel(verify_points, draft_step_s)
-    logger.info("calibrated: verify %s s, draft step %.4f s", dict(verify_points), draft_step_s)
-    return cost
-
-
 def load_calibration(path: Path) -> CostModel:
     if not path.is_file():
         raise NotFound(f"no cost calibration at {path}; write one with `specserve calibrate`")

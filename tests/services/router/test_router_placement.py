@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.placement import ReplicaSet
+from services.router.placement import HeldReplica, ReplicaSet
 from specserve.errors import Unavailable
 
 
@@ -57,3 +57,16 @@ def test_unresolvable_names_fail_calls_not_startup():
     replicas = ReplicaSet(["dns:///pods:50051"], refresh_seconds=0.0, resolver=resolver)  # no raise
     with pytest.raises(Unavailable):
         replicas.choose("s")
+
+
+def test_a_held_replica_counts_once_and_moves_its_load_with_the_session():
+    replicas = ReplicaSet(["a:1", "b:1"])
+    held = HeldReplica(replicas, "s", preferred="a:1")
+    assert held.address == "a:1" and (replicas.load("a:1"), replicas.load("b:1")) == (1, 0)
+    assert held.move() == "b:1"  # a failed: the session and its load go to b
+    assert (replicas.load("a:1"), replicas.load("b:1")) == (0, 1)
+    assert held.move() == "a:1"  # both failed recently: the least loaded again, and the load follows
+    assert (replicas.load("a:1"), replicas.load("b:1")) == (1, 0)
+    held.release()
+    held.release()  # released once, whoever calls it again
+    assert (replicas.load("a:1"), replicas.load("b:1")) == (0, 0)

@@ -1,0 +1,256 @@
+"""One run of a session on a router worker thread: placement, the core loop, Redis and the client's queue.
+
+`SessionRun.run` is the whole generation; each step is a method with one job:
+- placement: one target (and one draft) replica per run, chosen once; its load is counted while the run
+  holds it and follows the session when a retry moves it to another replica (placement.HeldReplica);
+- the roles: the loop's RemoteVerifier and RemoteDrafter;
+- each emission: latency metrics, the tokens appended to Redis (before anyone sees them), then the round
+  on the queue the client's stream reads;
+- the end: cumulative stats written to Redis with the finish, the final text on the queue; on failure
+  or cancellation the error on the queue (and a cancelled session's state deleted).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from services.router.placement import HeldReplica
+from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
+from services.router.state import SessionRecord, SessionStatus
+from specserve.catalog import CATALOG, Method
+from specserve.core.finish import FinishChecker
+from specserve.core.loop import speculative_generate
+from specserve.errors import SpecserveError
+from specserve.results import FinishReason, GenerationStats
+from specserve.serving import telemetry
+from specserve.serving.convert import stats_to_pb
+from specserve.serving.status import Cancelled
+from specserve.v1 import common_pb2, draft_pb2_grpc, router_pb2
+
+if TYPE_CHECKING:
+    from services.router.servicer import RouterServicer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Done:
+    """The last item of a run's queue."""
+
+    reason: FinishReason
+    stats: router_pb2.GenerationStats
+    text: str  # the finished text (cut before a stop string)
+
+
+@dataclass
+class Round:
+    """One round's tokens as the worker hands them to the stream."""
+
+    token_ids: list[int]
+    num_draft_tokens: int
+    num_accepted_tokens: int  # the first this many of token_ids came from the draft
+    logprobs: list[common_pb2.TokenLogprob]
+
+
+class SessionRun:
+    def __init__(
+        self,
+        router: RouterServicer,
+        record: SessionRecord,
+        generated: list[int],
+        out: queue.Queue,
+        cancel: threading.Event,
+        logprobs: int | None = None,
+    ) -> None:
+        self.router, self.record, self.generated = router, record, generated
+        self.out, self.cancel, self.logprobs = out, cancel, logprobs
+        self.session_id = record.session_id
+        self.counters = RoundCounters()
+        # (draft tokens, accepted draft tokens) of the round the loop is about to emit; the prefill's
+        # first token is a round without a draft.
+        self._this_round = (0, 0)
+        self._start = self._last_emit = time.perf_counter()
+        self._first = not generated
+        self.target: HeldReplica | None = None
+        self.draft: HeldReplica | None = None
+        self.verifier: RemoteVerifier | None = None
+        self.drafter: RemoteDrafter | None = None
+
+    def run(self) -> None:
+        """Until the session finishes, fails or is cancelled; everything it holds is freed."""
+        router, request = self.router, self.record.request
+        router.metrics.running_requests.inc()
+        try:
+            verifier, drafter = self._place()
+            finish = FinishChecker.for_request(
+                request.stopping, router.eos_token_ids, router.tokenizer.decode
+            )
+            assert request.seed is not None, "a session's seed is fixed when it starts"
+            attributes = {telemetry.ATTR_SESSION: self.session_id, telemetry.ATTR_METHOD: request.method}
+            with telemetry.span(telemetry.SPAN_REQUEST, **attributes):
+                stats = speculative_generate(
+                    self.record.prompt_ids,
+                    verifier,
+                    drafter,
+                    request.seed,
+                    finish,
+                    self._emit,
+                    generated_ids=self.generated,
+                    round_scope=self._round_scope,
+                )
+            self._finish(finish, stats)
+        except BaseException as e:
+            self._fail(e)
+        finally:
+            self._free()
+
+    # -- placement and roles -------------------------------------------------------------------------
+    def _place(self) -> tuple[RemoteVerifier, RemoteDrafter | None]:
+        """The replicas this run uses, chosen once (where the session was, else the least loaded), and
+        the loop's roles on them."""
+        router, record = self.router, self.record
+        self.target = HeldReplica(router.targets, self.session_id, record.target)
+        self.verifier = self._verifier(self.target)
+        if CATALOG[Method(record.request.method)].drafts and router.drafts is not None:
+            self.draft = HeldReplica(router.drafts, self.session_id, record.draft)
+            self.drafter = self._drafter(self.draft, self.verifier)
+        return self.verifier, self.drafter
+
+    def _free(self) -> None:
+        router = self.router
+        router.state.release_lease(self.session_id)
+        router.metrics.running_requests.dec()
+        router.metrics.draft_fallbacks.inc(self.counters.draft_fallbacks)
+        router.metrics.target_rebuilds.inc(self.counters.target_rebuilds)
+        for role in (self.verifier, self.drafter):
+            if role is not None:
+                role.release()  # on the replica the role used last
+        for replica in (self.target, self.draft):
+            if replica is not None:
+                replica.release()
+
+    @property
+    def _capacity(self) -> int:
+        return self.router.limits.capacity(
+            len(self.record.prompt_ids), self.record.request.stopping.max_new_tokens
+        )
+
+    def _verifier(self, target: HeldReplica) -> RemoteVerifier:
+        router = self.router
+        return RemoteVerifier(
+            self.session_id,
+            router.target_stub,
+            target,
+            self.record.request.sampling,
+            self._capacity,
+            router.settings.target_timeout_seconds,
+            self.counters,
+            is_cancelled=self.cancel.is_set,
+            on_round=self._on_round,
+            logprobs=self.logprobs,
+        )
+
+    def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier) -> RemoteDrafter:
+        router, request = self.router, self.record.request
+        return RemoteDrafter(
+            self.session_id,
+            request.method,
+            draft_pb2_grpc.DraftServiceStub(router.draft_channel(draft.address)),
+            lambda: verifier.address,
+            request.sampling,
+            self._capacity,
+            router.settings.draft_timeout_seconds,
+            self.counters,
+            on_propose=router.metrics.draft_rpc_latency.observe,
+            request_seed=request.seed,
+            batch_sessions=lambda: verifier.batch_sessions,
+        )
+
+    # -- rounds ----------------------------------------------------------------------------------------
+    def _round_scope(self, position: int) -> AbstractContextManager[object]:
+        attributes = {telemetry.ATTR_SESSION: self.session_id, "specserve.position": position}
+        return telemetry.span(telemetry.SPAN_ROUND, **attributes)
+
+    def _on_round(self, num_draft: int, num_accepted: int, verify_s: float, round_bytes: int) -> None:
+        self._this_round = (num_draft, num_accepted)
+        self.router.metrics.observe_round(num_draft, num_accepted, verify_s, round_bytes)
+
+    def _emit(self, token_ids: list[int]) -> None:
+        """New tokens: metrics, then Redis, then the client's queue (a resumed stream never misses any)."""
+        metrics = self.router.metrics
+        now = time.perf_counter()
+        if self._first:
+            metrics.time_to_first_token.observe(now - self._start)
+            self._first = False
+        else:
+            metrics.inter_token_latency.observe((now - self._last_emit) / len(token_ids))
+        self._last_emit = now
+        t0 = time.perf_counter()
+        verifier = self.verifier
+        assert verifier is not None
+        draft = self.draft.address if self.draft is not None else ""
+        running = self.router.state.append(self.session_id, token_ids, target=verifier.address, draft=draft)
+        self.counters.redis_s += time.perf_counter() - t0
+        metrics.redis_latency.observe(time.perf_counter() - t0)
+        if not running or self.cancel.is_set():
+            raise Cancelled(f"session {self.session_id} was cancelled")
+        num_draft, num_accepted = self._this_round
+        self._this_round = (0, 0)
+        # The loop keeps a prefix of the round's tokens (it may end inside it).
+        logprobs = verifier.take_logprobs()[: len(token_ids)]
+        self.out.put(Round(token_ids, num_draft, min(num_accepted, len(token_ids)), logprobs))
+
+    # -- the end -----------------------------------------------------------------------------------------
+    def _finish(self, finish: FinishChecker, stats: GenerationStats) -> None:
+        """Cumulative stats (over every router that ran the session) and the finish go to Redis, then the
+        final message to the client."""
+        router, counters = self.router, self.counters
+        previous, previous_extra = saved_stats(self.record.stats)
+        total = add_stats(previous, stats)
+        extra = {
+            "rpc_bytes": counters.rpc_bytes,
+            "kv_feed_bytes": counters.kv_feed_bytes,
+            "num_draft_fallbacks": counters.draft_fallbacks,
+            "num_prepared_proposals": counters.prepared_proposals,
+            "num_target_rebuilds": counters.target_rebuilds,
+            "redis_seconds": counters.redis_s,
+            "draft_service_seconds": counters.draft_service_s,
+            "target_service_seconds": counters.target_service_s,
+        }
+        extra = {k: v + previous_extra.get(k, 0) for k, v in extra.items()}
+        assert finish.reason is not None
+        router.state.update(
+            self.session_id,
+            status=SessionStatus.FINISHED,
+            finish_reason=finish.reason.value,
+            stats={"core": asdict(total), "extra": extra},
+        )
+        router.metrics.e2e_request_latency.observe(time.perf_counter() - self._start)
+        self.out.put(Done(finish.reason, stats_to_pb(total, **extra), finish.final_text()))
+
+    def _fail(self, error: BaseException) -> None:
+        """The error goes to the client's stream; a cancelled session leaves nothing in Redis."""
+        if self.cancel.is_set() or isinstance(error, Cancelled):
+            self.router.state.delete(self.session_id, tombstone=False)  # this router drove it
+        if isinstance(error, SpecserveError):
+            self.out.put(error)
+            return
+        logger.exception("generation %s failed", self.session_id, exc_info=error)
+        self.out.put(SpecserveError(f"generation failed: {error!r}"))
+
+
+def add_stats(previous: GenerationStats, stats: GenerationStats) -> GenerationStats:
+    return GenerationStats(
+        **{k: getattr(previous, k) + getattr(stats, k) for k in GenerationStats.__dataclass_fields__}
+    )
+
+
+def saved_stats(saved: dict) -> tuple[GenerationStats, dict]:
+    """The cumulative stats a session's Redis record holds (empty for a new session)."""
+    return GenerationStats(**saved.get("core", {})), dict(saved.get("extra", {}))
