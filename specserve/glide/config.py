@@ -12,7 +12,7 @@ from specserve.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class GlideConfig:
-    """One Llama-style block that cross-attends to one layer of the target's KV cache.
+    """Llama-style blocks (one by default) that cross-attend to one layer of the target's KV cache.
 
     Draft self-attention has its own geometry (num_heads, num_kv_heads, head_dim = hidden / heads);
     cross-attention uses the target's (target_num_heads, target_num_kv_heads, target_head_dim) because
@@ -41,9 +41,15 @@ class GlideConfig:
     # False = the same block without cross-attention: a plain one-layer draft of equal size and cost
     # otherwise, trained on the same data (the ablation that shows what reading the target's KV buys).
     cross_attention: bool = True
+    # Blocks stacked (each with self-attention, cross-attention to the same target layer, and MLP); the
+    # paper's draft is one.
+    num_layers: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.vocab_size, self.hidden_size, self.intermediate_size, self.block_size) < 1:
+        if (
+            min(self.vocab_size, self.hidden_size, self.intermediate_size, self.block_size, self.num_layers)
+            < 1
+        ):
             raise InvalidArgument(f"sizes must be positive: {self}")
         if min(self.num_heads, self.num_kv_heads) < 1 or self.hidden_size % self.num_heads:
             raise InvalidArgument("hidden_size must divide by num_heads")

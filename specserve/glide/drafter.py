@@ -66,7 +66,7 @@ class GlideDrafter(SpineDrafter):
         self.target_kv = target_kv
         self.cape = cape
         self.device = next(model.parameters()).device
-        self.cache = PositionalKVCache(num_layers=1, capacity=capacity)  # the draft's self-attention KV
+        self.cache = PositionalKVCache(model.config.num_layers, capacity)  # the draft's self-attention KV
         self._cached_ids: list[int] = []  # committed tokens (never the root) whose KV `cache` holds
 
     @torch.inference_mode()

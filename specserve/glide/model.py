@@ -1,4 +1,7 @@
-"""The GliDe draft (Du et al., ICML 2024): one Llama block that glimpses the target's KV cache.
+"""The GliDe draft (Du et al., ICML 2024): a Llama block that glimpses the target's KV cache.
+
+The paper's draft is one block; `GlideConfig.num_layers` stacks more, each as below, all reading the
+same target layer.
 
     h = x + SelfAttn(RMSNorm_in(x))              causal, own KV cache, RoPE, GQA
     h = h + CrossAttn(h, target K/V of one layer) no norm before it (official code)
@@ -119,14 +122,17 @@ class SelfAttention(nn.Module):
         cos: torch.Tensor,  # [S, D]
         sin: torch.Tensor,  # [S, D]
         cache: PositionalKVCache | None,  # None = the whole sequence is `x` (training)
+        layer_index: int = 0,  # which of the cache's layers is this block's
     ) -> torch.Tensor:
         seq = x.shape[1]
         q = apply_rope(_split_heads(self.q_proj(x), self.num_heads), cos, sin)  # [B, Hq, S, D]
         k = apply_rope(_split_heads(self.k_proj(x), self.num_kv_heads), cos, sin)  # [B, Hkv, S, D]
         v = _split_heads(self.v_proj(x), self.num_kv_heads)  # [B, Hkv, S, D]
-        start = 0 if cache is None else cache.length
+        start = 0
         if cache is not None:
-            k, v = cache.positional_layers[0].update(k, v)  # [B, Hkv, start + S, D]
+            layer = cache.positional_layers[layer_index]
+            start = layer.length
+            k, v = layer.update(k, v)  # [B, Hkv, start + S, D]
         mask = None  # a single query sees the whole history
         if seq > 1:  # causal: query i (absolute start + i) sees keys 0 .. start + i
             mask = torch.ones(seq, start + seq, dtype=torch.bool, device=x.device).tril(start)  # [S, start+S]
@@ -210,7 +216,7 @@ class GlideDraft(nn.Module):
             self.embed_tokens: nn.Module = FrozenEmbedding(target_embedding)
         else:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layer = GlideBlock(config)
+        self.layers = nn.ModuleList(GlideBlock(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.head_vocab_size, bias=False)
         if config.draft_vocab_size is not None:
@@ -241,16 +247,17 @@ class GlideDraft(nn.Module):
         if positions is None:
             positions = torch.arange(seq, device=input_ids.device)  # [S]
         h = self.embed_tokens(input_ids)  # [B, S, H]
-        block = self.layer
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, h.dtype)  # [S, D]
-        h = h + block.self_attn(block.input_layernorm(h), cos, sin, cache)
-        if block.cross_attn is not None:
-            if self.config.target_head_dim != self.config.head_dim:
-                cos, sin = rope_cos_sin(
-                    positions, self.config.target_head_dim, self.config.rope_theta, h.dtype
-                )
-            h = h + block.cross_attn(h, cos, sin, *target_kv, cross_mask)  # no norm first (official code)
-        h = h + block.mlp(block.post_attention_layernorm(h))
+        cross_cos, cross_sin = cos, sin
+        if self.config.target_head_dim != self.config.head_dim:
+            cross_cos, cross_sin = rope_cos_sin(
+                positions, self.config.target_head_dim, self.config.rope_theta, h.dtype
+            )
+        for index, block in enumerate(self.layers):
+            h = h + block.self_attn(block.input_layernorm(h), cos, sin, cache, index)
+            if block.cross_attn is not None:  # no norm first (official code)
+                h = h + block.cross_attn(h, cross_cos, cross_sin, *target_kv, cross_mask)
+            h = h + block.mlp(block.post_attention_layernorm(h))
         return self.norm(h)  # [B, S, H]
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -376,10 +383,15 @@ def load_glide(directory: Path, target_model: nn.Module | None = None) -> GlideD
         config.check_target(target_model.config)
     elif config.share_target_embeddings:
         raise InvalidArgument("this GliDe draft shares the target's embedding: pass the target model")
-    state = load_file(str(directory / WEIGHTS_FILE))
+    state = _with_block_list(load_file(str(directory / WEIGHTS_FILE)))
     model = _new_draft(config, target_model, state.get("draft_token_ids"))
     model.load_state_dict(state, strict=True)
     return _for_inference(model, target_model)
+
+
+def _with_block_list(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drafts saved before blocks were a list name their one block `layer.*`; it is `layers.0.*`."""
+    return {("layers.0." + k[len("layer.") :] if k.startswith("layer.") else k): v for k, v in state.items()}
 
 
 def _new_draft(

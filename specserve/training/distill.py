@@ -291,7 +291,8 @@ class DistillSettings:
     grad_clip: float = 1.0
     kd_weight: float = 1.0
     ce_weight: float = 1.0
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int = 8192  # rows of the reduced head (the most frequent target labels)
+    num_layers: int = 1  # draft blocks
     block_size: int = 5
     init_from: Path | None = None  # start from a trained draft (its head ids are kept)
     bf16: bool = True
@@ -319,6 +320,7 @@ def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureS
             share_target_embeddings=True,
             draft_vocab_size=settings.draft_vocab_size,
             block_size=settings.block_size,
+            num_layers=settings.num_layers,
         )
         with torch.no_grad():
             draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
@@ -597,7 +599,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--kd-weight", type=float, default=1.0)
     t.add_argument("--ce-weight", type=float, default=1.0)
-    t.add_argument("--init-from", type=Path)
+    t.add_argument("--init-from", type=Path, help="start from a trained draft (its shape is kept)")
+    t.add_argument("--draft-vocab-size", type=int, default=8192, help="rows of the reduced head")
+    t.add_argument("--num-layers", type=int, default=1, help="draft blocks")
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--checkpoint-every", type=int, default=100)
     t.add_argument("--threads", type=int)
@@ -640,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         kd_weight=args.kd_weight,
         ce_weight=args.ce_weight,
         init_from=args.init_from,
+        draft_vocab_size=args.draft_vocab_size,
+        num_layers=args.num_layers,
         eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every,
         threads=args.threads,

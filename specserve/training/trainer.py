@@ -149,7 +149,7 @@ def copy_target_layer(draft: GlideDraft, layer: nn.Module) -> bool:
     projections are a far better start for cross-attention than noise (and its own attention and MLP
     for the draft's). Returns False, changing nothing, when shapes differ (a narrower draft).
     """
-    block = draft.layer
+    block = draft.layers[0]
     names = [(n, n) for n in ("input_layernorm", "post_attention_layernorm", *_ATTN, *_MLP)]  # (mine, theirs)
     if block.cross_attn is not None:
         names += [("cross_attn.q_proj", "self_attn.q_proj"), ("cross_attn.o_proj", "self_attn.o_proj")]

@@ -77,6 +77,7 @@ CASES = {
     "cape-capped": (DraftShape(depth=4), CapeSettings(max_tree_nodes=7), {}),
     "cape-reduced-head": (DraftShape(depth=4), CapeSettings(), {"draft_vocab_size": 16}),
     "cape-shared-embedding": (DraftShape(depth=3), CapeSettings(), {"share_target_embeddings": True}),
+    "cape-two-blocks": (DraftShape(depth=4), CapeSettings(), {"num_layers": 2}),
 }
 
 
@@ -199,7 +200,7 @@ def test_drafter_reads_the_target_cache_without_copying(target, glide):
     token_ids = [*PROMPT, verifier.prefill(PROMPT, 0)]
     last = verifier.cache.layers[-1]
     seen = []
-    hook = glide.layer.cross_attn.register_forward_pre_hook(lambda module, args: seen.append(args[3:5]))
+    hook = glide.layers[0].cross_attn.register_forward_pre_hook(lambda module, args: seen.append(args[3:5]))
     watch = AliasWatch({last.keys.untyped_storage().data_ptr(), last.values.untyped_storage().data_ptr()})
     try:
         with watch:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -95,21 +96,21 @@ def _reference(model: GlideDraft, input_ids, target_kv, cross_mask) -> torch.Ten
     outs = []
     for b in range(input_ids.shape[0]):
         x = w["embed_tokens.weight"][input_ids[b]]  # [S, H]
-        n = _rms(x, w["layer.input_layernorm.weight"])
-        k = (n @ w["layer.self_attn.k_proj.weight"].T).view(seq, c.num_kv_heads, -1).transpose(0, 1)
-        v = (n @ w["layer.self_attn.v_proj.weight"].T).view(seq, c.num_kv_heads, -1).transpose(0, 1)
-        q = n @ w["layer.self_attn.q_proj.weight"].T
+        n = _rms(x, w["layers.0.input_layernorm.weight"])
+        k = (n @ w["layers.0.self_attn.k_proj.weight"].T).view(seq, c.num_kv_heads, -1).transpose(0, 1)
+        v = (n @ w["layers.0.self_attn.v_proj.weight"].T).view(seq, c.num_kv_heads, -1).transpose(0, 1)
+        q = n @ w["layers.0.self_attn.q_proj.weight"].T
         attn = _heads_attention(q, k, v, causal, c.num_heads, c.num_kv_heads, positions, rotate_keys=True)
-        h = x + attn @ w["layer.self_attn.o_proj.weight"].T
-        q = h @ w["layer.cross_attn.q_proj.weight"].T  # no norm before cross-attention
+        h = x + attn @ w["layers.0.self_attn.o_proj.weight"].T
+        q = h @ w["layers.0.cross_attn.q_proj.weight"].T  # no norm before cross-attention
         tk, tv = target_kv[0][b].double(), target_kv[1][b].double()  # keys used as they are
         cross = _heads_attention(
             q, tk, tv, cross_mask, c.target_num_heads, c.target_num_kv_heads, positions, rotate_keys=False
         )
-        h = h + cross @ w["layer.cross_attn.o_proj.weight"].T
-        n = _rms(h, w["layer.post_attention_layernorm.weight"])
-        gate = torch.nn.functional.silu(n @ w["layer.mlp.gate_proj.weight"].T)
-        h = h + (gate * (n @ w["layer.mlp.up_proj.weight"].T)) @ w["layer.mlp.down_proj.weight"].T
+        h = h + cross @ w["layers.0.cross_attn.o_proj.weight"].T
+        n = _rms(h, w["layers.0.post_attention_layernorm.weight"])
+        gate = torch.nn.functional.silu(n @ w["layers.0.mlp.gate_proj.weight"].T)
+        h = h + (gate * (n @ w["layers.0.mlp.up_proj.weight"].T)) @ w["layers.0.mlp.down_proj.weight"].T
         outs.append(_rms(h, w["norm.weight"]))
     return torch.stack(outs).float()
 
@@ -125,13 +126,14 @@ def test_forward_matches_reference_with_blockwise_mask():
     torch.testing.assert_close(hidden, _reference(model, input_ids, target_kv, mask), atol=1e-4, rtol=1e-4)
 
 
-def test_incremental_forward_with_the_draft_cache_matches_one_pass():
-    model = _model()
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_incremental_forward_with_the_draft_cache_matches_one_pass(num_layers):
+    model = _model(dataclasses.replace(CONFIG, num_layers=num_layers))
     input_ids = torch.randint(0, CONFIG.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
     target_kv = _target_kv(batch=1, length=6)
     mask = cross_mask_from_lengths(torch.tensor([1, 2, 3, 3, 3, 6, 6, 6, 6]), 6)  # [9, 6]
     whole = model(input_ids, target_kv, mask)  # [1, 9, H]
-    cache = PositionalKVCache(num_layers=1, capacity=16)
+    cache = PositionalKVCache(num_layers=num_layers, capacity=16)  # each block keeps its own K/V
     pieces = [
         model(input_ids[:, a:b], target_kv, mask[a:b], torch.arange(a, b), cache)
         for a, b in [(0, 4), (4, 5), (5, 9)]
@@ -216,6 +218,33 @@ def test_checkpoint_round_trip_own_embedding_and_reduced_head(tmp_path):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert torch.equal(loaded.draft_token_ids, ids)
     _assert_same_forward(model, loaded)
+
+
+def test_a_second_block_changes_the_output_and_round_trips(tmp_path):
+    target = tiny_llama()
+    one = build_glide(target, seed=5)
+    two = build_glide(target, seed=5, num_layers=2)
+    assert len(two.layers) == 2 and two.config.num_layers == 2
+    input_ids = torch.tensor([[3, 1, 4, 1]])
+    target_kv = (torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8))
+    mask = blockwise_cross_mask(4)
+    assert not torch.allclose(one(input_ids, target_kv, mask), two(input_ids, target_kv, mask))
+    save_glide(two, tmp_path)
+    _assert_same_forward(two, load_glide(tmp_path, target))
+
+
+def test_a_file_naming_its_one_block_layer_still_loads(tmp_path):
+    """Drafts saved when the block was a single `layer` attribute load as `layers.0`."""
+    from safetensors.torch import load_file, save_file
+
+    target = tiny_llama()
+    model = build_glide(target, seed=5)
+    save_glide(model, tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    old = {name.replace("layers.0.", "layer.", 1): tensor for name, tensor in state.items()}
+    assert any(name.startswith("layer.") for name in old)
+    save_file(old, str(tmp_path / "model.safetensors"))
+    _assert_same_forward(model, load_glide(tmp_path, target))
 
 
 def test_checkpoint_with_shared_embedding_does_not_store_it(tmp_path):

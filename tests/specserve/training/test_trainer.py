@@ -47,8 +47,8 @@ def test_head_and_norm_start_as_the_targets(tmp_path, target) -> None:
     torch.testing.assert_close(draft.lm_head.weight, target.get_output_embeddings().weight)
     torch.testing.assert_close(draft.norm.weight, target.model.norm.weight)
     layer = target.model.layers[-1]
-    torch.testing.assert_close(draft.layer.cross_attn.q_proj.weight, layer.self_attn.q_proj.weight)
-    torch.testing.assert_close(draft.layer.mlp.down_proj.weight, layer.mlp.down_proj.weight)
+    torch.testing.assert_close(draft.layers[0].cross_attn.q_proj.weight, layer.self_attn.q_proj.weight)
+    torch.testing.assert_close(draft.layers[0].mlp.down_proj.weight, layer.mlp.down_proj.weight)
     assert all(p.requires_grad for p in draft.parameters())
     assert "embed_tokens.weight" not in dict(draft.named_parameters())  # shared and frozen
 
@@ -56,11 +56,11 @@ def test_head_and_norm_start_as_the_targets(tmp_path, target) -> None:
 def test_a_frozen_head_stays_the_targets_while_the_block_trains(tmp_path, target, batch) -> None:
     draft = new_draft(_settings(tmp_path, freeze_head=True), target, target_layer=-1)
     assert not draft.lm_head.weight.requires_grad
-    before = draft.layer.mlp.down_proj.weight.clone()
+    before = draft.layers[0].mlp.down_proj.weight.clone()
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
     train_step(draft, batch, blockwise_cross_mask(SEQ, 5), optimizer, make_scheduler(optimizer, 5, 0.1), 1.0)
     torch.testing.assert_close(draft.lm_head.weight, target.get_output_embeddings().weight)
-    assert not torch.equal(draft.layer.mlp.down_proj.weight, before)
+    assert not torch.equal(draft.layers[0].mlp.down_proj.weight, before)
 
 
 def _optimizer(draft, steps: int = 30):
