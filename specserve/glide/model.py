@@ -253,7 +253,7 @@ class GlideDraft(nn.Module):
             cross_cos, cross_sin = rope_cos_sin(
                 positions, self.config.target_head_dim, self.config.rope_theta, h.dtype
             )
-        for index, block in enumerate(self.layers):
+        for index, block in enumerate(cast("list[GlideBlock]", self.layers)):
             h = h + block.self_attn(block.input_layernorm(h), cos, sin, cache, index)
             if block.cross_attn is not None:  # no norm first (official code)
                 h = h + block.cross_attn(h, cross_cos, cross_sin, *target_kv, cross_mask)
