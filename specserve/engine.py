@@ -148,7 +148,7 @@ class Engine:
         from specserve.runtime.calibrate import (
             PROMPT_TOKENS,
             measure_batch_verify_s,
-            measure_draft_step_s,
+            measure_draft_costs,
             measure_verify_s,
         )
         from specserve.runtime.drafter import DraftShape
@@ -160,14 +160,24 @@ class Engine:
         verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
         root = verifier.prefill(prompt, round_seed=0)  # greedy
 
-        def propose(depth: int) -> DraftTree:
-            drafter = GlideDrafter(self.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth))
-            return drafter.propose([*prompt, root], round_seed=0)
+        drafters: dict[int, GlideDrafter] = {}  # one per depth, kept: its cache holds the prompt
 
-        draft_step_s = measure_draft_step_s(propose, repeats=repeats)
+        def propose(depth: int) -> DraftTree:
+            if depth not in drafters:
+                drafters[depth] = GlideDrafter(
+                    self.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth)
+                )
+            return drafters[depth].propose([*prompt, root], round_seed=0)
+
+        draft_step_s, draft_overhead_s = measure_draft_costs(propose, repeats=repeats)
         verifier.release()
-        cost = CostModel(verify_points, draft_step_s)
-        logger.info("calibrated: verify %s s, draft step %.4f s", dict(verify_points), draft_step_s)
+        cost = CostModel(verify_points, draft_step_s, draft_overhead_s)
+        logger.info(
+            "calibrated: verify %s s, draft step %.4f s, draft overhead %.4f s",
+            dict(verify_points),
+            draft_step_s,
+            draft_overhead_s,
+        )
         return cost
 
     def calibration_about(self) -> dict:

@@ -12,8 +12,9 @@ carries P on) and costs
     T = draft_overhead_s [d > 0] + draft_step_s * d + verify_s(n)      (n = tree nodes, root included)
 
 seconds, verify_s being the calibrated cost of one target forward over n tree nodes on this machine, and
-draft_overhead_s what asking the drafter costs a round at all (0 in process; through the stack the
-Propose round trip the router measures, docs/adaptive.md).
+draft_overhead_s what asking the drafter costs a round at all (in process the calibrated fixed part of a
+proposal: re-encoding the root, the policy's bookkeeping; through the stack the Propose round trip the
+router measures, docs/adaptive.md).
 Growing by anything with expected gain dE and cost dT raises the rate iff dE / dT > E / T (the marginal
 rate beats the current one). After each spine token the policy looks ahead k = 1..K more spine tokens,
 assuming each is accepted with the last prediction a: dE_k = P_d (a + a^2 + ... + a^k),
@@ -48,9 +49,9 @@ from specserve.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class CostModel:
-    """Calibrated costs: one target forward over n tree nodes, one draft step (both in seconds); and
-    what a round that drafts anything pays once for asking the drafter (not calibrated: set by the
-    caller that knows its transport)."""
+    """Calibrated costs: one target forward over n tree nodes, one draft step, and what a round that
+    drafts anything pays once for asking the drafter in process (seconds). A caller that knows its
+    transport costs more (the router's Propose round trip) replaces the last."""
 
     verify_points: tuple[tuple[int, float], ...]  # (num_nodes, seconds), num_nodes increasing
     draft_step_s: float
@@ -80,13 +81,18 @@ class CostModel:
         return overhead + self.draft_step_s * num_spine + self.verify_s(num_nodes)
 
     def to_json(self) -> dict:
-        return {"verify_s": {str(n): s for n, s in self.verify_points}, "draft_step_s": self.draft_step_s}
+        return {
+            "verify_s": {str(n): s for n, s in self.verify_points},
+            "draft_step_s": self.draft_step_s,
+            "draft_overhead_s": self.draft_overhead_s,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> CostModel:
         try:
             points = sorted((int(n), float(s)) for n, s in data["verify_s"].items())
-            return cls(tuple(points), float(data["draft_step_s"]))
+            overhead = float(data.get("draft_overhead_s", 0.0))  # files written before it was measured
+            return cls(tuple(points), float(data["draft_step_s"]), overhead)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InvalidArgument(f"not a cost calibration: {e}") from None
 

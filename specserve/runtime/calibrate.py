@@ -76,17 +76,20 @@ def measure_verify_s(
     return tuple(points)
 
 
-def measure_draft_step_s(
+def measure_draft_costs(
     propose: Callable[[int], DraftTree],  # depth -> a proposal of a chain of that many tokens
     short: int = 1,
     long: int = 9,
     repeats: int = 3,
-) -> float:
-    """One draft step's seconds: the slope of a proposal's time between two chain lengths, so the fixed
-    per-round work (re-encoding accepted tokens, the root) does not count as a step."""
+) -> tuple[float, float]:
+    """(one draft step's seconds, a proposal's fixed seconds): the slope of a proposal's time between two
+    chain lengths, and what is left of the short one's time beyond its steps (re-encoding the root, the
+    tree and policy bookkeeping). `propose` should keep its draft cache between calls, as a session's
+    drafter does, so the fixed part is a round's and not a first call's prefill."""
     t_short = best_of(lambda: propose(short), repeats)
     t_long = best_of(lambda: propose(long), repeats)
-    return max(0.0, (t_long - t_short) / (long - short))
+    step = max(0.0, (t_long - t_short) / (long - short))
+    return step, max(0.0, t_short - short * step)
 
 
 def measure_batch_verify_s(

@@ -17,7 +17,7 @@ from specserve.core.cost import (
 )
 from specserve.core.stopping import COST_MAX_DEPTH, AcceptanceEstimate, CostPolicy, StopSettings
 from specserve.errors import InvalidArgument, NotFound
-from specserve.runtime.calibrate import load_calibration
+from specserve.runtime.calibrate import load_calibration, measure_draft_costs
 
 # The worked example of docs/adaptive.md: 4 ms per draft step, 60 ms for one verified node, +3 ms a node.
 LINEAR = CostModel(((1, 0.060), (64, 0.060 + 63 * 0.003)), draft_step_s=0.004)
@@ -37,7 +37,35 @@ def test_calibration_json_round_trip(tmp_path):
     path.write_text('{"verify_s": {"4": 0.2, "1": 0.1}, "draft_step_s": 0.01, "threads": 2}')
     cost = load_calibration(path)
     assert cost.verify_points == ((1, 0.1), (4, 0.2))
+    assert cost.draft_overhead_s == 0.0  # a file from before the overhead was measured
     assert CostModel.from_json(cost.to_json()) == cost
+    measured = CostModel(cost.verify_points, 0.01, draft_overhead_s=0.003)
+    assert CostModel.from_json(measured.to_json()) == measured
+
+
+def test_draft_costs_are_the_slope_and_what_is_left_of_the_short_proposal():
+    """A drafter whose proposals take 4 ms plus 2 ms a token (sleeps: best of 3 keeps the least
+    disturbed)."""
+    import time
+
+    def propose(depth: int) -> None:
+        time.sleep(0.004 + 0.002 * depth)
+
+    step, overhead = measure_draft_costs(propose, repeats=3)  # type: ignore[arg-type]
+    assert step == pytest.approx(0.002, abs=0.0005)
+    assert overhead == pytest.approx(0.004, abs=0.0015)
+
+
+def test_a_calibrated_draft_overhead_is_charged_in_process():
+    """Alone, 1/0.060 = 16.7 tok/s. With 6 ms of fixed drafting cost per round, a first token of
+    acceptance 0.3 pays 0.3 / 0.013 = 23 tok/s at the margin; at 0.1, 7.7 tok/s: no round drafts."""
+    cost = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=0.006)
+    policy = CostPolicy(StopSettings(cost_model=cost, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    policy.batch_aware = False  # sampled requests weigh it too: it is a calibrated constant, not timing
+    policy.mean_acceptance = 0.3
+    assert policy.max_depth == COST_MAX_DEPTH
+    policy.mean_acceptance = 0.1
+    assert policy.max_depth == 0
 
 
 @pytest.mark.parametrize(
