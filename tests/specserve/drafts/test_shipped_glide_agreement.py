@@ -2,11 +2,9 @@
 
 A smaller `eval-draft`: the first 2 MT-Bench first turns of each category, 64-token greedy answers of the
 real target (990 answer positions), the shipped draft teacher-forced under the training block mask.
-Measured here (2 CPU cores, 2026-11-22): the shipped distilled draft 0.214 overall and 0.251 at the first
-draft token; the previous draft 0.199 and 0.246; a draft trained from scratch on the self-distillation
-data for 150 steps 0.148 and 0.161. The overall floor sits between the shipped draft and the previous
-one, so a regression to the previous draft (or anything worse) fails; the first-token floor catches
-gross regressions.
+Measured here (2 CPU cores, 2026-11-22): the shipped draft 0.268 overall and 0.291 at the first draft
+token; the draft shipped before it 0.214 and 0.251. Both floors sit between the two, so a regression to
+that draft (or anything worse) fails.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from specserve.training.evaluate import evaluate_draft, held_out_answers
 
 pytestmark = pytest.mark.model
 
-FIRST_TOKEN_FLOOR = 0.235
-OVERALL_FLOOR = 0.205
+FIRST_TOKEN_FLOOR = 0.27
+OVERALL_FLOOR = 0.24
 
 
 def test_the_shipped_glide_draft_agrees_with_the_target_on_held_out_answers(
