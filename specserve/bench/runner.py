@@ -248,14 +248,27 @@ def _config(
         "allow_lossy": request.allow_lossy,
         "limit": limit,
         "num_prompts": num_prompts,
-        "prompts_file": str(prompts_file) if prompts_file is not None else None,
+        "prompts_file": portable_path(prompts_file) if prompts_file is not None else None,
         "model": Path(model_dir).name if model_dir else DEFAULT_MODEL_NAME,
-        "model_dir": str(model_dir) if model_dir else None,
+        "model_dir": portable_path(model_dir) if model_dir else None,
         "settings": _jsonable(asdict(settings)) if settings else None,
         "warmup_tokens": WARMUP_TOKENS,
         "order": "interleaved: all methods on each prompt before the next prompt",
     }
 
 
+def portable_path(path: Path | str) -> str:
+    """A path as a result file records it: inside an installed package relative to site-packages, under
+    the home directory as ~/..., so results name no one machine's layout."""
+    text = str(path)
+    marker = "site-packages/"
+    if marker in text:
+        return text.split(marker, 1)[1]
+    home = str(Path.home())
+    if text == home or text.startswith(home + "/"):
+        return "~" + text[len(home) :]
+    return text
+
+
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+    return {k: portable_path(v) if isinstance(v, Path) else v for k, v in d.items()}

