@@ -78,7 +78,8 @@ class GlideDrafter(SpineDrafter):
                 f"the target cache holds {target_kv[0].shape[2]} positions; the draft needs the "
                 f"{root_position} committed tokens before the root"
             )
-        if spine_cap(self.shape.depth, self.stop_policy) == 0:
+        max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
+        if max_depth == 0:
             # Nothing is worth drafting this round (the batch-aware cost policy under load): no forward
             # at all; the draft cache catches up on the next round that drafts.
             return DraftTree.root_only(token_ids[-1])
@@ -86,8 +87,6 @@ class GlideDrafter(SpineDrafter):
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:
             return self._forward([spine_token], root_position + 1 + depth_index, None, target_kv)
-
-        max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
 
         def width_at(depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
             return self._width(depth_index, logits, num_nodes, max_depth)
