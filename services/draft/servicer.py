@@ -88,7 +88,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if not len(request.token_ids) < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
         mirror = KVMirror(
-            [self.engine.glide_draft.config.target_layer],
+            self.engine.glide_draft.config.feed_layers,
             self.engine.target_model.config.num_hidden_layers,
             request.capacity,
             self.engine.target_runner.device,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.glide.model import GlideDraft
+from specserve.glide.model import GlideDraft, TargetKV
 from specserve.runtime.kv_cache import PositionalKVCache
 
 
@@ -25,7 +25,7 @@ class GlideSegment:
     token_ids: Sequence[int]
     start: int
     cross_mask: torch.Tensor | None  # [n, L] bool over the target positions; None = all of them
-    target_kv: tuple[torch.Tensor, torch.Tensor]  # ([1, Hkv_t, L, Dt], same): one target layer
+    target_kv: Sequence[TargetKV]  # per draft block: ([1, Hkv_t, L, Dt], same) of the layer it reads
 
     @property
     def num_tokens(self) -> int:

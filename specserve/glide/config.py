@@ -41,9 +41,12 @@ class GlideConfig:
     # False = the same block without cross-attention: a plain one-layer draft of equal size and cost
     # otherwise, trained on the same data (the ablation that shows what reading the target's KV buys).
     cross_attention: bool = True
-    # Blocks stacked (each with self-attention, cross-attention to the same target layer, and MLP); the
-    # paper's draft is one.
+    # Blocks stacked (each with self-attention, cross-attention to a target layer, and MLP); the paper's
+    # draft is one.
     num_layers: int = 1
+    # The target layer each block reads, one per block; empty = every block reads `target_layer`.
+    # Giving lower blocks a middle layer hands the draft more of the target on the same KV feed.
+    block_target_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if (
@@ -61,6 +64,22 @@ class GlideConfig:
             raise InvalidArgument("target_num_heads must divide by target_num_kv_heads")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise InvalidArgument(f"draft_vocab_size must be in [1, {self.vocab_size}]")
+        if self.block_target_layers and len(self.block_target_layers) != self.num_layers:
+            raise InvalidArgument(
+                f"block_target_layers names {len(self.block_target_layers)} layers "
+                f"for {self.num_layers} blocks"
+            )
+        object.__setattr__(self, "block_target_layers", tuple(self.block_target_layers))  # JSON gives a list
+
+    @property
+    def layers_read(self) -> tuple[int, ...]:
+        """The target layer of each block (as configured: -1 is the last)."""
+        return self.block_target_layers or (self.target_layer,) * self.num_layers
+
+    @property
+    def feed_layers(self) -> list[int]:
+        """The distinct target layers this draft reads: what its KV feed must carry."""
+        return sorted(set(self.layers_read))
 
     @property
     def head_dim(self) -> int:
@@ -103,8 +122,10 @@ class GlideConfig:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 raise InvalidArgument(f"the GliDe draft does not fit the target: {name} {mine} != {theirs}")
-        if not -target_config.num_hidden_layers <= self.target_layer < target_config.num_hidden_layers:
-            raise InvalidArgument(f"target_layer {self.target_layer} is not a layer of the target")
+        num_layers = target_config.num_hidden_layers
+        for layer in (self.target_layer, *self.layers_read):
+            if not -num_layers <= layer < num_layers:
+                raise InvalidArgument(f"target layer {layer} is not a layer of the target")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

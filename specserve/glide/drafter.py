@@ -28,12 +28,10 @@ from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import CostPolicy
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.glide.batch import GlideSegment, glide_batcher
-from specserve.glide.model import GlideDraft, cross_mask_from_lengths, trained_cross_lengths
+from specserve.glide.model import GlideDraft, TargetKV, cross_mask_from_lengths, trained_cross_lengths
 from specserve.runtime.batching import batched_call
 from specserve.runtime.drafter import DraftShape, SpineDrafter, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
-
-TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv, L, D], same)
 
 
 class TargetKVSource(Protocol):
@@ -72,10 +70,11 @@ class GlideDrafter(SpineDrafter):
     @torch.inference_mode()
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         root_position = len(token_ids) - 1
-        target_kv = self.target_kv.layer_kv(self.model.config.target_layer)  # views: [1, Hkv, L, D]
-        if target_kv[0].shape[2] != root_position:
+        # per block, views: [1, Hkv, L, D]
+        target_kv = [self.target_kv.layer_kv(layer) for layer in self.model.config.layers_read]
+        if target_kv[0][0].shape[2] != root_position:
             raise FailedPrecondition(
-                f"the target cache holds {target_kv[0].shape[2]} positions; the draft needs the "
+                f"the target cache holds {target_kv[0][0].shape[2]} positions; the draft needs the "
                 f"{root_position} committed tokens before the root"
             )
         max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
@@ -104,7 +103,7 @@ class GlideDrafter(SpineDrafter):
             width = fit_width(width, num_nodes, depths_after, self.cape.max_tree_nodes)
         return min(width, self.model.config.head_vocab_size)  # a reduced head scores no more tokens
 
-    def _sync(self, token_ids: Sequence[int], target_kv: TargetKV) -> torch.Tensor:
+    def _sync(self, token_ids: Sequence[int], target_kv: Sequence[TargetKV]) -> torch.Tensor:
         """Encodes the committed tokens the cache lacks and the root; returns the logits after the root."""
         root_position = len(token_ids) - 1
         keep = common_prefix_length(self._cached_ids, token_ids[:root_position])
@@ -123,7 +122,7 @@ class GlideDrafter(SpineDrafter):
         token_ids: Sequence[int],
         start: int,  # absolute position of token_ids[0]; the cache holds exactly positions < start
         cross_mask: torch.Tensor | None,  # [n, L] bool; None = every target position
-        target_kv: TargetKV,
+        target_kv: Sequence[TargetKV],  # per block
     ) -> torch.Tensor:
         """Appends `token_ids` to the draft cache; returns full-vocabulary logits after the last, [V]."""
         assert self.cache.length == start, "the draft cache must end right before `token_ids`"

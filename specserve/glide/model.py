@@ -1,7 +1,7 @@
 """The GliDe draft (Du et al., ICML 2024): a Llama block that glimpses the target's KV cache.
 
-The paper's draft is one block; `GlideConfig.num_layers` stacks more, each as below, all reading the
-same target layer.
+The paper's draft is one block; `GlideConfig.num_layers` stacks more, each as below, each reading its
+target layer (`GlideConfig.layers_read`: the same one unless `block_target_layers` says otherwise).
 
     h = x + SelfAttn(RMSNorm_in(x))              causal, own KV cache, RoPE, GQA
     h = h + CrossAttn(h, target K/V of one layer) no norm before it (official code)
@@ -20,6 +20,7 @@ draft by 1..gamma tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -34,6 +35,18 @@ from specserve.runtime.kv_cache import PositionalKVCache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+TargetKV = tuple[torch.Tensor, torch.Tensor]  # ([B, Hkv_t, L, Dt], same): one target layer's cache
+
+
+def per_block(target_kv: TargetKV | Sequence[TargetKV], num_blocks: int) -> list[TargetKV]:
+    """One target layer's K/V for every block, or one per block as given."""
+    if isinstance(target_kv[0], torch.Tensor):
+        return [cast("TargetKV", target_kv)] * num_blocks
+    blocks = list(cast("Sequence[TargetKV]", target_kv))
+    if len(blocks) != num_blocks:
+        raise InvalidArgument(f"{len(blocks)} target layers' K/V for {num_blocks} draft blocks")
+    return blocks
 
 
 class RMSNorm(nn.Module):
@@ -237,7 +250,7 @@ class GlideDraft(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, S]
-        target_kv: tuple[torch.Tensor, torch.Tensor],  # ([B, Hkv_t, L, Dt], same), one target layer
+        target_kv: TargetKV | Sequence[TargetKV],  # one target layer for all blocks, or one per block
         cross_mask: torch.Tensor | None,  # [S, L] bool, True = may attend; None = all L positions
         positions: torch.Tensor | None = None,  # [S] absolute; None = 0 .. S-1 (training)
         cache: PositionalKVCache | None = None,  # the draft's own KV; None = no history (training)
@@ -253,10 +266,12 @@ class GlideDraft(nn.Module):
             cross_cos, cross_sin = rope_cos_sin(
                 positions, self.config.target_head_dim, self.config.rope_theta, h.dtype
             )
-        for index, block in enumerate(cast("list[GlideBlock]", self.layers)):
+        blocks = cast("list[GlideBlock]", self.layers)
+        kv_of_block = per_block(target_kv, len(blocks))
+        for index, (block, block_kv) in enumerate(zip(blocks, kv_of_block, strict=True)):
             h = h + block.self_attn(block.input_layernorm(h), cos, sin, cache, index)
             if block.cross_attn is not None:  # no norm first (official code)
-                h = h + block.cross_attn(h, cross_cos, cross_sin, *target_kv, cross_mask)
+                h = h + block.cross_attn(h, cross_cos, cross_sin, *block_kv, cross_mask)
             h = h + block.mlp(block.post_attention_layernorm(h))
         return self.norm(h)  # [B, S, H]
 

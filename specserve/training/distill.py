@@ -1,7 +1,8 @@
 """Knowledge distillation of a GliDe draft from the target's own answers (see `generation.py`).
 
 1. Features: a teacher-forced float32 forward of the target over each prompt + answer gives, at every
-   position, the K/V of the layer the draft reads, its top-k next-token probabilities and its argmax.
+   position, the K/V of the layers a draft may read (`k.<layer>` / `v.<layer>`, layer numbers from 0),
+   its top-k next-token probabilities and its argmax.
    One feature file per generation shard, written atomically, so extraction resumes and can run beside
    generation; the features are recomputable from the shipped token ids and are never committed.
 2. Training: loss = kd_weight * KL(target top-k, renormalised || draft) + ce_weight * CE(draft, argmax),
@@ -79,11 +80,12 @@ def kd_loss(
 def sequence_features(
     target: PreTrainedModel,  # float32
     sequences: Sequence[Sequence[int]],
-    layer: int,
+    layers: Sequence[int],
     top_k: int,
     chunk: int = 1024,
 ) -> list[dict[str, np.ndarray]]:
-    """Per sequence: k, v [L, Hkv, D] fp16; topk_ids [L, K] uint16; topk_probs [L, K] fp16.
+    """Per sequence: k.<layer>, v.<layer> [L, Hkv, D] fp16 for each of `layers`; topk_ids [L, K] uint16;
+    topk_probs [L, K] fp16.
 
     One right-padded batch: causal attention never looks right, so every real position's values are
     those of an unpadded run. Logits are formed a chunk of positions at a time (never [B, S, V]).
@@ -95,8 +97,11 @@ def sequence_features(
         input_ids[i, : len(s)] = torch.tensor(list(s))
     out = target.model(input_ids=input_ids, use_cache=True)
     hidden = out.last_hidden_state  # [B, S, H]
-    cache = out.past_key_values.layers[layer]
-    keys, values = cache.keys.transpose(1, 2), cache.values.transpose(1, 2)  # [B, S, Hkv, D]
+    num_layers = len(out.past_key_values.layers)
+    kv = {}
+    for layer in layers:
+        cache = out.past_key_values.layers[layer]
+        kv[layer % num_layers] = (cache.keys.transpose(1, 2), cache.values.transpose(1, 2))  # [B, S, Hkv, D]
     flat = hidden.reshape(-1, hidden.shape[-1])  # [B*S, H]
     ids, probs = [], []
     for start in range(0, flat.shape[0], chunk):
@@ -108,10 +113,13 @@ def sequence_features(
     topk_probs = torch.cat(probs).view(len(sequences), width, top_k)
     result = []
     for i, n in enumerate(lengths):
+        row = {}
+        for layer, (keys, values) in kv.items():
+            row[f"k.{layer}"] = keys[i, :n].to(torch.float16).numpy()
+            row[f"v.{layer}"] = values[i, :n].to(torch.float16).numpy()
         result.append(
             {
-                "k": keys[i, :n].to(torch.float16).numpy(),
-                "v": values[i, :n].to(torch.float16).numpy(),
+                **row,
                 "topk_ids": topk_ids[i, :n].numpy().astype(np.uint16),
                 "topk_probs": topk_probs[i, :n].to(torch.float16).numpy(),
             }
@@ -120,7 +128,7 @@ def sequence_features(
 
 
 def shard_features(
-    target: PreTrainedModel, rows: Rows, layer: int, top_k: int, max_len: int, batch_tokens: int
+    target: PreTrainedModel, rows: Rows, layers: Sequence[int], top_k: int, max_len: int, batch_tokens: int
 ) -> dict[str, np.ndarray]:
     """Features of every row of a generation shard, flat over positions, in row order."""
     seqs = [(p + a)[:max_len] for p, a in rows.sequences()]
@@ -132,7 +140,7 @@ def shard_features(
             batch.append(i)
             continue
         for j, feats in zip(
-            batch, sequence_features(target, [seqs[j] for j in batch], layer, top_k), strict=True
+            batch, sequence_features(target, [seqs[j] for j in batch], layers, top_k), strict=True
         ):
             per_row[j] = feats
         batch = [i] if i is not None else []
@@ -143,7 +151,7 @@ def shard_features(
         "lengths": np.asarray([len(s) for s in seqs], dtype=np.int32),
         "prompt_lengths": np.minimum(rows.prompt_lengths, [len(s) for s in seqs]).astype(np.int32),
         "temperature": rows.temperature,
-        **{name: np.concatenate([r[name] for r in done]) for name in ("k", "v", "topk_ids", "topk_probs")},
+        **{name: np.concatenate([r[name] for r in done]) for name in done[0]},
     }
 
 
@@ -151,7 +159,7 @@ def extract_features(
     target: PreTrainedModel,
     data_dir: Path,
     out_dir: Path,
-    layer: int = -1,
+    layers: Sequence[int] = (-1,),
     top_k: int = 32,
     max_len: int = 512,
     batch_tokens: int = 4096,
@@ -168,7 +176,7 @@ def extract_features(
                     todo.append((shard, dest))
         for shard, dest in todo:
             started = time.monotonic()
-            feats = shard_features(target, Rows.load(shard), layer, top_k, max_len, batch_tokens)
+            feats = shard_features(target, Rows.load(shard), layers, top_k, max_len, batch_tokens)
             tmp = dest.with_name(dest.name + ".tmp.npz")
             np.savez(tmp, allow_pickle=False, **feats)
             os.replace(tmp, dest)
@@ -189,8 +197,7 @@ def extract_features(
 @dataclass
 class FeatureSet:
     tokens: np.ndarray  # [T] uint16
-    k: np.ndarray  # [T, Hkv, D] fp16
-    v: np.ndarray
+    kv: dict[int, tuple[np.ndarray, np.ndarray]]  # target layer (from 0) -> k, v [T, Hkv, D] fp16
     topk_ids: np.ndarray  # [T, K] uint16
     topk_probs: np.ndarray  # [T, K] fp16
     starts: np.ndarray  # [N] offset of each sequence
@@ -198,23 +205,36 @@ class FeatureSet:
     prompt_lengths: np.ndarray  # [N]
 
     @classmethod
-    def load(cls, feature_dir: Path, fraction: float = 1.0, max_files: int | None = None) -> FeatureSet:
+    def load(
+        cls,
+        feature_dir: Path,
+        fraction: float = 1.0,
+        max_files: int | None = None,
+        layers: Sequence[int] | None = None,  # target layers (from 0) to load; None = all stored
+    ) -> FeatureSet:
         """A seeded random `fraction` of the sequences (a smaller fraction is a subset of a larger)."""
         files = sorted(Path(feature_dir).glob("*-shard-*[0-9].npz"))[:max_files]
         parts: dict[str, list[np.ndarray]] = {}
         for f in files:
             with np.load(f, allow_pickle=False) as z:
-                for name in ("tokens", "k", "v", "topk_ids", "topk_probs", "lengths", "prompt_lengths"):
+                stored = sorted(int(name[2:]) for name in z.files if name.startswith("k."))
+                wanted = stored if layers is None else list(layers)
+                missing = set(wanted) - set(stored)
+                if missing:
+                    raise FileNotFoundError(f"{f.name} holds target layers {stored}, not {sorted(missing)}")
+                names = ["tokens", "topk_ids", "topk_probs", "lengths", "prompt_lengths"]
+                names += [f"{kind}.{layer}" for layer in wanted for kind in ("k", "v")]
+                for name in names:
                     parts.setdefault(name, []).append(z[name])
         cat = {name: np.concatenate(arrays) for name, arrays in parts.items()}
         lengths = cat.pop("lengths")
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         order = np.random.default_rng(0).permutation(len(lengths))
         keep = np.sort(order[: max(1, round(len(lengths) * fraction))])
+        kv_layers = sorted(int(name[2:]) for name in cat if name.startswith("k."))
         return cls(
             tokens=cat["tokens"],
-            k=cat["k"],
-            v=cat["v"],
+            kv={layer: (cat[f"k.{layer}"], cat[f"v.{layer}"]) for layer in kv_layers},
             topk_ids=cat["topk_ids"],
             topk_probs=cat["topk_probs"],
             starts=starts[keep],
@@ -229,31 +249,37 @@ class FeatureSet:
     def answer_tokens(self) -> int:
         return int((self.lengths - self.prompt_lengths).sum())
 
-    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Right-padded: input_ids, loss_mask [B, S]; target_k/v [B, Hkv, S, D]; topk [B, S, K]."""
+    def batch(self, indices: Sequence[int], block_layers: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Right-padded: input_ids, loss_mask [B, S]; target_k.<i> / target_v.<i> [B, Hkv, S, D], the
+        K/V draft block i reads (target layer block_layers[i]); topk [B, S, K]."""
         width = int(max(self.lengths[i] for i in indices))
         n = len(indices)
-        hkv, d = self.k.shape[1:]
         kk = self.topk_ids.shape[1]
         input_ids = torch.zeros((n, width), dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.bool)
-        k = torch.zeros((n, width, hkv, d), dtype=torch.float16)
-        v = torch.zeros_like(k)
+        kv = {}
+        for layer in set(block_layers):
+            shape = (n, width, *self.kv[layer][0].shape[1:])  # [B, S, Hkv, D]
+            kv[layer] = (torch.zeros(shape, dtype=torch.float16), torch.zeros(shape, dtype=torch.float16))
         ids = torch.zeros((n, width, kk), dtype=torch.long)
         probs = torch.zeros((n, width, kk), dtype=torch.float16)
         for row, i in enumerate(indices):
             s, L, P = int(self.starts[i]), int(self.lengths[i]), int(self.prompt_lengths[i])
             input_ids[row, :L] = torch.from_numpy(self.tokens[s : s + L].astype(np.int64))
             mask[row, max(P - 1, 0) : L - 1] = True  # predictions of the answer tokens
-            k[row, :L] = torch.from_numpy(self.k[s : s + L])
-            v[row, :L] = torch.from_numpy(self.v[s : s + L])
+            for layer, (k, v) in kv.items():
+                k[row, :L] = torch.from_numpy(self.kv[layer][0][s : s + L])
+                v[row, :L] = torch.from_numpy(self.kv[layer][1][s : s + L])
             ids[row, :L] = torch.from_numpy(self.topk_ids[s : s + L].astype(np.int64))
             probs[row, :L] = torch.from_numpy(self.topk_probs[s : s + L])
+        per_block = {}
+        for block, layer in enumerate(block_layers):
+            per_block[f"target_k.{block}"] = kv[layer][0].transpose(1, 2)
+            per_block[f"target_v.{block}"] = kv[layer][1].transpose(1, 2)
         return {
             "input_ids": input_ids,
             "loss_mask": mask,
-            "target_k": k.transpose(1, 2),
-            "target_v": v.transpose(1, 2),
+            **per_block,
             "topk_ids": ids,
             "topk_probs": probs,
         }
@@ -293,6 +319,7 @@ class DistillSettings:
     ce_weight: float = 1.0
     draft_vocab_size: int = 8192  # rows of the reduced head (the most frequent target labels)
     num_layers: int = 1  # draft blocks
+    block_target_layers: tuple[int, ...] = ()  # the target layer each block reads; () = the last for all
     block_size: int = 5
     init_from: Path | None = None  # start from a trained draft (its head ids are kept)
     bf16: bool = True
@@ -321,6 +348,7 @@ def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureS
             draft_vocab_size=settings.draft_vocab_size,
             block_size=settings.block_size,
             num_layers=settings.num_layers,
+            block_target_layers=settings.block_target_layers,
         )
         with torch.no_grad():
             draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
@@ -334,7 +362,8 @@ def step_loss(
     dtype = torch.float32
     width = batch["input_ids"].shape[1]
     cross = blockwise_cross_mask(width, draft.config.block_size)
-    kv = (batch["target_k"].to(dtype), batch["target_v"].to(dtype))
+    blocks = range(draft.config.num_layers)
+    kv = [(batch[f"target_k.{i}"].to(dtype), batch[f"target_v.{i}"].to(dtype)) for i in blocks]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
         hidden = draft(batch["input_ids"], kv, cross)  # [B, S, H]
         positions = batch["loss_mask"]  # [B, S]
@@ -353,7 +382,9 @@ def step_loss(
     return loss, {"loss": float(loss.detach()), "kl": float(kl), "ce": float(ce), "accuracy": accuracy}
 
 
-def held_out_eval(target: CausalLM, tokenizer: Any, settings: DistillSettings, cache_dir: Path, layer: int):
+def held_out_eval(
+    target: CausalLM, tokenizer: Any, settings: DistillSettings, cache_dir: Path, layers: Sequence[int]
+):
     """-> a function draft -> Agreement on `eval-draft`'s held-out MT-Bench answers (features cached)."""
     from specserve.bench.prompts import load_prompts, per_category
     from specserve.training.evaluate import held_out_answers, held_out_features, score_draft
@@ -363,9 +394,10 @@ def held_out_eval(target: CausalLM, tokenizer: Any, settings: DistillSettings, c
     cache = cache_dir / f"eval-answers-{name}-{len(prompts)}x{settings.eval_max_new_tokens}.json"
     sequences, starts = held_out_answers(target, tokenizer, prompts, settings.eval_max_new_tokens, cache)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    features_cache = cache.with_name(cache.stem + f"-features-layer{layer}.safetensors")
+    suffix = "-".join(map(str, layers))
+    features_cache = cache.with_name(cache.stem + f"-features-layers{suffix}.safetensors")
     batches = _cached_features(
-        features_cache, len(sequences), lambda: held_out_features(target, sequences, starts, pad, layer, 8)
+        features_cache, len(sequences), lambda: held_out_features(target, sequences, starts, pad, layers, 8)
     )
     return lambda draft: score_draft(draft, batches, settings.block_size)
 
@@ -403,15 +435,21 @@ def train(
     torch.manual_seed(settings.seed)
     out = Path(settings.out_dir)
     (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-    data = FeatureSet.load(settings.features, settings.fraction)
+    target = load_causal_lm(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    configured = settings.block_target_layers or (-1,) * settings.num_layers
+    if settings.init_from is not None:
+        from specserve.glide.config import GlideConfig
+
+        configured = GlideConfig.load(settings.init_from / "config.json").layers_read
+    block_layers = [layer % target.config.num_hidden_layers for layer in configured]
+    data = FeatureSet.load(settings.features, settings.fraction, layers=sorted(set(block_layers)))
     log(
         f"training data: {len(data)} sequences, {data.answer_tokens} answer tokens "
         f"({settings.fraction:g} of the set)"
     )
-    target = load_causal_lm(model_dir)
-    tokenizer = load_tokenizer(model_dir)
     draft = new_draft(settings, target, data)
-    evaluate = held_out_eval(target, tokenizer, settings, cache_dir, draft.config.target_layer)
+    evaluate = held_out_eval(target, tokenizer, settings, cache_dir, draft.config.feed_layers)
     trainable = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay
@@ -430,7 +468,7 @@ def train(
     window_start, window_tokens = time.monotonic(), 0
     while state["step"] < settings.steps:
         indices = batch_indices(len(data), settings.batch_size, state["step"], settings.seed)
-        batch = data.batch(indices)
+        batch = data.batch(indices, block_layers)
         loss, metrics = step_loss(draft, batch, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -587,6 +625,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("--data", type=Path, required=True, help="the generation directory")
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--top-k", type=int, default=32)
+    f.add_argument(
+        "--layers", type=int, nargs="+", default=[-1], help="target layers whose K/V is kept (-1 = last)"
+    )
     f.add_argument("--max-len", type=int, default=512)
     f.add_argument("--follow", action="store_true", help="keep extracting new shards as they appear")
     f.add_argument("--threads", type=int)
@@ -602,6 +643,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--init-from", type=Path, help="start from a trained draft (its shape is kept)")
     t.add_argument("--draft-vocab-size", type=int, default=8192, help="rows of the reduced head")
     t.add_argument("--num-layers", type=int, default=1, help="draft blocks")
+    t.add_argument(
+        "--block-target-layers",
+        type=int,
+        nargs="+",
+        default=[],
+        help="the target layer each draft block reads (-1 = the last); default: the last for every block",
+    )
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--checkpoint-every", type=int, default=100)
     t.add_argument("--threads", type=int)
@@ -628,6 +676,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             target,
             args.data,
             args.out,
+            layers=args.layers,
             top_k=args.top_k,
             max_len=args.max_len,
             follow=args.follow,
@@ -646,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         init_from=args.init_from,
         draft_vocab_size=args.draft_vocab_size,
         num_layers=args.num_layers,
+        block_target_layers=tuple(args.block_target_layers),
         eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every,
         threads=args.threads,

@@ -102,7 +102,7 @@ def evaluate_draft(
     """Teacher-forced agreement on the answer positions (input = an answer token, label = the target's
     argmax for the next one), under the training block mask of the draft's block size."""
     batches = held_out_features(
-        target, sequences, answer_starts, pad_id, draft.config.target_layer, batch_size, progress
+        target, sequences, answer_starts, pad_id, draft.config.feed_layers, batch_size, progress
     )
     return score_draft(draft, batches, draft.config.block_size)
 
@@ -113,12 +113,13 @@ def held_out_features(
     sequences: Sequence[Sequence[int]],
     answer_starts: Sequence[int],
     pad_id: int,
-    layer: int,
+    layers: Sequence[int],
     batch_size: int = 4,
     progress: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
     """The target's side of the evaluation, once: per batch input_ids, labels (IGNORE outside the
-    answers) and the K/V of `layer`; `score_draft` then scores any draft that reads that layer."""
+    answers) and the K/V of each of `layers` (k.<layer> / v.<layer>, numbered as given); `score_draft`
+    then scores any draft that reads those layers."""
     from tqdm import tqdm
 
     out = []
@@ -128,14 +129,15 @@ def held_out_features(
         lengths = [len(r) for r in rows]
         width = max(lengths)
         input_ids = pad_rows(rows, width, pad_id)  # [B, S]
-        features = target_features(target, input_ids, lengths, layer)
+        features = target_features(target, input_ids, lengths, layers[0], layers[1:])
         labels = features["labels"].long()  # [B, S]
         positions = torch.arange(width)[None]  # [1, S]
         starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]
         labels = torch.where(positions >= starts, labels, torch.full_like(labels, IGNORE))
-        out.append(
-            {"input_ids": input_ids, "labels": labels, "k": features["target_k"], "v": features["target_v"]}
-        )
+        kv = {f"k.{layers[0]}": features["target_k"], f"v.{layers[0]}": features["target_v"]}
+        for layer in layers[1:]:
+            kv |= {f"k.{layer}": features[f"target_k.{layer}"], f"v.{layer}": features[f"target_v.{layer}"]}
+        out.append({"input_ids": input_ids, "labels": labels, **kv})
     return out
 
 
@@ -145,7 +147,8 @@ def score_draft(draft: GlideDraft, batches: Sequence[dict[str, torch.Tensor]], b
     parts = []
     for batch in batches:
         width = batch["input_ids"].shape[1]
-        kv = (batch["k"].to(dtype), batch["v"].to(dtype))
+        layers = draft.config.layers_read
+        kv = [(batch[f"k.{layer}"].to(dtype), batch[f"v.{layer}"].to(dtype)) for layer in layers]
         hidden = draft(batch["input_ids"], kv, blockwise_cross_mask(width, block_size))  # [B, S, H]
         predicted = draft.logits(hidden).argmax(-1)  # [B, S] full ids
         parts.append(count_agreement(predicted, batch["labels"], block_size))

@@ -21,6 +21,7 @@ def target_features(
     input_ids: torch.Tensor,  # [B, S]
     lengths: Sequence[int],  # real tokens per row; the rest is padding (right-padded)
     layer: int,  # which layer's K/V the draft reads; -1 = the last
+    extra_layers: Sequence[int] = (),  # more layers, as target_k.<layer> / target_v.<layer>
 ) -> dict[str, torch.Tensor]:
     """-> labels [B, S] (target argmax, IGNORE on padding), target_k / target_v [B, Hkv, S, D] fp16.
 
@@ -28,7 +29,8 @@ def target_features(
     never looks right), so no attention mask is needed.
     """
     out = model(input_ids=input_ids, use_cache=True)
-    layer_cache = out.past_key_values.layers[layer]
+    cache = out.past_key_values
+    layer_cache = cache.layers[layer]
     labels = out.logits.argmax(dim=-1)  # [B, S]
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [S]
     real = positions[None] < torch.tensor(list(lengths), device=input_ids.device)[:, None]  # [B, S]
@@ -39,6 +41,8 @@ def target_features(
         # and is robust to the rounding at fp32 serving.
         "target_k": layer_cache.keys.to(torch.float16).cpu(),
         "target_v": layer_cache.values.to(torch.float16).cpu(),
+        **{f"target_k.{layer}": cache.layers[layer].keys.half().cpu() for layer in extra_layers},
+        **{f"target_v.{layer}": cache.layers[layer].values.half().cpu() for layer in extra_layers},
     }
 
 

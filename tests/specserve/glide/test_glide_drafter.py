@@ -78,6 +78,11 @@ CASES = {
     "cape-reduced-head": (DraftShape(depth=4), CapeSettings(), {"draft_vocab_size": 16}),
     "cape-shared-embedding": (DraftShape(depth=3), CapeSettings(), {"share_target_embeddings": True}),
     "cape-two-blocks": (DraftShape(depth=4), CapeSettings(), {"num_layers": 2}),
+    "cape-blocks-read-two-layers": (
+        DraftShape(depth=4),
+        CapeSettings(),
+        {"num_layers": 2, "block_target_layers": (0, -1)},
+    ),
 }
 
 
@@ -176,6 +181,29 @@ def test_draft_cache_depends_only_on_the_committed_sequence(target, glide):
         one_pass = glide.logits(hidden[0, -1])
     torch.testing.assert_close(incremental, from_scratch, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(incremental, one_pass, atol=1e-5, rtol=1e-5)
+
+
+def test_each_block_reads_its_own_target_layer(target):
+    """A draft whose blocks read target layers 0 and 1 gets exactly those layers' committed K/V."""
+    glide = _glide(target.model, num_layers=2, block_target_layers=(0, -1))
+    verifier = LocalVerifier(target, CAPACITY)
+    drafter = GlideDrafter(glide, verifier.cache, CAPACITY)
+    token_ids = [*PROMPT, 7]
+    _commit(target, verifier, token_ids)
+    root = len(token_ids) - 1
+    visible = trained_cross_lengths(torch.arange(root + 1), glide.config.block_size)
+    visible[-1] = root
+    mask = cross_mask_from_lengths(visible, root)
+    per_block = [verifier.cache.layer_kv(0), verifier.cache.layer_kv(1)]
+    with torch.inference_mode():
+        synced = drafter._sync(token_ids, per_block)
+        expected = glide.logits(glide(torch.tensor([token_ids]), per_block, mask)[0, -1])
+        swapped = glide.logits(glide(torch.tensor([token_ids]), per_block[::-1], mask)[0, -1])
+        drafter.release()
+        proposed = drafter.propose(token_ids, 0)
+    torch.testing.assert_close(synced, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(expected, swapped, atol=1e-3)  # the layers differ, so reading them does
+    assert proposed.tree.token_ids[1] == int(expected.argmax())  # the drafter picks the same layers itself
 
 
 class AliasWatch(TorchDispatchMode):

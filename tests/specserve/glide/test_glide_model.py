@@ -233,6 +233,30 @@ def test_a_second_block_changes_the_output_and_round_trips(tmp_path):
     _assert_same_forward(two, load_glide(tmp_path, target))
 
 
+def test_blocks_reading_their_own_target_layers_round_trip(tmp_path):
+    target = tiny_llama()
+    model = build_glide(target, seed=5, num_layers=2, block_target_layers=(0, -1))
+    assert model.config.layers_read == (0, -1) and model.config.feed_layers == [-1, 0]
+    input_ids = torch.tensor([[3, 1, 4, 1]])
+    a, b = (
+        (torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)),
+        (torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)),
+    )
+    mask = blockwise_cross_mask(4)
+    assert torch.equal(model(input_ids, [a, a], mask), model(input_ids, a, mask))  # one layer = every block
+    assert not torch.allclose(model(input_ids, [a, b], mask), model(input_ids, [b, a], mask))
+    with pytest.raises(InvalidArgument):
+        model(input_ids, [a, b, a], mask)  # three layers for two blocks
+    save_glide(model, tmp_path)
+    loaded = load_glide(tmp_path, target)
+    assert loaded.config == model.config  # the JSON list comes back as the same tuple
+    torch.testing.assert_close(loaded(input_ids, [a, b], mask), model(input_ids, [a, b], mask))
+    with pytest.raises(InvalidArgument):
+        dataclasses.replace(CONFIG, num_layers=2, block_target_layers=(0,))
+    with pytest.raises(InvalidArgument):
+        dataclasses.replace(model.config, block_target_layers=(0, 2)).check_target(target.config)
+
+
 def test_a_file_naming_its_one_block_layer_still_loads(tmp_path):
     """Drafts saved when the block was a single `layer` attribute load as `layers.0`."""
     from safetensors.torch import load_file, save_file
