@@ -54,15 +54,17 @@ def warmup_cosine(step: int, total: int, warmup_fraction: float) -> float:
 
 
 def draft_loss(
-    model: GlideDraft, batch: Batch, cross_mask: torch.Tensor
+    model: GlideDraft, batch: Batch, cross_mask: torch.Tensor, forward: nn.Module | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (mean cross-entropy, top-1 agreement with the target) over the positions the head can score.
 
     batch: input_ids [B, S], labels [B, S] (target argmax; IGNORE = padding), target_k/v [B, Hkv, S, D].
+    forward: what runs the blocks, `model` itself unless it is wrapped (DistributedDataParallel must
+    see the forward, or its backward never all-reduces the gradients).
     """
     dtype = next(model.parameters()).dtype
     kv = (batch["target_k"].to(dtype), batch["target_v"].to(dtype))
-    hidden = model(batch["input_ids"].long(), kv, cross_mask)  # [B, S, H]
+    hidden = (forward or model)(batch["input_ids"].long(), kv, cross_mask)  # [B, S, H]
     labels = batch["labels"].long()  # [B, S]
     loss = model.loss(hidden, labels)
     with torch.no_grad():
@@ -90,7 +92,7 @@ def train_step(
     assert isinstance(draft, GlideDraft)
     device_type = next(draft.parameters()).device.type
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-        loss, accuracy = draft_loss(draft, batch, cross_mask)
+        loss, accuracy = draft_loss(draft, batch, cross_mask, forward=model)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
