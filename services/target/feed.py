@@ -39,7 +39,7 @@ def kv_feed(
         session = store.get(session_id)
         epoch = session.epoch
     while is_active():
-        with store.changed:
+        with store.lock:
             current = store.peek(session_id)
             if current is None or current.closed:
                 return  # released or evicted: the subscriber resubscribes after the rebuild
@@ -47,7 +47,7 @@ def kv_feed(
                 session, epoch = current, current.epoch
             cursor = min(cursor, session.committed_length)
             if cursor >= session.committed_length:
-                store.changed.wait(POLL_SECONDS)
+                session.changed.wait(POLL_SECONDS)  # its commits and its close wake it; no other's
                 continue
             end = min(session.committed_length, cursor + chunk_positions)
             chunk = _chunk(session, epoch, cursor, end, layers)

@@ -205,7 +205,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             session.in_flight -= 1
             if not session.closed:
                 session.committed_at = time.time()
-            self.store.changed.notify_all()
+            session.changed.notify_all()  # wakes this session's KV feed only
             self._update_gauges()
 
     def _verify(

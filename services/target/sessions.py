@@ -3,7 +3,9 @@
 A session's cache grows by need up to its capacity (runtime/kv_cache.py), so the budget counts the
 positions sessions actually hold (at least their committed tokens plus one tree), not their capacities.
 Commits happen under the store's one lock (the verifier's commit lock), so a KV-feed reader never sees
-a half-committed cache; forwards run outside it, batched across sessions on the model thread. Sessions
+a half-committed cache; forwards run outside it, batched across sessions on the model thread. Each
+session has its own condition on that lock, notified on its commits and when it closes: a commit wakes
+only the feed of its own session, not every session's feed. Sessions
 with a request in flight are never evicted. Evicting an idle session is safe: the router rebuilds it
 from its token history (Prefill with root_token) on the next NOT_FOUND.
 """
@@ -30,6 +32,8 @@ class TargetSession:
     epoch: int
     reserve: int  # positions a round may add beyond the committed ones (one tree)
     committed_at: float = field(default_factory=time.time)  # wall clock of the newest commit
+    # on the store's lock; notified on this session's commits and when it closes
+    changed: threading.Condition = field(default_factory=threading.Condition)
     closed: bool = False
     in_flight: int = 0  # requests running on the model thread; such a session is never evicted
 
@@ -60,7 +64,6 @@ class SessionStore:
         self.max_sessions = max_sessions
         self.kv_budget_tokens = kv_budget_tokens
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)  # notified on every commit, rebuild and release
         self._sessions: OrderedDict[str, TargetSession] = OrderedDict()  # least recently used first
         self._epochs = 0
 
@@ -93,9 +96,10 @@ class SessionStore:
         self._make_room(need, new_session=True)
         self._epochs += 1
         verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk, sampling)
-        session = TargetSession(session_id, verifier, capacity, self._epochs, self.reserve)
+        session = TargetSession(
+            session_id, verifier, capacity, self._epochs, self.reserve, changed=threading.Condition(self.lock)
+        )
         self._sessions[session_id] = session
-        self.changed.notify_all()
         return session
 
     def admit(self, session: TargetSession, end: int) -> None:
@@ -133,13 +137,10 @@ class SessionStore:
         with self.lock:
             if self._sessions.get(session.session_id) is session:
                 self._drop(session.session_id)
-            self.changed.notify_all()
 
     def release(self, session_id: str) -> bool:
         with self.lock:
-            existed = self._drop(session_id)
-            self.changed.notify_all()
-            return existed
+            return self._drop(session_id)
 
     def _drop(self, session_id: str) -> bool:
         session = self._sessions.pop(session_id, None)
@@ -147,10 +148,10 @@ class SessionStore:
             return False
         session.closed = True
         session.verifier.release()
+        session.changed.notify_all()  # its feed ends (or, for a rebuild, follows the new session)
         return True
 
     def clear(self) -> None:
         with self.lock:
             for session_id in list(self._sessions):
                 self._drop(session_id)
-            self.changed.notify_all()
