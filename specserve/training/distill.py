@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specserve.glide.config import GlideConfig, spread_target_layers
 from specserve.glide.model import (
     GlideDraft,
     blockwise_cross_mask,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from specserve.models.loading import CausalLM
 
 FEATURES, CHECKPOINTS, LOG, SUMMARY = "features", "checkpoints", "training_log.jsonl", "training.json"
+DEFAULT_BLOCKS = 2  # a draft trained from scratch: two blocks, reading layers spread through the target
 
 # --- the loss --------------------------------------------------------------------------------------------
 
@@ -159,7 +161,7 @@ def extract_features(
     target: PreTrainedModel,
     data_dir: Path,
     out_dir: Path,
-    layers: Sequence[int] = (-1,),
+    layers: Sequence[int] | None = None,  # None: the layers a default draft reads
     top_k: int = 32,
     max_len: int = 512,
     batch_tokens: int = 4096,
@@ -167,6 +169,8 @@ def extract_features(
     log: Callable[[str], None] = print,
 ) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    if layers is None:
+        layers = spread_target_layers(DEFAULT_BLOCKS, target.config.num_hidden_layers)
     while True:
         todo = []
         for stage in (INSTRUCT, ANSWERS):
@@ -318,8 +322,9 @@ class DistillSettings:
     kd_weight: float = 1.0
     ce_weight: float = 1.0
     draft_vocab_size: int = 8192  # rows of the reduced head (the most frequent target labels)
-    num_layers: int = 1  # draft blocks
-    block_target_layers: tuple[int, ...] = ()  # the target layer each block reads; () = the last for all
+    num_layers: int = DEFAULT_BLOCKS  # draft blocks
+    # the target layer each block reads; None = spread through the target's depth (glide/config.py)
+    block_target_layers: tuple[int, ...] | None = None
     block_size: int = 5
     init_from: Path | None = None  # start from a trained draft (its head ids are kept)
     bf16: bool = True
@@ -331,6 +336,13 @@ class DistillSettings:
     threads: int | None = None
     seed: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+
+
+def block_layers(settings: DistillSettings, num_target_layers: int) -> tuple[int, ...]:
+    """The target layer each block of a draft trained from scratch reads."""
+    if settings.block_target_layers is not None:
+        return settings.block_target_layers
+    return spread_target_layers(settings.num_layers, num_target_layers)
 
 
 def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureSet) -> GlideDraft:
@@ -348,7 +360,7 @@ def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureS
             draft_vocab_size=settings.draft_vocab_size,
             block_size=settings.block_size,
             num_layers=settings.num_layers,
-            block_target_layers=settings.block_target_layers,
+            block_target_layers=block_layers(settings, target.config.num_hidden_layers),
         )
         with torch.no_grad():
             draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
@@ -437,13 +449,11 @@ def train(
     (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     target = load_causal_lm(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    configured = settings.block_target_layers or (-1,) * settings.num_layers
+    configured = block_layers(settings, target.config.num_hidden_layers)
     if settings.init_from is not None:
-        from specserve.glide.config import GlideConfig
-
         configured = GlideConfig.load(settings.init_from / "config.json").layers_read
-    block_layers = [layer % target.config.num_hidden_layers for layer in configured]
-    data = FeatureSet.load(settings.features, settings.fraction, layers=sorted(set(block_layers)))
+    layers_of_blocks = [layer % target.config.num_hidden_layers for layer in configured]
+    data = FeatureSet.load(settings.features, settings.fraction, layers=sorted(set(layers_of_blocks)))
     log(
         f"training data: {len(data)} sequences, {data.answer_tokens} answer tokens "
         f"({settings.fraction:g} of the set)"
@@ -468,7 +478,7 @@ def train(
     window_start, window_tokens = time.monotonic(), 0
     while state["step"] < settings.steps:
         indices = batch_indices(len(data), settings.batch_size, state["step"], settings.seed)
-        batch = data.batch(indices, block_layers)
+        batch = data.batch(indices, layers_of_blocks)
         loss, metrics = step_loss(draft, batch, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -626,7 +636,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--top-k", type=int, default=32)
     f.add_argument(
-        "--layers", type=int, nargs="+", default=[-1], help="target layers whose K/V is kept (-1 = last)"
+        "--layers",
+        type=int,
+        nargs="+",
+        help="target layers whose K/V is kept (-1 = the last); default: those a default draft reads",
     )
     f.add_argument("--max-len", type=int, default=512)
     f.add_argument("--follow", action="store_true", help="keep extracting new shards as they appear")
@@ -642,13 +655,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--ce-weight", type=float, default=1.0)
     t.add_argument("--init-from", type=Path, help="start from a trained draft (its shape is kept)")
     t.add_argument("--draft-vocab-size", type=int, default=8192, help="rows of the reduced head")
-    t.add_argument("--num-layers", type=int, default=1, help="draft blocks")
+    t.add_argument("--num-layers", type=int, default=DEFAULT_BLOCKS, help="draft blocks")
     t.add_argument(
         "--block-target-layers",
         type=int,
         nargs="+",
-        default=[],
-        help="the target layer each draft block reads (-1 = the last); default: the last for every block",
+        help="the target layer each draft block reads (-1 = the last); default: spread through the "
+        "target's depth, ending at the last (2 blocks of a 30-layer target: 14 29)",
     )
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--checkpoint-every", type=int, default=100)
@@ -695,7 +708,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         init_from=args.init_from,
         draft_vocab_size=args.draft_vocab_size,
         num_layers=args.num_layers,
-        block_target_layers=tuple(args.block_target_layers),
+        block_target_layers=None if args.block_target_layers is None else tuple(args.block_target_layers),
         eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every,
         threads=args.threads,

@@ -21,6 +21,7 @@ from specserve.glide import (
     load_glide,
     save_glide,
 )
+from specserve.glide.config import spread_target_layers
 from specserve.glide.model import cross_mask_from_lengths, trained_cross_lengths
 from specserve.runtime.kv_cache import PositionalKVCache
 
@@ -255,6 +256,16 @@ def test_blocks_reading_their_own_target_layers_round_trip(tmp_path):
         dataclasses.replace(CONFIG, num_layers=2, block_target_layers=(0,))
     with pytest.raises(InvalidArgument):
         dataclasses.replace(model.config, block_target_layers=(0, 2)).check_target(target.config)
+
+
+def test_blocks_spread_through_the_targets_depth_ending_at_its_last_layer():
+    assert spread_target_layers(1, 30) == (29,)
+    assert spread_target_layers(2, 30) == (14, 29)  # what docs/training.md measured
+    assert spread_target_layers(3, 30) == (9, 19, 29)
+    assert spread_target_layers(2, 2) == (0, 1)
+    assert spread_target_layers(3, 1) == (0, 0, 0)  # more blocks than layers: they share
+    with pytest.raises(InvalidArgument):
+        spread_target_layers(0, 30)
 
 
 def test_a_file_naming_its_one_block_layer_still_loads(tmp_path):

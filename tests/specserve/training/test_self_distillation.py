@@ -170,25 +170,25 @@ def test_features_keep_each_asked_layer_and_blocks_get_theirs(tiny, tmp_path) ->
         FeatureSet.load(tmp_path / "features", layers=[1, 5])
 
 
+def _distill_settings(tmp_path: Path, **overrides):
+    from specserve.training.distill import DistillSettings
+
+    defaults = {"batch_size": 2, "draft_vocab_size": 64, "bf16": False}
+    defaults |= {"eval_per_category": 1, "eval_max_new_tokens": 4}
+    return DistillSettings(features=tmp_path / "features", out_dir=tmp_path / "draft", **defaults | overrides)
+
+
 def test_training_logs_each_step_and_eval_and_saves_the_draft(tiny, tiny_target_dir, tmp_path) -> None:
-    from specserve.training.distill import LOG, DistillSettings, extract_features, train
+    from specserve.training.distill import LOG, extract_features, train
 
     model, _ = tiny
     _generate(tiny, tmp_path / "gen" / ANSWERS)
     extract_features(model, tmp_path / "gen", tmp_path / "features", top_k=4, log=lambda _: None)
-    settings = DistillSettings(
-        features=tmp_path / "features",
-        out_dir=tmp_path / "draft",
-        steps=2,
-        batch_size=2,
-        draft_vocab_size=64,
-        bf16=False,
-        log_every=1,  # the last step also evaluates and checkpoints
-        eval_per_category=1,
-        eval_max_new_tokens=4,
-    )
+    settings = _distill_settings(tmp_path, steps=2, log_every=1)  # the last step also evaluates, saves
     messages: list[str] = []
     train(settings, tiny_target_dir, tmp_path / "cache", log=messages.append)
+    draft_config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert draft_config["block_target_layers"] == [0, 1]  # the default: two blocks spread over the target
     records = [json.loads(line) for line in (tmp_path / "draft" / LOG).read_text().splitlines()]
     assert [(r["step"], "eval" in r) for r in records] == [(0, True), (1, False), (2, False), (2, True)]
     assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
@@ -197,30 +197,19 @@ def test_training_logs_each_step_and_eval_and_saves_the_draft(tiny, tiny_target_
     assert (tmp_path / "draft" / "model.safetensors").is_file()
 
 
-def test_a_draft_whose_blocks_read_two_layers_trains_and_loads(tiny, tiny_target_dir, tmp_path) -> None:
+def test_a_draft_reading_a_chosen_layer_trains_on_features_of_that_layer_alone(
+    tiny, tiny_target_dir, tmp_path
+) -> None:
     from specserve.glide import load_glide
-    from specserve.training.distill import DistillSettings, extract_features, train
+    from specserve.training.distill import extract_features, train
     from specserve.training.evaluate import evaluate_draft
 
     model, _ = tiny
     _generate(tiny, tmp_path / "gen" / ANSWERS)
-    extract_features(
-        model, tmp_path / "gen", tmp_path / "features", layers=(0, -1), top_k=4, log=lambda _: None
-    )
-    settings = DistillSettings(
-        features=tmp_path / "features",
-        out_dir=tmp_path / "draft",
-        steps=1,
-        batch_size=2,
-        draft_vocab_size=64,
-        num_layers=2,
-        block_target_layers=(0, -1),
-        bf16=False,
-        eval_per_category=1,
-        eval_max_new_tokens=4,
-    )
+    extract_features(model, tmp_path / "gen", tmp_path / "features", layers=(0,), top_k=4, log=lambda _: None)
+    settings = _distill_settings(tmp_path, steps=1, num_layers=1, block_target_layers=(0,))
     train(settings, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
     draft = load_glide(tmp_path / "draft", model)
-    assert draft.config.layers_read == (0, -1)
+    assert draft.config.layers_read == (0,) and draft.config.feed_layers == [0]
     agreement = evaluate_draft(model, draft, [[1, 2, 3, 4, 5, 6, 7, 8]], [2], pad_id=0, progress=False)
     assert sum(agreement.scored) > 0
