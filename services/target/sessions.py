@@ -31,9 +31,8 @@ class TargetSession:
     capacity: int
     epoch: int
     reserve: int  # positions a round may add beyond the committed ones (one tree)
+    changed: threading.Condition  # on the store's lock; notified on this session's commits and its close
     committed_at: float = field(default_factory=time.time)  # wall clock of the newest commit
-    # on the store's lock; notified on this session's commits and when it closes
-    changed: threading.Condition = field(default_factory=threading.Condition)
     closed: bool = False
     in_flight: int = 0  # requests running on the model thread; such a session is never evicted
 
@@ -96,9 +95,8 @@ class SessionStore:
         self._make_room(need, new_session=True)
         self._epochs += 1
         verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk, sampling)
-        session = TargetSession(
-            session_id, verifier, capacity, self._epochs, self.reserve, changed=threading.Condition(self.lock)
-        )
+        changed = threading.Condition(self.lock)
+        session = TargetSession(session_id, verifier, capacity, self._epochs, self.reserve, changed)
         self._sessions[session_id] = session
         return session
 
