@@ -4,6 +4,11 @@
 (the committed tokens before this round's root), exactly what the in-process drafter reads from the
 target's own cache. `FeedSubscriber` keeps the mirror current on a daemon thread and resyncs on a gap,
 a dropped stream or a target restart, always from the first position it lacks.
+
+A subscription is held only while it is wanted: `follow()` subscribes, `pause()` drops the stream. The
+servicer pauses a session whose rounds draft nothing (the cost policy under load), so that neither the
+target nor the draft spends a core streaming K/V nobody reads; the next round that drafts follows again,
+and the first chunk carries every position committed meanwhile.
 """
 
 from __future__ import annotations
@@ -108,13 +113,36 @@ class FeedSubscriber:
         self.on_resync = on_resync
         self._write_on = run
         self._closed = threading.Event()
+        self._wanted = threading.Event()  # set: stay subscribed; clear: paused (see the module doc)
+        self._pauses = 0  # how many times pause() dropped a stream: a stream it dropped is no failure
         self._call: grpc.Future | None = None
         self._lock = threading.Lock()
         self._trace_context = otel_context.get_current()
         self._thread = threading.Thread(target=self._run, name=f"kv-feed-{session_id}", daemon=True)
 
-    def start(self) -> None:
+    def start(self, follow: bool = True) -> None:
+        """Starts the feed thread, subscribed at once or paused until `follow()`."""
+        if follow:
+            self._wanted.set()
         self._thread.start()
+
+    @property
+    def following(self) -> bool:
+        return self._wanted.is_set()
+
+    def follow(self) -> None:
+        """Subscribes (from the first position the mirror lacks) unless already subscribed."""
+        self._wanted.set()
+
+    def pause(self) -> None:
+        """Drops the stream until `follow()`; what the mirror holds stays."""
+        with self._lock:
+            if not self._wanted.is_set():
+                return
+            self._wanted.clear()
+            self._pauses += 1
+            if self._call is not None:
+                self._call.cancel()
 
     def retarget(self, target_address: str) -> None:
         """Follows the session to another target: the current stream is dropped and resubscribed."""
@@ -129,21 +157,29 @@ class FeedSubscriber:
 
     def close(self) -> None:
         self._closed.set()
+        self._wanted.set()  # wakes a paused thread, which then sees `closed`
         self.reconnect()
 
     def _run(self) -> None:
         otel_context.attach(self._trace_context)  # the feed's spans join the trace that opened the session
         attempt = 0
         while not self._closed.is_set():
+            self._wanted.wait()
+            if self._closed.is_set():
+                return
             stub = target_pb2_grpc.TargetServiceStub(self.channel_for(self.target_address))
             request = target_pb2.StreamKVRequest(
                 session_id=self.session_id, from_position=self.mirror.length, layers=self.mirror.layers
             )
             call = None
+            pauses = self._pauses
             try:
                 carrier: dict[str, str] = {}
                 inject(carrier)  # W3C traceparent: the target's feed spans join this trace
                 with self._lock:
+                    if not self._wanted.is_set():
+                        continue  # paused since the wait above
+                    pauses = self._pauses
                     # wait_for_ready: ride out a target that is (re)starting instead of failing fast
                     call = self._call = stub.StreamKV(
                         request, metadata=tuple(carrier.items()), wait_for_ready=True
@@ -160,9 +196,8 @@ class FeedSubscriber:
                     self.on_chunk(chunk)
                     attempt = 0
             except grpc.RpcError as e:
-                if self._closed.is_set():
-                    return
-                logger.info("KV feed of %s: %s", self.session_id, e)
+                if self._pauses == pauses and not self._closed.is_set():
+                    logger.info("KV feed of %s: %s", self.session_id, e)
             except FailedPrecondition as e:  # a gap: resubscribe from what we have
                 logger.warning("KV feed of %s: %s", self.session_id, e)
             except Exception:  # never let the feed thread die: resubscribe
@@ -172,6 +207,9 @@ class FeedSubscriber:
                     call.cancel()
             if self._closed.is_set():
                 return
+            if self._pauses != pauses:
+                attempt = 0  # paused (and maybe followed again since): no failure, no resync, no backoff
+                continue
             self.on_resync()
             time.sleep(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
             attempt += 1

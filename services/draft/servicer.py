@@ -7,6 +7,13 @@ to Redis. The Propose that follows returns it if it asks for exactly that tree (
 seed; the sampling is the session's), and builds a fresh one otherwise, so the tokens a client receives
 never depend on the timing. (A tree built ahead and then not used has still taught the stop policy one
 round; only adaptivity, never output, notices.)
+
+Otherwise a session follows the target's KV feed only while its rounds draft: Propose first lets the
+drafter size the round (`open_round`), and a round of the root alone (the cost policy under load) neither
+waits for the mirror nor keeps the feed subscribed. The next round that drafts subscribes again and
+waits for the positions committed meanwhile (services/draft/mirror.py). A round the load made the root
+alone is answered in one job on the model thread, and tells the router up to how many sessions on the
+target the next round would draft (`drafts_up_to_batch_sessions`), so the router need not ask meanwhile.
 """
 
 from __future__ import annotations
@@ -16,17 +23,19 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
-from specserve.core.protocols import Drafter
+from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.core.stopping import CostPolicy
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
+from specserve.runtime.batching import other_sessions
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
@@ -108,6 +117,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         )
         ahead = request.HasField("request_seed") and self.settings.prepare_ahead
         request_seed = request.request_seed if ahead else None
+        # A session preparing ahead builds from the feed's chunks, so it follows the feed from the start;
+        # any other follows it from its first round that drafts.
         self.store.put(
             DraftSession(
                 request.session_id,
@@ -119,7 +130,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 request_seed,
             )
         )
-        subscriber.start()
+        subscriber.start(follow=request_seed is not None)
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftPrefillResponse()
 
@@ -149,23 +160,55 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         session.token_ids = token_ids
         session.subscriber.retarget(request.target_address)
         _charge_overhead(session.drafter, request.overhead_seconds)
-        root_position = len(token_ids) - 1
-        waited = session.mirror.wait_for(root_position, self.settings.kv_wait_seconds)
+        idle = None
+        if session.request_seed is None and isinstance(session.drafter, RoundOpeningDrafter):
+            idle = self.model.run(self._round_of_the_root_alone, session, token_ids, request.step_seed)
+        waited = 0.0
+        if idle is None:  # the round drafts: it reads the target's K/V up to the root
+            session.subscriber.follow()
+            waited = session.mirror.wait_for(len(token_ids) - 1, self.settings.kv_wait_seconds)
+        else:
+            session.subscriber.pause()
         self.metrics.kv_wait.observe(waited)
         with telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span:
-            proposal, prepared = self.model.run(self._propose, session, token_ids, request.step_seed)
+            if idle is None:
+                proposal, prepared = self.model.run(self._propose, session, token_ids, request.step_seed)
+            else:
+                proposal, prepared = idle.proposal, False
             span.set_attribute(telemetry.ATTR_TREE_SIZE, proposal.num_nodes)
             span.set_attribute(telemetry.ATTR_DRAFT_LENGTH, proposal.depth)
             span.set_attribute(telemetry.ATTR_PREPARED, prepared)
         self.metrics.proposals.labels("prepared" if prepared else "on_request").inc()
         self.metrics.propose_latency.observe(time.perf_counter() - start)
-        return draft_pb2.ProposeResponse(
+        response = draft_pb2.ProposeResponse(
             tree=proposal.tree,
             kv_wait_seconds=waited,
             kv_feed_bytes=session.mirror.received_bytes,
             handler_seconds=time.perf_counter() - start,
             prepared=prepared,
         )
+        if idle is not None and idle.drafts_up_to is not None:
+            response.drafts_up_to_batch_sessions = idle.drafts_up_to
+        return response
+
+    @staticmethod
+    def _round_of_the_root_alone(
+        session: DraftSession, token_ids: Sequence[int], round_seed: int
+    ) -> IdleRound | None:
+        """On the model thread: the drafter sizes the round. A round of the root alone is built here and
+        now (no forward, no K/V read), with the load below which the session would draft again; None
+        when the round drafts, which `_propose` builds once the mirror holds the positions."""
+        with session.exclusive():
+            if session.closed:
+                raise NotFound(f"draft session {session.session_id!r} was released")
+            assert isinstance(session.drafter, RoundOpeningDrafter)
+            if session.drafter.open_round(token_ids) > 0:
+                return None
+            proposal = _build(session, token_ids, round_seed)
+            policy = getattr(session.drafter, "stop_policy", None)
+            if not isinstance(policy, CostPolicy):
+                return IdleRound(proposal, None)
+            return IdleRound(proposal, policy.largest_drafting_batch(other_sessions() + 1))
 
     @staticmethod
     def _propose(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> tuple[Proposal, bool]:
@@ -235,6 +278,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+@dataclass(frozen=True)
+class IdleRound:
+    """A round the load made the root alone."""
+
+    proposal: Proposal
+    drafts_up_to: int | None  # ProposeResponse.drafts_up_to_batch_sessions (cost policy only)
 
 
 def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> Proposal:

@@ -3,7 +3,12 @@
 RemoteVerifier keeps the session's committed history, so a target that lost the session (restart,
 eviction, a retried commit) is rebuilt from it and the round is retried with the same seed: the output
 does not change. RemoteDrafter sends only the tokens committed since its last call; when the draft
-service fails or is too slow, the round verifies the root alone (lossless, just no speculation).
+service fails or is too slow, the round verifies the root alone (lossless, just no speculation). When
+the draft answers a round with the root alone because of the load, it says up to how many sessions on
+the target its next round would draft (ProposeResponse.drafts_up_to_batch_sessions); while the target
+reports more, RemoteDrafter answers the root alone itself, without the call, and asks again after at most
+MAX_SKIPPED_CALLS such rounds in a row in case its estimates moved. Output does not change: the root
+alone is what the draft would have sent.
 Both send the session's sampling parameters once, in their service's Prefill (a rebuild too); a round
 carries its tokens and seed. A drafted tree travels as the draft service sent it (WireDraftTree).
 """
@@ -28,6 +33,7 @@ from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, targ
 logger = logging.getLogger(__name__)
 
 RETRY_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0)
+MAX_SKIPPED_CALLS = 8  # the loop's own back-off (core/backoff.py) spaces the calls too
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class RoundCounters:
     rpc_bytes: int = 0
     kv_feed_bytes: int = 0
     draft_fallbacks: int = 0
+    draft_calls_skipped: int = 0  # rounds the draft's load answer made the root alone without a call
     prepared_proposals: int = 0  # rounds whose tree the draft had built ahead from the KV feed
     target_rebuilds: int = 0
     draft_service_s: float = 0.0  # inside the draft's handler
@@ -112,6 +119,7 @@ class RemoteVerifier:
             top_logprobs=self.logprobs or 0,
         )
         response = self._call("Prefill", request, rebuild=None)
+        self.batch_sessions = response.batch_sessions  # the load the first round's draft shares
         self._logprobs = [response.logprob] if response.HasField("logprob") else []
         self.history = [*prompt_ids, response.next_token]
         return response.next_token
@@ -228,8 +236,14 @@ class RemoteDrafter:
         self.counters = counters
         self.known = 0  # tokens the draft service has; 0 = needs a Prefill
         self.overhead_s = 0.0  # a Propose's round trip, smoothed: what asking the draft costs a round
+        # The draft's last ProposeResponse.drafts_up_to_batch_sessions (None: it drafted, or said nothing)
+        self.drafts_up_to: int | None = None
+        self._skipped = 0  # rounds in a row answered without a call
 
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+        if self._root_alone_under_load():
+            self.counters.draft_calls_skipped += 1
+            return DraftTree.root_only(token_ids[-1])
         start = time.perf_counter()
         try:
             try:
@@ -243,6 +257,15 @@ class RemoteDrafter:
             return DraftTree.root_only(token_ids[-1])
         finally:
             self.on_propose(time.perf_counter() - start)
+
+    def _root_alone_under_load(self) -> bool:
+        """Whether the draft said this load makes the round the root alone (module doc)."""
+        if self.drafts_up_to is None or self.batch_sessions() <= self.drafts_up_to:
+            return False
+        if self._skipped >= MAX_SKIPPED_CALLS:
+            return False
+        self._skipped += 1
+        return True
 
     def _propose(self, token_ids: Sequence[int], round_seed: int) -> WireDraftTree:
         try:
@@ -279,6 +302,10 @@ class RemoteDrafter:
         self.counters.draft_service_s += response.handler_seconds
         self.overhead_s = round_trip_s if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * round_trip_s
         self.counters.prepared_proposals += response.prepared
+        self._skipped = 0
+        self.drafts_up_to = (
+            response.drafts_up_to_batch_sessions if response.HasField("drafts_up_to_batch_sessions") else None
+        )
         draft = tree_from_pb(response.tree, self.capacity)
         if draft.tree.token_ids[0] != token_ids[-1]:
             raise FailedPrecondition("the draft's tree does not start at the root")

@@ -127,6 +127,7 @@ class SessionRun:
         router.state.release_lease(self.session_id)
         router.metrics.running_requests.dec()
         router.metrics.draft_fallbacks.inc(self.counters.draft_fallbacks)
+        router.metrics.draft_calls_skipped.inc(self.counters.draft_calls_skipped)
         router.metrics.target_rebuilds.inc(self.counters.target_rebuilds)
         for role in (self.verifier, self.drafter):
             if role is not None:
@@ -169,8 +170,14 @@ class SessionRun:
             self.counters,
             on_propose=router.metrics.draft_rpc_latency.observe,
             request_seed=request.seed,
-            batch_sessions=lambda: verifier.batch_sessions,
+            batch_sessions=lambda: self._target_load(verifier),
         )
+
+    def _target_load(self, verifier: RemoteVerifier) -> int:
+        """Sessions sharing this session's target: the target's own count (every router's sessions), or
+        this router's sessions there when more (at the first rounds of sessions that start together,
+        before the target has seen them all)."""
+        return max(verifier.batch_sessions, self.router.targets.load(verifier.address))
 
     # -- rounds ----------------------------------------------------------------------------------------
     def _round_scope(self, position: int) -> AbstractContextManager[object]:

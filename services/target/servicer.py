@@ -121,8 +121,11 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:
             self._done(session)
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
+        self.recent.touch(request.session_id)  # its first Verify follows
         response = target_pb2.PrefillResponse(
-            next_token=next_token, committed_length=session.committed_length
+            next_token=next_token,
+            committed_length=session.committed_length,
+            batch_sessions=self.recent.count(),
         )
         if not rebuild and logprobs:
             response.logprob.CopyFrom(logprobs_to_pb(logprobs)[0])

@@ -84,6 +84,16 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class RoundOpeningDrafter(Drafter, Protocol):
+    """A drafter that can size a round before drafting it (runtime/drafter.py, PolicyDrafter)."""
+
+    def open_round(self, token_ids: Sequence[int]) -> int:
+        """Sizes the round rooted at token_ids[-1]; returns its cap in spine tokens (0 = the root
+        alone). The `propose` that follows for the same tokens drafts under it."""
+        ...
+
+
+@runtime_checkable
 class RootSeededDrafter(Drafter, Protocol):
     """A drafter of target-initialised MCSD: grows its tree under the target's root candidates."""
 

@@ -3,7 +3,9 @@
 A drafter asks `max_depth` to size the spine, then after appending each spine token calls
 `should_stop(step)`: True keeps that token and ends the round (SVIP's rule: the uncertain token is
 still worth verifying, and deciding after appending wastes no draft forward). After verification the
-loop calls `observe(num_drafted, num_accepted)` so adaptive policies can learn.
+loop calls `observe(num_drafted, num_accepted)` so adaptive policies can learn. A policy that sizes a
+round from state outside the drafter (the cost policy: the batch) is a `RoundPolicy`: the drafter calls
+its `start_round()` once per round, after `observe`, and `max_depth` then answers for that round.
 
 Policies:
 - fixed: always `fixed_depth` tokens.
@@ -259,6 +261,16 @@ class StopPolicy(Protocol):
 
 
 @runtime_checkable
+class RoundPolicy(Protocol):
+    """A stop policy whose cap depends on more than its own history (the cost policy: the batch)."""
+
+    def start_round(self) -> int:
+        """Called once per round, after `observe` of the last one: decides this round's cap, which
+        `max_depth` then returns until the next call. Returns it."""
+        ...
+
+
+@runtime_checkable
 class WidthPolicy(Protocol):
     """A stop policy that also trims the candidates at each depth (the cost policy with CaPE)."""
 
@@ -443,6 +455,7 @@ class CostPolicy:
 
     def __init__(self, settings: StopSettings) -> None:
         self._max_depth = settings.cap(COST_MAX_DEPTH)
+        self._round_cap = self._max_depth  # this round's (start_round)
         self.cost = settings.cost_model if settings.cost_model is not None else NOMINAL_CPU_COST
         # Batches: the other sessions are assumed to send trees like this session's recent ones.
         self.batch_sessions = settings.batch_sessions
@@ -458,7 +471,7 @@ class CostPolicy:
         # What asking the drafter costs a round beyond its draft steps, as the caller measures it (the
         # router's Propose round trip). It depends on timing, so like the load only greedy rounds use it.
         self.draft_overhead_s = 0.0
-        self._sizes_counted = False  # the round being observed was counted already (max_depth 0)
+        self._sizes_counted = False  # the round being observed was counted already (a cap of 0)
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
         self.model = (
             settings.require_decision_model() if self.estimate is AcceptanceEstimate.DECISION else None
@@ -478,26 +491,46 @@ class CostPolicy:
 
     @property
     def max_depth(self) -> int:
+        """This round's cap, as `start_round` decided it."""
+        return self._round_cap
+
+    def start_round(self) -> int:
         """0 when, under the current batch and the cost of asking the drafter, not even one more token
-        with the session's recent acceptance rate is worth it."""
-        self.load = self._batch_load()
+        with the session's recent acceptance rate is worth it; else the policy's cap."""
+        others = self.batch_sessions() if self.batch_sessions is not None else 0
+        self.load = self._load_beside(others)
         self._sizes_counted = False
-        cost = self._round_cost()
-        if self.load is ALONE and cost.draft_overhead_s == 0:
-            return self._max_depth
-        worth = worth_extending(cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load)
-        if not worth:
+        self._round_cap = self._max_depth
+        if not self._drafts_under(self.load):
             self._reset()  # a round of the root alone: one node, nothing drafted
             self._update_sizes(1, 1)  # counted now: rounds the loop then skips send the root alone too
             self._sizes_counted = True
-            return 0
-        return self._max_depth
+            self._round_cap = 0
+        return self._round_cap
 
-    def _batch_load(self) -> BatchLoad:
-        if not self.batch_aware:
-            return ALONE
-        others = self.batch_sessions() if self.batch_sessions is not None else 0
-        if others <= 0:
+    def largest_drafting_batch(self, batch_sessions: int) -> int:
+        """After a round of the root alone beside batch_sessions - 1 others: the most sessions sharing
+        the forwards (this one included) at which the next round would draft, by the policy's estimates
+        as they stand; 0 = not at any load. A larger batch never makes a token more worth drafting (its
+        share of the forward grows and the bar rises), so a binary search finds it."""
+        low, high = 0, max(0, batch_sessions - 1)  # drafting holds at `low` sessions (0: vacuously)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._drafts_under(self._load_beside(middle - 1)):
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def _drafts_under(self, load: BatchLoad) -> bool:
+        """Whether one token at the recent acceptance rate beats the rate of the root alone."""
+        cost = self._round_cost()
+        if load is ALONE and cost.draft_overhead_s == 0:
+            return True
+        return worth_extending(cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, load)
+
+    def _load_beside(self, others: int) -> BatchLoad:
+        if not self.batch_aware or others <= 0:
             return ALONE
         return BatchLoad(round(others * self.mean_nodes), others * self.mean_emitted)
 
@@ -556,7 +589,7 @@ class CostPolicy:
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         check_round(num_drafted, num_accepted)
-        if not self._sizes_counted:  # a round of the root alone is counted when max_depth chooses it
+        if not self._sizes_counted:  # a round of the root alone is counted when start_round chooses it
             self._update_sizes(self.num_nodes, num_accepted + 1)
         self._sizes_counted = False
         if num_drafted:

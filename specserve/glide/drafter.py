@@ -70,6 +70,12 @@ class GlideDrafter(SpineDrafter):
     @torch.inference_mode()
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         root_position = len(token_ids) - 1
+        max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
+        if max_depth == 0:
+            # Nothing is worth drafting this round (the batch-aware cost policy under load): no forward
+            # and no target KV read (a draft service need not have it); the draft cache catches up on
+            # the next round that drafts.
+            return DraftTree.root_only(token_ids[-1])
         # per block, views: [1, Hkv, L, D]
         target_kv = [self.target_kv.layer_kv(layer) for layer in self.model.config.layers_read]
         if target_kv[0][0].shape[2] != root_position:
@@ -77,11 +83,6 @@ class GlideDrafter(SpineDrafter):
                 f"the target cache holds {target_kv[0][0].shape[2]} positions; the draft needs the "
                 f"{root_position} committed tokens before the root"
             )
-        max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
-        if max_depth == 0:
-            # Nothing is worth drafting this round (the batch-aware cost policy under load): no forward
-            # at all; the draft cache catches up on the next round that drafts.
-            return DraftTree.root_only(token_ids[-1])
         logits = self._sync(token_ids, target_kv)  # [V] after the root
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:

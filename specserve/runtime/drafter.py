@@ -21,6 +21,7 @@ from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
     DraftStep,
+    RoundPolicy,
     StopPolicy,
     StopPolicyName,
     StopSettings,
@@ -86,9 +87,22 @@ class PolicyDrafter:
         self.kind = CandidateKind.FIXED if sampling.greedy else sampled_kind
         self.stop_policy = stop_policy
         self._feedback = SpineFeedback()
+        self._opened: int | None = None  # length of the sequence whose round open_round opened
+
+    def open_round(self, token_ids: Sequence[int]) -> int:
+        """Starts the round whose root is token_ids[-1]: the policy learns how the last round went, and a
+        RoundPolicy sizes this one. Returns the policy's cap; 0 = the round drafts nothing, so a caller
+        need not wait for anything the draft reads. `propose` opens the round itself unless this did."""
+        self._feedback.report(token_ids, self.stop_policy)
+        if isinstance(self.stop_policy, RoundPolicy):
+            self.stop_policy.start_round()
+        self._opened = len(token_ids)
+        return self.stop_policy.max_depth
 
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
-        self._feedback.report(token_ids, self.stop_policy)
+        if self._opened != len(token_ids):
+            self.open_round(token_ids)
+        self._opened = None
         draft = self._draft(token_ids, make_generator(round_seed))
         self._feedback.record(token_ids, draft)
         return draft
@@ -103,6 +117,10 @@ class SpineDrafter(PolicyDrafter):
     def __init__(self, shape: DraftShape, sampling: SamplingParams, sampled_kind: CandidateKind) -> None:
         super().__init__(sampled_kind, shape.new_stop_policy(), sampling)
         self.shape = shape
+
+    def open_round(self, token_ids: Sequence[int]) -> int:
+        """The round's spine cap: the shape's depth, further capped by the policy (spine_cap)."""
+        return min(self.shape.depth, super().open_round(token_ids))
 
     def _grow(
         self,

@@ -89,6 +89,7 @@ class MultiCandidateDrafter(PolicyDrafter):
             raise InvalidArgument(
                 f"need 1..{self.shape.k_config[0]} root candidates, got {len(root_candidates)}"
             )
+        self.open_round(token_ids)  # a RoundPolicy sizes each round, this one too
         return self._grow(token_ids, tuple(root_candidates), make_generator(round_seed))
 
     @torch.inference_mode()

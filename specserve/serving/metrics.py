@@ -91,6 +91,7 @@ class RouterMetrics:
     round_bytes: Histogram
     running_requests: Gauge
     draft_fallbacks: Counter
+    draft_calls_skipped: Counter
     target_rebuilds: Counter
 
     @classmethod
@@ -123,6 +124,11 @@ class RouterMetrics:
             running_requests=_gauge(r, "num_requests_running", "Generations in progress"),
             draft_fallbacks=_counter(
                 r, "num_draft_fallbacks", "Rounds verified without a draft (draft failed)"
+            ),
+            draft_calls_skipped=_counter(
+                r,
+                "num_draft_calls_skipped",
+                "Rounds not asked of the draft: the load makes them the root alone",
             ),
             target_rebuilds=_counter(r, "num_target_rebuilds", "Target sessions rebuilt from history"),
         )

@@ -1,7 +1,8 @@
 """The router's remote roles without models: a drafted tree travels to the target as the draft sent it,
-and a verifier that retries on another target replica takes the session's load with it.
+a verifier that retries on another target replica takes the session's load with it, and a drafter does
+not ask a draft that said the load makes its rounds the root alone.
 
-The target here is a real gRPC server with a small fake servicer; the other replica is an address where
+The services here are real gRPC servers with small fake servicers; the other replica is an address where
 nothing listens (UNAVAILABLE, as a target that went away).
 """
 
@@ -13,12 +14,19 @@ import grpc
 import pytest
 
 from services.router.placement import HeldReplica, ReplicaSet
-from services.router.remote import RemoteVerifier, RoundCounters, WireDraftTree, wire_tree
+from services.router.remote import (
+    MAX_SKIPPED_CALLS,
+    RemoteDrafter,
+    RemoteVerifier,
+    RoundCounters,
+    WireDraftTree,
+    wire_tree,
+)
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 from specserve.serving.stack import free_port
-from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 
 def test_a_drafted_tree_travels_as_the_draft_sent_it() -> None:
@@ -84,3 +92,68 @@ def test_load_follows_a_verifier_that_retries_on_another_replica(live_target) ->
     finally:
         for channel in channels.values():
             channel.close()
+
+
+class LoadedDraft(draft_pb2_grpc.DraftServiceServicer):
+    """Answers every round with the root alone and says it would draft up to `up_to` sessions (None:
+    says nothing, as a draft whose round was the root alone for another reason than the load)."""
+
+    def __init__(self, up_to: int | None) -> None:
+        self.up_to = up_to
+        self.proposes = 0
+        self.token_ids: list[int] = []
+
+    def Prefill(self, request, context):
+        self.token_ids = list(request.token_ids)
+        return draft_pb2.DraftPrefillResponse()
+
+    def Propose(self, request, context):
+        self.proposes += 1
+        self.token_ids = [*self.token_ids[: request.from_position], *request.new_token_ids]
+        tree = common_pb2.DraftTree(token_ids=[self.token_ids[-1]], parent_ids=[-1])
+        response = draft_pb2.ProposeResponse(tree=tree)
+        if self.up_to is not None:
+            response.drafts_up_to_batch_sessions = self.up_to
+        return response
+
+
+def test_the_router_skips_draft_calls_while_the_load_is_above_what_the_draft_drafts_at() -> None:
+    server = grpc.server(ThreadPoolExecutor(2))
+    draft = LoadedDraft(up_to=4)
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(draft, server)
+    port = server.add_insecure_port("localhost:0")
+    server.start()
+    load = {"sessions": 10}
+    counters = RoundCounters()
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            drafter = RemoteDrafter(
+                "s",
+                "glide-cape-cost",
+                draft_pb2_grpc.DraftServiceStub(channel),
+                lambda: "localhost:1",
+                SamplingParams(),
+                256,
+                10.0,
+                counters,
+                batch_sessions=lambda: load["sessions"],
+            )
+            token_ids = [1, 2, 3]
+            for round_index in range(1 + MAX_SKIPPED_CALLS + 1):
+                assert drafter.propose(token_ids, 0).tree.token_ids == (token_ids[-1],)
+                token_ids.append(10 + round_index)
+            # the first call, then MAX_SKIPPED_CALLS rounds answered without one, then a call again
+            assert draft.proposes == 2 and counters.draft_calls_skipped == MAX_SKIPPED_CALLS
+            load["sessions"] = 4  # the load fell to where the draft drafts: every round asks
+            for _ in range(3):
+                drafter.propose(token_ids, 0)
+                token_ids.append(5)
+            assert draft.proposes == 5
+            draft.up_to = None  # a draft that says nothing stops nothing
+            for sessions in (4, 100):
+                load["sessions"] = sessions
+                drafter.propose(token_ids, 0)
+                token_ids.append(5)
+            assert draft.proposes == 7
+    finally:
+        server.stop(None)

@@ -63,9 +63,9 @@ def test_a_calibrated_draft_overhead_is_charged_in_process():
     policy = CostPolicy(StopSettings(cost_model=cost, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
     policy.batch_aware = False  # sampled requests weigh it too: it is a calibrated constant, not timing
     policy.mean_acceptance = 0.3
-    assert policy.max_depth == COST_MAX_DEPTH
+    assert policy.start_round() == COST_MAX_DEPTH
     policy.mean_acceptance = 0.1
-    assert policy.max_depth == 0
+    assert policy.start_round() == 0
 
 
 @pytest.mark.parametrize(
@@ -191,9 +191,30 @@ def test_cost_policy_stops_speculating_under_heavy_load():
         cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: others["n"]
     )
     policy = CostPolicy(settings)
-    assert policy.max_depth == COST_MAX_DEPTH  # alone: the cost curve decides round by round
+    assert policy.start_round() == COST_MAX_DEPTH  # alone: the cost curve decides round by round
     others["n"] = 63
-    assert policy.max_depth == 0  # 63 others: not even one token is worth its share of the forward
+    assert policy.start_round() == 0  # 63 others: not even one token is worth its share of the forward
+
+
+@pytest.mark.parametrize("acceptance", [0.3, 0.6, 0.9])
+def test_the_largest_drafting_batch_is_where_rounds_start_drafting_again(acceptance):
+    others = {"n": 63}
+    settings = StopSettings(
+        cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: others["n"]
+    )
+    policy = CostPolicy(settings)
+    policy.mean_acceptance = acceptance
+    assert policy.start_round() == 0
+    largest = policy.largest_drafting_batch(64)
+    assert 1 <= largest < 64
+    others["n"] = largest  # one session more than the largest drafting batch
+    assert policy.start_round() == 0
+    others["n"] = largest - 1
+    assert policy.start_round() == COST_MAX_DEPTH
+    policy.batch_aware = False  # sampled: sized as if alone, so the load never matters
+    policy.draft_overhead_s = 1.0  # and a round trip of a second never pays, alone or not
+    policy.cost = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=1.0)
+    assert policy.start_round() == 0 and policy.largest_drafting_batch(64) == 0
 
 
 def test_sampled_requests_size_trees_as_if_alone():
@@ -202,9 +223,9 @@ def test_sampled_requests_size_trees_as_if_alone():
         cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: 63
     )
     policy = CostPolicy(settings)
-    assert policy.max_depth == 0
+    assert policy.start_round() == 0
     policy.batch_aware = False
-    assert policy.max_depth == COST_MAX_DEPTH
+    assert policy.start_round() == COST_MAX_DEPTH
 
 
 def test_the_overhead_of_asking_the_drafter_is_charged_once_per_drafting_round():
@@ -219,11 +240,11 @@ def test_a_draft_that_does_not_pay_for_its_round_trip_drafts_nothing():
     longer chain does better): not worth asking at all. Acceptance 0.6 still pays (22 tok/s)."""
     policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
     policy.mean_acceptance = 0.3
-    assert policy.max_depth == COST_MAX_DEPTH
+    assert policy.start_round() == COST_MAX_DEPTH
     policy.draft_overhead_s = 0.020
-    assert policy.max_depth == 0
+    assert policy.start_round() == 0
     policy.mean_acceptance = 0.6
-    assert policy.max_depth == COST_MAX_DEPTH
+    assert policy.start_round() == COST_MAX_DEPTH
     policy.mean_acceptance = 0.3
     policy.batch_aware = False  # sampled: the overhead depends on timing, so it is not weighed
-    assert policy.max_depth == COST_MAX_DEPTH
+    assert policy.start_round() == COST_MAX_DEPTH

@@ -14,6 +14,7 @@ from specserve.core.stopping import (
     AcceptanceEstimate,
     CostPolicy,
     DraftStep,
+    RoundPolicy,
     StopPolicy,
     StopPolicyName,
     StopSettings,
@@ -57,6 +58,8 @@ def logits_with_top_probability(p: float, vocab: int = 4) -> torch.Tensor:
 def draft_round(policy: StopPolicy, logits_per_depth: list[torch.Tensor], token: int = 0) -> int:
     """A drafter's spine loop: tokens drafted this round (the one that stopped it included)."""
     drafted = 0
+    if isinstance(policy, RoundPolicy):
+        policy.start_round()
     for depth in range(policy.max_depth):
         logits = logits_per_depth[min(depth, len(logits_per_depth) - 1)]
         drafted += 1

@@ -16,6 +16,7 @@ from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
     DraftStep,
+    RoundPolicy,
     StopPolicy,
     StopPolicyName,
     StopSettings,
@@ -54,10 +55,15 @@ class RecordingPolicy:
         self.inner = inner
         self.steps: list[DraftStep] = []
         self.observed: list[tuple[int, int]] = []
+        self.calls: list[str] = []  # "observe" and "start", in order
 
     @property
     def max_depth(self) -> int:
         return self.inner.max_depth
+
+    def start_round(self) -> int:
+        self.calls.append("start")
+        return self.inner.start_round() if isinstance(self.inner, RoundPolicy) else self.inner.max_depth
 
     def should_stop(self, step: DraftStep) -> bool:
         self.steps.append(step)
@@ -65,6 +71,7 @@ class RecordingPolicy:
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         self.observed.append((num_drafted, num_accepted))
+        self.calls.append("observe")
         self.inner.observe(num_drafted, num_accepted)
 
 
@@ -304,6 +311,29 @@ def test_observe_gets_what_the_verifier_decided(target, draft, glide, name, kind
     truth = [true_round(proposal, outcome) for proposal, outcome in verifier.rounds]
     assert recorders[0].observed == truth[:-1]  # the last round has no next proposal to report it
     assert len(recorders[0].steps) == sum(drafted for drafted, _ in truth)  # one step per spine token
+
+
+def test_a_round_is_sized_once_after_the_policy_learned_from_the_last(target, glide):
+    """The loop calls propose alone; the draft service opens the round first (to skip waiting for K/V
+    when it drafts nothing). Either way the policy sizes each round once, after `observe`."""
+    shape = DraftShape(depth=4, stop=StopPolicyName.COST)
+    recorders: list[RecordingPolicy] = []
+
+    def make_recorded(verifier, sampling):
+        drafter = glide_drafter(glide, shape)(verifier, sampling)
+        recorders.append(RecordingPolicy(drafter.stop_policy))
+        drafter.stop_policy = recorders[-1]
+        return drafter
+
+    _, verifier, drafter = run(target, make_recorded)
+    calls = recorders[0].calls
+    assert calls.count("start") == len(verifier.rounds)
+    assert all(calls[i + 1] == "start" for i, call in enumerate(calls) if call == "observe")
+    token_ids = list(verifier.inner.token_ids)
+    cap = drafter.open_round(token_ids)
+    draft = drafter.propose(token_ids, 1)
+    assert calls.count("start") == len(verifier.rounds) + 1
+    assert cap == 4 and 1 <= draft.num_draft_tokens <= cap
 
 
 @pytest.mark.parametrize(
