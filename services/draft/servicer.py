@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
+from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
 from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
@@ -70,6 +71,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.recent = RecentSessions()
         self.model.scheduler.load_hint = self.recent.count
         self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
+        self.priors = AcceptancePriors()  # where new sessions' cost policies start (priors.py)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -106,6 +108,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         drafter = self.model.run(spec.make_drafter, self.engine, request.capacity, mirror, sampling)
         if drafter is None:
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
+        self.priors.seed(request.method, drafter)
         subscriber = FeedSubscriber(
             request.session_id,
             mirror,
@@ -261,7 +264,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self, request: draft_pb2.DraftReleaseRequest, context: grpc.ServicerContext
     ) -> draft_pb2.DraftReleaseResponse:
         check_session_id(request.session_id)
+        session = self.store.peek(request.session_id)
         released = self.store.release(request.session_id)
+        if released and session is not None:
+            self.priors.learn(session.method, session.drafter)  # closed: its policy no longer moves
         self.recent.forget(request.session_id)
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftReleaseResponse(released=released)

@@ -208,6 +208,17 @@ class RemoteVerifier:
                 raise Unavailable(f"target {method} did not succeed within {self.timeout_s:.0f} s") from error
 
 
+class RoundTripMean:
+    """Propose round trips smoothed over every session of a router: where a new session's estimate of
+    what asking the draft costs starts, instead of nothing (its own calls take over from its first)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0  # 0 = no call measured yet
+
+    def observe(self, seconds: float) -> None:
+        self.seconds = seconds if self.seconds == 0 else 0.8 * self.seconds + 0.2 * seconds
+
+
 class RemoteDrafter:
     def __init__(
         self,
@@ -222,6 +233,7 @@ class RemoteDrafter:
         on_propose: Callable[[float], None] = lambda seconds: None,
         request_seed: int | None = None,  # lets the draft prepare each round's tree ahead (core/rng.py)
         batch_sessions: Callable[[], int] = lambda: 0,  # the target's load, for the draft's cost policy
+        round_trips: RoundTripMean | None = None,  # the router's, shared by its sessions
     ) -> None:
         self.session_id = session_id
         self.method = method
@@ -235,7 +247,9 @@ class RemoteDrafter:
         self.timeout_s = timeout_s
         self.counters = counters
         self.known = 0  # tokens the draft service has; 0 = needs a Prefill
-        self.overhead_s = 0.0  # a Propose's round trip, smoothed: what asking the draft costs a round
+        self.round_trips = round_trips
+        # A Propose's round trip, smoothed: what asking the draft costs a round (0 = not known yet)
+        self.overhead_s = round_trips.seconds if round_trips is not None else 0.0
         # The draft's last ProposeResponse.drafts_up_to_batch_sessions (None: it drafted, or said nothing)
         self.drafts_up_to: int | None = None
         self._skipped = 0  # rounds in a row answered without a call
@@ -301,6 +315,8 @@ class RemoteDrafter:
         self.counters.kv_feed_bytes = response.kv_feed_bytes
         self.counters.draft_service_s += response.handler_seconds
         self.overhead_s = round_trip_s if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * round_trip_s
+        if self.round_trips is not None:
+            self.round_trips.observe(round_trip_s)
         self.counters.prepared_proposals += response.prepared
         self._skipped = 0
         self.drafts_up_to = (

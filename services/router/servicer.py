@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from services.router.placement import ReplicaSet
+from services.router.remote import RoundTripMean
 from services.router.session_run import Done, Round, SessionRun, saved_stats
 from services.router.state import SessionRecord, SessionState, SessionStatus
 from services.router.tokenizer import IncrementalText, RouterTokenizer
@@ -55,6 +56,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.state = state
         self.targets = ReplicaSet(settings.target_addresses)
         self.drafts = ReplicaSet(settings.draft_addresses) if settings.draft_addresses else None
+        self.draft_round_trips = RoundTripMean()  # where each session's draft overhead estimate starts
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._cancel_events: dict[str, threading.Event] = {}

@@ -171,6 +171,7 @@ class SessionRun:
             on_propose=router.metrics.draft_rpc_latency.observe,
             request_seed=request.seed,
             batch_sessions=lambda: self._target_load(verifier),
+            round_trips=router.draft_round_trips,
         )
 
     def _target_load(self, verifier: RemoteVerifier) -> int:

@@ -463,6 +463,7 @@ class CostPolicy:
         # makes the forward look expensive already, and a calibrated curve with a dip (16 nodes cheaper
         # than 13 on the CPU of docs/benchmarks.md) then makes drafting look free.
         self.mean_nodes, self.mean_emitted, self.mean_acceptance = 1.0, 1.0, 0.5
+        self.num_drafting_rounds = 0  # rounds observed with draft tokens: what mean_acceptance rests on
         self.load = ALONE
         # Sized by the batch only under greedy decoding, where trees never change the output. With
         # sampling the tokens drawn depend on the tree, so a seeded request must get the same trees
@@ -595,6 +596,7 @@ class CostPolicy:
         if num_drafted:
             rate = num_accepted / num_drafted
             self.mean_acceptance = SMOOTHING * self.mean_acceptance + (1 - SMOOTHING) * rate
+            self.num_drafting_rounds += 1
 
     def _update_sizes(self, num_nodes: int, num_emitted: int) -> None:
         self.mean_nodes = SMOOTHING * self.mean_nodes + (1 - SMOOTHING) * num_nodes

@@ -19,6 +19,7 @@ from services.router.remote import (
     RemoteDrafter,
     RemoteVerifier,
     RoundCounters,
+    RoundTripMean,
     WireDraftTree,
     wire_tree,
 )
@@ -155,5 +156,30 @@ def test_the_router_skips_draft_calls_while_the_load_is_above_what_the_draft_dra
                 drafter.propose(token_ids, 0)
                 token_ids.append(5)
             assert draft.proposes == 7
+    finally:
+        server.stop(None)
+
+
+def test_a_new_session_starts_from_the_routers_measured_draft_round_trip() -> None:
+    server = grpc.server(ThreadPoolExecutor(2))
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(LoadedDraft(up_to=None), server)
+    port = server.add_insecure_port("localhost:0")
+    server.start()
+    round_trips = RoundTripMean()
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+
+            def drafter(session_id: str) -> RemoteDrafter:
+                stub = draft_pb2_grpc.DraftServiceStub(channel)
+                return RemoteDrafter(
+                    session_id, "glide-cape-cost", stub, lambda: "localhost:1", SamplingParams(), 256,
+                    10.0, RoundCounters(), round_trips=round_trips,
+                )  # fmt: skip
+
+            first = drafter("first")
+            assert first.overhead_s == 0  # nothing measured yet
+            first.propose([1, 2, 3], 0)
+            assert round_trips.seconds == first.overhead_s > 0
+            assert drafter("second").overhead_s == round_trips.seconds
     finally:
         server.stop(None)

@@ -1,0 +1,49 @@
+"""Where a new session's cost policy starts: the acceptance this service's drafts have shown.
+
+A fresh cost policy assumes half of the draft tokens are accepted until its own rounds say otherwise
+(core/stopping.py, CostPolicy). For a draft that is accepted far less often, every session then drafts
+its first rounds at a loss: a draft forward over the whole prompt and its K/V streamed from the target,
+while other sessions' prompts wait for the cores. The draft service knows better after its first
+sessions: each released session's smoothed acceptance updates a per-method mean, and a new greedy
+session starts from it. Sampled sessions keep the fixed start: their trees decide which tokens are
+drawn, so a seeded request must not depend on what ran before it (as with the load, docs/adaptive.md).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from specserve.core.protocols import Drafter
+from specserve.core.stopping import SMOOTHING, CostPolicy
+
+
+class AcceptancePriors:
+    def __init__(self) -> None:
+        self._means: dict[str, float] = {}  # method -> acceptance of its released sessions, smoothed
+        self._lock = threading.Lock()
+
+    def get(self, method: str) -> float | None:
+        with self._lock:
+            return self._means.get(method)
+
+    def seed(self, method: str, drafter: Drafter) -> None:
+        """Starts a new session's greedy cost policy at the method's mean, once there is one."""
+        policy = _cost_policy(drafter)
+        prior = self.get(method)
+        if policy is not None and policy.batch_aware and prior is not None:
+            policy.mean_acceptance = prior
+
+    def learn(self, method: str, drafter: Drafter) -> None:
+        """Folds a finished session's acceptance in, if it drafted at all."""
+        policy = _cost_policy(drafter)
+        if policy is None or policy.num_drafting_rounds == 0:
+            return
+        with self._lock:
+            old = self._means.get(method)
+            mean = policy.mean_acceptance
+            self._means[method] = mean if old is None else SMOOTHING * old + (1 - SMOOTHING) * mean
+
+
+def _cost_policy(drafter: Drafter) -> CostPolicy | None:
+    policy = getattr(drafter, "stop_policy", None)
+    return policy if isinstance(policy, CostPolicy) else None
