@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from router_like_session import RouterLikeSession
 
-from specserve.core.rng import draft_round_seed, verify_round_seed
-from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
 PROMPT_IDS = [1, 9690, 198, 19556, 28, 638, 359, 346, 47, 2]
-CAPACITY = 256
 SEED = 99
 METHOD = "glide-cape-cost"
 HEAVY = 64  # sessions sharing the target: far past the load at which the cost policy stops drafting
@@ -29,61 +28,10 @@ ROUND_TRIP_SECONDS = 0.001
 RECENT_SECONDS = 1.1  # past the draft's load horizon (serving/recent.py): earlier tests' sessions left it
 
 
-class Session:
-    """One greedy session driven round by round as the router's loop does (core/loop.py)."""
-
-    def __init__(self, target, draft, target_address: str, session_id: str, token_ids: list[int]) -> None:
-        self.target, self.draft, self.session_id = target, draft, session_id
-        self.target_address = target_address
-        prefill = target.Prefill(
-            target_pb2.PrefillRequest(session_id=session_id, token_ids=token_ids, capacity=CAPACITY),
-            timeout=60,
-        )
-        self.token_ids = [*token_ids, prefill.next_token]
-        draft.Prefill(
-            draft_pb2.DraftPrefillRequest(
-                session_id=session_id,
-                method=METHOD,
-                token_ids=self.token_ids,
-                target_address=target_address,
-                capacity=CAPACITY,
-            ),
-            timeout=60,
-        )
-        self.known = len(self.token_ids)
-
-    def propose(self, load: int) -> draft_pb2.ProposeResponse:
-        response = self.draft.Propose(
-            draft_pb2.ProposeRequest(
-                session_id=self.session_id,
-                from_position=self.known,
-                new_token_ids=self.token_ids[self.known :],
-                step_seed=draft_round_seed(SEED, len(self.token_ids)),
-                target_address=self.target_address,
-                batch_sessions=load,
-                overhead_seconds=ROUND_TRIP_SECONDS,
-            ),
-            timeout=60,
-        )
-        self.known = len(self.token_ids)
-        return response
-
-    def verify(self, tree: common_pb2.DraftTree) -> None:
-        position = len(self.token_ids)
-        outcome = self.target.Verify(
-            target_pb2.VerifyRequest(
-                session_id=self.session_id,
-                tree=tree,
-                committed_length=position,
-                step_seed=verify_round_seed(SEED, position),
-            ),
-            timeout=60,
-        )
-        self.token_ids += [tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
-
-    def release(self) -> None:
-        self.draft.Release(draft_pb2.DraftReleaseRequest(session_id=self.session_id), timeout=60)
-        self.target.Release(target_pb2.ReleaseRequest(session_id=self.session_id), timeout=60)
+def open_greedy(
+    target, draft, target_address: str, session_id: str, token_ids: list[int]
+) -> RouterLikeSession:
+    return RouterLikeSession(target, draft, target_address, session_id, token_ids, method=METHOD, seed=SEED)
 
 
 def first_spine_token(tree: common_pb2.DraftTree) -> int:
@@ -91,11 +39,11 @@ def first_spine_token(tree: common_pb2.DraftTree) -> int:
     return tree.token_ids[1]
 
 
-def rounds_under_heavy_load(session: Session, rounds: int) -> None:
+def rounds_under_heavy_load(session: RouterLikeSession, rounds: int) -> None:
     """Rounds of the root alone: no wait for the mirror, and not a byte of K/V arrives."""
     fed = None
     for _ in range(rounds):
-        response = session.propose(HEAVY)
+        response = session.propose(load=HEAVY, overhead_seconds=ROUND_TRIP_SECONDS)
         assert list(response.tree.token_ids) == [session.token_ids[-1]]
         assert response.kv_wait_seconds == 0
         fed = response.kv_feed_bytes if fed is None else fed
@@ -103,16 +51,20 @@ def rounds_under_heavy_load(session: Session, rounds: int) -> None:
         session.verify(response.tree)
 
 
-def drafting_round_sees_every_position(session: Session, fresh_id: str) -> None:
+def drafting_round_sees_every_position(session: RouterLikeSession, fresh_id: str) -> None:
     """Alone again, the round drafts from every position committed meanwhile: its pick after the root is
     the pick of a session prefilled fresh with the same tokens."""
     time.sleep(RECENT_SECONDS)  # the heavy load the session reported is forgotten
-    response = session.propose(0)
+    response = session.propose(load=0, overhead_seconds=ROUND_TRIP_SECONDS)
     assert len(response.tree.token_ids) > 1
-    fresh = Session(session.target, session.draft, session.target_address, fresh_id, session.token_ids[:-1])
+    fresh = open_greedy(
+        session.target, session.draft, session.target_address, fresh_id, session.token_ids[:-1]
+    )
     try:
         assert fresh.token_ids == session.token_ids
-        assert first_spine_token(response.tree) == first_spine_token(fresh.propose(0).tree)
+        assert first_spine_token(response.tree) == first_spine_token(
+            fresh.propose(load=0, overhead_seconds=ROUND_TRIP_SECONDS).tree
+        )
     finally:
         fresh.release()
     session.verify(response.tree)
@@ -122,10 +74,10 @@ def drafting_round_sees_every_position(session: Session, fresh_id: str) -> None:
 def open_session(channels, shared_stack):
     target = target_pb2_grpc.TargetServiceStub(channels["target"])
     draft = draft_pb2_grpc.DraftServiceStub(channels["draft"])
-    sessions: list[Session] = []
+    sessions: list[RouterLikeSession] = []
 
-    def open_(session_id: str) -> Session:
-        sessions.append(Session(target, draft, shared_stack.address("target"), session_id, PROMPT_IDS))
+    def open_(session_id: str) -> RouterLikeSession:
+        sessions.append(open_greedy(target, draft, shared_stack.address("target"), session_id, PROMPT_IDS))
         return sessions[-1]
 
     yield open_
@@ -142,23 +94,25 @@ def test_a_session_that_never_drafted_subscribes_at_its_first_drafting_round(ope
 def test_a_round_of_the_root_alone_says_at_what_load_the_session_drafts_again(open_session):
     session = open_session("drafts-up-to")
     rounds_under_heavy_load(session, 1)
-    response = session.propose(HEAVY)
+    response = session.propose(load=HEAVY, overhead_seconds=ROUND_TRIP_SECONDS)
     assert response.HasField("drafts_up_to_batch_sessions")
     up_to = response.drafts_up_to_batch_sessions
     assert 1 <= up_to < HEAVY  # it drafts alone (the module's round trip)
     session.verify(response.tree)
     time.sleep(RECENT_SECONDS)  # only the load this session reports counts from here
-    response = session.propose(up_to + 1)
+    response = session.propose(load=up_to + 1, overhead_seconds=ROUND_TRIP_SECONDS)
     assert len(response.tree.token_ids) == 1 and response.drafts_up_to_batch_sessions == up_to
     session.verify(response.tree)
-    response = session.propose(up_to)
+    response = session.propose(load=up_to, overhead_seconds=ROUND_TRIP_SECONDS)
     assert len(response.tree.token_ids) > 1 and not response.HasField("drafts_up_to_batch_sessions")
 
 
 def test_a_session_drops_the_feed_under_load_and_catches_up_after(open_session):
     session = open_session("feed-paused")
     time.sleep(RECENT_SECONDS)  # sessions of earlier tests left the draft's load count
-    response = session.propose(0)  # alone: the first round drafts and follows the feed
+    response = session.propose(
+        load=0, overhead_seconds=ROUND_TRIP_SECONDS
+    )  # alone: the first round drafts and follows the feed
     assert len(response.tree.token_ids) > 1 and response.kv_feed_bytes > 0
     # The same round asked again (as a router retries it) under heavy load: the root alone, and the
     # stream is dropped. Nothing is learned from a retry, so the policy's acceptance estimate is as fresh

@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from router_like_session import RouterLikeSession
 
-from specserve.core.rng import draft_round_seed, verify_round_seed
-from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specserve.core.rng import draft_round_seed
+from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
 PROMPT_IDS = [1, 9690, 198, 19556, 28, 638, 359, 346, 47, 2]
-CAPACITY = 256
 SEED = 2024
 SAMPLED = common_pb2.SamplingParams(temperature=0.8)
 PREPARE_SECONDS = 1.0  # far longer than one draft forward: the tree is ready when Propose comes
@@ -35,64 +35,11 @@ def draft(channels) -> draft_pb2_grpc.DraftServiceStub:
     return draft_pb2_grpc.DraftServiceStub(channels["draft"])
 
 
-class RouterLikeSession:
-    """One session driven round by round as the router's loop does (core/loop.py)."""
-
-    def __init__(self, target, draft, target_address: str, session_id: str, seed: int | None) -> None:
-        self.target, self.draft, self.session_id = target, draft, session_id
-        prefill = target.Prefill(
-            target_pb2.PrefillRequest(
-                session_id=session_id, token_ids=PROMPT_IDS, capacity=CAPACITY, sampling=SAMPLED, step_seed=7
-            ),
-            timeout=60,
-        )
-        self.token_ids = [*PROMPT_IDS, prefill.next_token]
-        self.known = len(self.token_ids)
-        draft.Prefill(
-            draft_pb2.DraftPrefillRequest(
-                session_id=session_id,
-                method="glide",
-                token_ids=self.token_ids,
-                target_address=target_address,
-                capacity=CAPACITY,
-                sampling=SAMPLED,
-                request_seed=seed,
-            ),
-            timeout=60,
-        )
-        self.target_address = target_address
-
-    def propose(self, step_seed: int | None = None) -> draft_pb2.ProposeResponse:
-        position = len(self.token_ids)
-        response = self.draft.Propose(
-            draft_pb2.ProposeRequest(
-                session_id=self.session_id,
-                from_position=self.known,
-                new_token_ids=self.token_ids[self.known :],
-                step_seed=draft_round_seed(SEED, position) if step_seed is None else step_seed,
-                target_address=self.target_address,
-            ),
-            timeout=60,
-        )
-        self.known = len(self.token_ids)
-        return response
-
-    def verify(self, tree: common_pb2.DraftTree) -> None:
-        position = len(self.token_ids)
-        outcome = self.target.Verify(
-            target_pb2.VerifyRequest(
-                session_id=self.session_id,
-                tree=tree,
-                committed_length=position,
-                step_seed=verify_round_seed(SEED, position),
-            ),
-            timeout=60,
-        )
-        self.token_ids += [tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [outcome.next_token]
-
-    def release(self) -> None:
-        self.draft.Release(draft_pb2.DraftReleaseRequest(session_id=self.session_id), timeout=60)
-        self.target.Release(target_pb2.ReleaseRequest(session_id=self.session_id), timeout=60)
+def open_session(target, draft, target_address: str, session_id: str, seed: int | None) -> RouterLikeSession:
+    return RouterLikeSession(
+        target, draft, target_address, session_id, PROMPT_IDS,
+        method="glide", seed=SEED, sampling=SAMPLED, request_seed=seed,
+    )  # fmt: skip
 
 
 def run_rounds(session: RouterLikeSession, rounds: int) -> list[draft_pb2.ProposeResponse]:
@@ -107,8 +54,8 @@ def run_rounds(session: RouterLikeSession, rounds: int) -> list[draft_pb2.Propos
 
 def test_prepared_trees_are_the_trees_propose_would_build(target, draft, shared_stack):
     address = shared_stack.address("target")
-    ahead = RouterLikeSession(target, draft, address, "prepared-ahead", seed=SEED)
-    asked = RouterLikeSession(target, draft, address, "prepared-never", seed=None)  # no seed: never ahead
+    ahead = open_session(target, draft, address, "prepared-ahead", seed=SEED)
+    asked = open_session(target, draft, address, "prepared-never", seed=None)  # no seed: never ahead
     try:
         ahead_responses = run_rounds(ahead, 4)
         asked_responses = run_rounds(asked, 4)
@@ -126,7 +73,7 @@ def test_prepared_trees_are_the_trees_propose_would_build(target, draft, shared_
 
 
 def test_a_propose_that_asks_for_another_tree_gets_a_fresh_one(target, draft, shared_stack):
-    session = RouterLikeSession(target, draft, shared_stack.address("target"), "prepared-mismatch", seed=SEED)
+    session = open_session(target, draft, shared_stack.address("target"), "prepared-mismatch", seed=SEED)
     try:
         run_rounds(session, 1)  # now a tree for the next round is prepared with that round's seed
         other_seed = draft_round_seed(SEED, len(session.token_ids)) + 1
