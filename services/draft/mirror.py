@@ -126,10 +126,6 @@ class FeedSubscriber:
             self._wanted.set()
         self._thread.start()
 
-    @property
-    def following(self) -> bool:
-        return self._wanted.is_set()
-
     def follow(self) -> None:
         """Subscribes (from the first position the mirror lacks) unless already subscribed."""
         self._wanted.set()

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 
+from services.draft.sessions import cost_policy_of
 from specserve.core.protocols import Drafter
-from specserve.core.stopping import SMOOTHING, CostPolicy
+from specserve.core.stopping import SMOOTHING
 
 
 class AcceptancePriors:
@@ -28,22 +29,17 @@ class AcceptancePriors:
 
     def seed(self, method: str, drafter: Drafter) -> None:
         """Starts a new session's greedy cost policy at the method's mean, once there is one."""
-        policy = _cost_policy(drafter)
+        policy = cost_policy_of(drafter)
         prior = self.get(method)
         if policy is not None and policy.batch_aware and prior is not None:
             policy.mean_acceptance = prior
 
     def learn(self, method: str, drafter: Drafter) -> None:
         """Folds a finished session's acceptance in, if it drafted at all."""
-        policy = _cost_policy(drafter)
+        policy = cost_policy_of(drafter)
         if policy is None or policy.num_drafting_rounds == 0:
             return
         with self._lock:
             old = self._means.get(method)
             mean = policy.mean_acceptance
             self._means[method] = mean if old is None else SMOOTHING * old + (1 - SMOOTHING) * mean
-
-
-def _cost_policy(drafter: Drafter) -> CostPolicy | None:
-    policy = getattr(drafter, "stop_policy", None)
-    return policy if isinstance(policy, CostPolicy) else None

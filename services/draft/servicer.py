@@ -29,10 +29,9 @@ import grpc
 
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.priors import AcceptancePriors
-from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
+from services.draft.sessions import DraftSession, DraftSessionStore, Proposal, cost_policy_of
 from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
-from specserve.core.stopping import CostPolicy
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
@@ -208,8 +207,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             if session.drafter.open_round(token_ids) > 0:
                 return None
             proposal = _build(session, token_ids, round_seed)
-            policy = getattr(session.drafter, "stop_policy", None)
-            if not isinstance(policy, CostPolicy):
+            policy = cost_policy_of(session.drafter)
+            if policy is None:
                 return IdleRound(proposal, None)
             return IdleRound(proposal, policy.largest_drafting_batch(other_sessions() + 1))
 
@@ -306,6 +305,6 @@ def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> 
 
 def _charge_overhead(drafter: Drafter, seconds: float) -> None:
     """Tells a cost policy what asking this drafter costs the router's rounds (ProposeRequest doc)."""
-    policy = getattr(drafter, "stop_policy", None)
-    if isinstance(policy, CostPolicy):
+    policy = cost_policy_of(drafter)
+    if policy is not None:
         policy.draft_overhead_s = seconds

@@ -212,8 +212,8 @@ class RoundTripMean:
     """Propose round trips smoothed over every session of a router: where a new session's estimate of
     what asking the draft costs starts, instead of nothing (its own calls take over from its first)."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0  # 0 = no call measured yet
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds  # 0 = no call measured yet
 
     def observe(self, seconds: float) -> None:
         self.seconds = seconds if self.seconds == 0 else 0.8 * self.seconds + 0.2 * seconds
@@ -248,11 +248,16 @@ class RemoteDrafter:
         self.counters = counters
         self.known = 0  # tokens the draft service has; 0 = needs a Prefill
         self.round_trips = round_trips
-        # A Propose's round trip, smoothed: what asking the draft costs a round (0 = not known yet)
-        self.overhead_s = round_trips.seconds if round_trips is not None else 0.0
+        # This session's Propose round trips, smoothed, starting from the router's
+        self._round_trip = RoundTripMean(round_trips.seconds if round_trips is not None else 0.0)
         # The draft's last ProposeResponse.drafts_up_to_batch_sessions (None: it drafted, or said nothing)
         self.drafts_up_to: int | None = None
         self._skipped = 0  # rounds in a row answered without a call
+
+    @property
+    def overhead_s(self) -> float:
+        """What asking the draft costs a round: a Propose's round trip, smoothed (0 = not known yet)."""
+        return self._round_trip.seconds
 
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         if self._root_alone_under_load():
@@ -314,7 +319,7 @@ class RemoteDrafter:
         self.counters.rpc_bytes += request.ByteSize() + response.ByteSize()
         self.counters.kv_feed_bytes = response.kv_feed_bytes
         self.counters.draft_service_s += response.handler_seconds
-        self.overhead_s = round_trip_s if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * round_trip_s
+        self._round_trip.observe(round_trip_s)
         if self.round_trips is not None:
             self.round_trips.observe(round_trip_s)
         self.counters.prepared_proposals += response.prepared
