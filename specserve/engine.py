@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import GenerationConfig
 
-from specserve.catalog import Method
+from specserve.catalog import HF_PROMPT_LOOKUP_TOKENS, Method
 from specserve.core.cost import CostModel, default_calibration_name
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
@@ -26,6 +26,7 @@ from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolv
 from specserve.results import GenerationResult, GenerationStats
 from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
+from specserve.runtime.kernels import LinearKernel, apply_linear_kernel, resolve_kernel
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
@@ -82,6 +83,24 @@ class Engine:
 
     @functools.cached_property
     def target_model(self) -> CausalLM:
+        return load_causal_lm(
+            self.model_dir, self.settings.device, self.settings.dtype, self.settings.linear_kernel
+        )
+
+    @functools.cached_property
+    def linear_kernel(self) -> LinearKernel:
+        """The kernel the served models' linear layers run on (recorded by calibration and the bench);
+        decided by the settings alone, so naming a calibration file loads no model."""
+        return resolve_kernel(
+            self.settings.linear_kernel, self.settings.device, getattr(torch, self.settings.dtype)
+        )
+
+    @functools.cached_property
+    def reference_model(self) -> CausalLM:
+        """The `hf` method's model: transformers as users run it, with torch's own linear kernel. The
+        served target when that is what it runs; otherwise a second, plain copy, loaded on first use."""
+        if self.linear_kernel is LinearKernel.NATIVE:
+            return self.target_model
         return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
 
     @functools.cached_property
@@ -94,7 +113,7 @@ class Engine:
         if self.settings.draft_dir is not None:
             return None  # an explicit causal-LM draft wins
         directory = self.settings.vanilla_dir or self._shipped(DraftKind.VANILLA)
-        return None if directory is None else load_glide(directory, self.target_model)
+        return None if directory is None else self._for_serving(load_glide(directory, self.target_model))
 
     @functools.cached_property
     def vanilla_draft_runner(self) -> ModelRunner:
@@ -105,6 +124,7 @@ class Engine:
                 resolve_model_dir(self.settings.draft_dir, self.settings.cache_dir),
                 self.settings.device,
                 self.settings.dtype,
+                self.settings.linear_kernel,
             )
         if draft.config.vocab_size != self.target_model.config.vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")
@@ -114,18 +134,24 @@ class Engine:
     def glide_draft(self) -> GlideDraft:
         directory = self.settings.glide_dir or self._shipped(DraftKind.GLIDE)
         if directory is not None:
-            return load_glide(directory, self.target_model)
+            return self._for_serving(load_glide(directory, self.target_model))
         logger.warning(
             "no trained GliDe draft for this target: the draft is randomly initialised (seed 0), so output "
             "stays exact but few drafts are accepted; train one with `specserve train-draft` and set "
             "SPECSERVE_GLIDE_DIR"
         )
-        return build_glide(self.target_model, seed=0, share_target_embeddings=True)
+        return self._for_serving(build_glide(self.target_model, seed=0, share_target_embeddings=True))
+
+    def _for_serving(self, draft: GlideDraft) -> GlideDraft:
+        """A GliDe draft on the same linear kernel as the target (it serves; it no longer trains)."""
+        draft.requires_grad_(False)
+        apply_linear_kernel(draft, self.settings.linear_kernel)
+        return draft
 
     @property
     def calibration_path(self) -> Path:
         return self.settings.calibration_path or self.settings.cache_dir / default_calibration_name(
-            Path(self.model_dir).name, self.settings.device, self.settings.dtype
+            Path(self.model_dir).name, self.settings.device, self.settings.dtype, self.linear_kernel
         )
 
     @functools.cached_property
@@ -180,9 +206,21 @@ class Engine:
         )
         return cost
 
+    def runtime_info(self) -> dict[str, str]:
+        """The linear kernel and forward the specserve methods run on (benchmarks record it)."""
+        return {
+            "linear_kernel": self.linear_kernel.value,
+            "forward": "lean" if self.target_runner.native is not None else "transformers",
+        }
+
     def calibration_about(self) -> dict:
         """What a calibration was measured on, saved beside it."""
-        return {"model": str(self.model_dir), "device": self.settings.device, "dtype": self.settings.dtype}
+        return {
+            "model": str(self.model_dir),
+            "device": self.settings.device,
+            "dtype": self.settings.dtype,
+            **self.runtime_info(),
+        }
 
     def _shipped(self, kind: DraftKind) -> Path | None:
         """Shipped drafts were trained for the default target only."""
@@ -280,6 +318,8 @@ class Engine:
             eos_token_id=sorted(finish.eos_token_ids) or None,
             pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
         )
+        if request.method == Method.HF_PLD:
+            config.prompt_lookup_num_tokens = HF_PROMPT_LOOKUP_TOKENS
         input_ids = torch.tensor([prompt_ids], device=self.target_runner.device)
         start = time.perf_counter()
         if sampling:
@@ -287,7 +327,7 @@ class Engine:
             torch.manual_seed(request.seed)
         with torch.inference_mode():
             # ignore: transformers types generate's `self` as a Protocol mypy finds no model meets.
-            output = self.target_model.generate(  # type: ignore[misc]
+            output = self.reference_model.generate(  # type: ignore[misc]
                 input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
             )
         elapsed = time.perf_counter() - start

@@ -53,7 +53,12 @@ class EngineSettings:
     max_prompt_tokens: int = 1536
     max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT
     max_tree_nodes: int = 64
-    calibration_path: Path | None = None  # None = <cache_dir>/calibration-<model>-<device>-<dtype>.json
+    calibration_path: Path | None = (
+        None  # None = <cache_dir>/calibration-<model>-<device>-<dtype>-<kernel>.json
+    )
+    # The matrix kernel of every served model's linear layers (runtime/kernels.py): auto = packed oneDNN
+    # weights on CPU for float32/bfloat16, torch's own kernel (cuBLAS) elsewhere; onednn; native.
+    linear_kernel: str = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:
@@ -67,6 +72,8 @@ class EngineSettings:
             raise InvalidArgument("max_prompt_tokens must be smaller than max_context")
         if self.draft_layers < 1:
             raise InvalidArgument("draft_layers must be >= 1")
+        if self.linear_kernel not in ("auto", "onednn", "native"):
+            raise InvalidArgument(f"linear_kernel must be auto, onednn or native, got {self.linear_kernel!r}")
         if self.max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
         return self

@@ -92,3 +92,31 @@ def plot(result: dict[str, Any], path: Path | str) -> None:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else spec.format(value)
+
+
+def verify_in_steps(verify_s: dict[int, float]) -> dict[int, float]:
+    """verify_s(n) in one-token steps, verify_s(1) = 1: what decides whether a drafted token pays."""
+    step = verify_s[min(verify_s)]
+    return {n: seconds / step for n, seconds in sorted(verify_s.items())}
+
+
+def plot_verify_curves(curves: dict[str, dict[int, float]], path: Path | str, max_nodes: int = 64) -> None:
+    """One line per calibration: verify_s(n) / verify_s(1) against tree nodes n (single sessions only)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.2))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for label, verify_s in curves.items():
+        steps = {n: s for n, s in verify_in_steps(verify_s).items() if n <= max_nodes}
+        axes.plot(list(steps), list(steps.values()), marker="o", markersize=3, label=label)
+    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("tokens in one forward (tree nodes)")
+    axes.set_ylabel("cost in one-token steps")
+    axes.set_title("Target forward cost by tree size")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)

@@ -143,6 +143,9 @@ def run_bench(
     for method in run_methods:
         engine.generate(prompts[0].text, replace(warmup, method=method))
     machine = machine_info(settings)  # after warm-up, so torch's thread count is the one used
+    runtime = getattr(engine, "runtime_info", None)
+    if callable(runtime):  # which kernel and forward the specserve methods ran on (`hf` runs transformers')
+        machine.update(runtime())
 
     runs = {m: _MethodRun() for m in run_methods}
     bar = tqdm(total=len(prompts), desc="bench", unit="prompt", file=sys.stderr, disable=not progress)

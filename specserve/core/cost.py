@@ -112,11 +112,11 @@ class BatchLoad:
 ALONE = BatchLoad()
 
 
-def default_calibration_name(model_name: str, device: str, dtype: str) -> str:
+def default_calibration_name(model_name: str, device: str, dtype: str, kernel: str) -> str:
     """The file a calibration is saved under: costs hold for one model on one kind of device in one dtype
-    (on a 2-core AMD EPYC, docs/benchmarks.md, bf16's curve is flat where fp32's doubles from 1 to 2
-    nodes), so none is reused across."""
-    return f"calibration-{model_name}-{device.replace(':', '')}-{dtype}.json"
+    and one linear kernel (on a 2-core AMD EPYC, docs/benchmarks.md, bf16's curve is flat where fp32's
+    doubles from 1 to 2 nodes, and packed oneDNN weights flatten fp32's), so none is reused across."""
+    return f"calibration-{model_name}-{device.replace(':', '')}-{dtype}-{kernel}.json"
 
 
 # Used when no calibration is given: the shape section 7 of the algorithms notes reports for a CPU

@@ -27,8 +27,15 @@ def resolve_model_dir(model_dir: Path | None, cache_dir: Path) -> Path:
     return _check_model_dir(Path(model_dir).expanduser())
 
 
-def load_causal_lm(model_dir: Path, device: str = "cpu", dtype: str = "float32") -> CausalLM:
-    """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`."""
+def load_causal_lm(
+    model_dir: Path, device: str = "cpu", dtype: str = "float32", linear_kernel: str = "native"
+) -> CausalLM:
+    """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`.
+
+    linear_kernel (runtime/kernels.py): "native" keeps torch's F.linear and dense weights (what training
+    needs, and the transformers reference); "auto" packs the weights for the fastest kernel of the device
+    (oneDNN on CPU), "onednn" insists on it.
+    """
     model_dir = _check_model_dir(Path(model_dir).expanduser())
     torch_dtype = _torch_dtype(dtype)
     # Pickle checkpoints can run code when loaded: accept safetensors weights only.
@@ -48,7 +55,11 @@ def load_causal_lm(model_dir: Path, device: str = "cpu", dtype: str = "float32")
     )
     model.eval()
     model.requires_grad_(False)
-    return model.to(device=device, dtype=torch_dtype)  # type: ignore[call-arg]  # transformers wraps `to`
+    model = model.to(device=device, dtype=torch_dtype)  # type: ignore[call-arg]  # transformers wraps `to`
+    from specserve.runtime.kernels import apply_linear_kernel
+
+    apply_linear_kernel(model, linear_kernel)  # after `to`: packed weights do not move with the model
+    return model
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:

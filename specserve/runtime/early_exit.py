@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 
+import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specserve.errors import InvalidArgument
@@ -20,13 +22,18 @@ def early_exit_draft(target: PreTrainedModel, num_layers: int) -> PreTrainedMode
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = config.layer_types[:num_layers]
-    draft = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    kept = {
-        name: tensor
-        for name, tensor in target.state_dict().items()
-        if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < num_layers
-    }
-    # assign=True shares the target's tensors instead of copying them.
-    draft.load_state_dict(kept, strict=True, assign=True)
-    draft.to(device=next(target.parameters()).device, dtype=next(target.parameters()).dtype)
+    with torch.device("meta"):  # a skeleton only: every module below is the target's own
+        draft = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    # The target's modules themselves, not their state dict: whatever kernel they run on (packed
+    # weights have no state-dict entry, runtime/kernels.py) the draft runs on too, at no memory cost.
+    inner, source = draft.model, target.model
+    inner.embed_tokens, inner.norm, inner.rotary_emb = source.embed_tokens, source.norm, source.rotary_emb
+    inner.layers = nn.ModuleList(source.layers[:num_layers])
+    draft.lm_head = target.lm_head
+    leftover = [name for name, tensor in draft.state_dict().items() if tensor.is_meta]
+    if leftover:
+        raise InvalidArgument(
+            f"early-exit draft: {target.config.model_type} has parts not shared: {leftover}"
+        )
+    draft.generation_config = target.generation_config
     return draft.eval().requires_grad_(False)

@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from specserve.runtime.decoder import NativeDecoder
 from specserve.runtime.kv_cache import PositionalKVCache
 
 ATTENTION_NAME = "specserve_ragged"
@@ -146,11 +147,14 @@ def use_ragged_attention(model: PreTrainedModel) -> None:
 
 
 @torch.inference_mode()
-def forward_ragged(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor]:
+def forward_ragged(
+    model: PreTrainedModel, segments: Sequence[Segment], native: NativeDecoder | None = None
+) -> list[torch.Tensor]:
     """One forward over every segment; returns each segment's logits, [n, V] (or [V] if last_only).
 
     Each segment's K/V lands in its own cache at [length, length + n); like `PositionalKVCache.update`,
-    the cache's length moves past them (the caller commits or truncates afterwards).
+    the cache's length moves past them (the caller commits or truncates afterwards). `native` (the
+    model's lean forward, runtime/decoder.py) runs instead of transformers' module forward when given.
     """
     device = next(model.parameters()).device
     bounds, masks = [], []
@@ -165,6 +169,9 @@ def forward_ragged(model: PreTrainedModel, segments: Sequence[Segment]) -> list[
         bounds.append((start, start + n))
         keep.extend([start + n - 1] if segment.last_only else range(start, start + n))
         start += n
+    if native is not None:
+        hidden = native.forward(segments, masks)  # [N, H]
+        return _split_logits(native.logits(hidden[keep]).float(), segments)  # logits of kept rows [K, V]
     plan = _Plan(segments, bounds, masks)
     input_ids = torch.tensor([[t for s in segments for t in s.token_ids]], device=device)  # [1, N]
     positions = torch.cat([s.positions.to(device) for s in segments])[None]  # [1, N]
@@ -178,7 +185,11 @@ def forward_ragged(model: PreTrainedModel, segments: Sequence[Segment]) -> list[
         logits_to_keep=torch.tensor(keep, device=device),
         **{PLAN_KWARG: plan},
     )
-    logits = out.logits[0].float()  # [len(keep), V]
+    return _split_logits(out.logits[0].float(), segments)
+
+
+def _split_logits(logits: torch.Tensor, segments: Sequence[Segment]) -> list[torch.Tensor]:
+    """[len(keep), V] -> each segment's [n, V] (or [V] if last_only)."""
     results, row = [], 0
     for segment in segments:
         rows = 1 if segment.last_only else segment.num_tokens

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 from specserve.core.tree import tree_depths
 from specserve.core.tree_mask import tree_attention_mask
 from specserve.runtime.batching import batched_call
+from specserve.runtime.decoder import NativeDecoder, supports_native_forward
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.ragged import Segment, forward_ragged, use_ragged_attention
 
@@ -26,6 +27,8 @@ class ModelRunner:
         self.label = label  # names its forwards in batching statistics
         self.priority = -1 if label == "draft" else 0  # drafts go first (runtime/batching.py)
         use_ragged_attention(model)
+        # The lean forward where the architecture has one (runtime/decoder.py); transformers' otherwise.
+        self.native = NativeDecoder(model) if supports_native_forward(model) else None
         self.device = next(model.parameters()).device
         self.num_layers: int = model.config.num_hidden_layers
         self.vocab_size: int = model.config.vocab_size
@@ -34,7 +37,7 @@ class ModelRunner:
         return PositionalKVCache(self.num_layers, capacity)
 
     def forward_batch(self, segments: Sequence[Segment]) -> list[torch.Tensor]:
-        return forward_ragged(self.model, segments)
+        return forward_ragged(self.model, segments, self.native)
 
     def forward(
         self,

@@ -102,7 +102,7 @@ class AnswerWriter:
         from specserve.models import load_causal_lm, load_tokenizer
 
         torch.set_num_threads(num_threads)
-        self.model = load_causal_lm(Path(model_dir))
+        self.model = load_causal_lm(Path(model_dir), linear_kernel="auto")  # the served runtime's kernel
         self.tokenizer = load_tokenizer(Path(model_dir))
         self.max_new_tokens = max_new_tokens
 
@@ -178,7 +178,7 @@ class FeatureWriter:
         from specserve.models import load_causal_lm
 
         torch.set_num_threads(num_threads)
-        self.model = load_causal_lm(Path(model_dir))
+        self.model = load_causal_lm(Path(model_dir), linear_kernel="auto")
         self.layer, self.seq_len = layer, seq_len
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:

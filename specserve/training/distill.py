@@ -684,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
     if args.command == "features":
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
-        target = load_causal_lm(model_dir)
+        target = load_causal_lm(model_dir, linear_kernel="auto")  # features only: no weight is read
         extract_features(
             target,
             args.data,

@@ -353,7 +353,7 @@ class GenerationWorker:
 
         torch.set_num_threads(threads)
         self.settings = settings
-        self.model = load_causal_lm(Path(model_dir), dtype=settings.dtype)
+        self.model = load_causal_lm(Path(model_dir), dtype=settings.dtype, linear_kernel="auto")
         self.tokenizer = load_tokenizer(Path(model_dir))
 
     def run(self, stage_dir: str, worker: tuple[int, int], max_shards: int | None = None) -> None:

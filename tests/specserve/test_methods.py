@@ -3,6 +3,7 @@ every lossless method samples the target's distribution, and a lossy method need
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 
@@ -63,8 +64,18 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
         return Engine(settings).calibration_path.name
 
     fp32, bf16, cuda = default_path(), default_path(dtype="bfloat16"), default_path(device="cuda:0")
-    assert len({fp32, bf16, cuda}) == 3
-    assert bf16.endswith("-cpu-bfloat16.json") and cuda.endswith("-cuda0-float32.json")
+    native = default_path(linear_kernel="native")
+    assert len({fp32, bf16, cuda, native}) == 4
+    assert bf16.endswith("-cpu-bfloat16-onednn.json") and cuda.endswith("-cuda0-float32-native.json")
+    assert fp32.endswith("-cpu-float32-onednn.json") and native.endswith("-cpu-float32-native.json")
+
+
+def test_the_calibration_records_the_kernel_and_forward_it_measured(engine):
+    assert engine.cost_model is not None  # measured once per module (or by an earlier test)
+    record = json.loads(engine.calibration_path.read_text())
+    assert record["linear_kernel"] == engine.linear_kernel.value == "onednn"
+    assert record["forward"] == "lean"  # the tiny Llama runs the lean forward
+    assert engine.runtime_info() == {"linear_kernel": "onednn", "forward": "lean"}
 
 
 def test_only_float32_is_promised_token_for_token(tiny_target_dir, tmp_path, caplog):
