@@ -10,6 +10,7 @@ from enum import StrEnum
 class Method(StrEnum):
     TARGET = "target"  # the target alone on our engine: the speedup baseline
     HF = "hf"  # transformers `generate`: the reference implementation
+    HF_PLD = "hf-pld"  # transformers `generate` with prompt lookup decoding: the training-free peer
     VANILLA = "vanilla"  # a separate small causal LM drafting a chain
     VANILLA_TREE = "vanilla-tree"  # the same draft, top-2 leaves at the first two depths
     GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
@@ -22,12 +23,16 @@ class Method(StrEnum):
     GLIDE_CAPE_COST = "glide-cape-cost"  # ... and width, by expected tokens per second on this machine
     MCSD = "mcsd"  # a separate draft sampling k_d candidates per node, lossless multi-candidate rule
     MCSD_TARGET_INIT = "mcsd-target-init"  # the target seeds the roots: exact at T = 0, biased at T > 0
+    SUFFIX = "suffix"  # candidates from the session's own text (suffix index), no draft model
+    GLIDE_CAPE_SUFFIX = "glide-cape-suffix"  # suffix candidates merged with glide-cape-cost's tree
 
 
 # What `generate`, the router and `specserve stack` use unless told otherwise: the fastest lossless
-# method in docs/benchmarks.md (the cost policy was the fastest policy in all four adaptive-drafting runs,
-# 5-15% over the best fixed length). It needs this machine's calibration: measured once and cached.
-DEFAULT_METHOD = Method.GLIDE_CAPE_COST.value
+# method in docs/benchmarks.md: the cost policy's GliDe + CaPE trees (the fastest policy in all four
+# adaptive-drafting runs) with the session's suffix candidates merged in, which cost no draft forward.
+# It needs this machine's calibration: measured once and cached. `glide-cape-cost` is the same without
+# suffix candidates (a request's opt-out).
+DEFAULT_METHOD = Method.GLIDE_CAPE_SUFFIX.value
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,14 @@ class MethodInfo:
     # Served by the distributed stack. Target-initialised roots need the target's top-W sent back with
     # each verification, which the v1 protocol does not carry yet: in-process only.
     remote: bool = True
+    # Suffix candidates (core/suffix_drafter.py) are merged into the rounds; with `model_method` set, into
+    # that method's draft trees (the draft service runs that method), else they are the only drafts.
+    suffix: bool = False
+    model_method: Method | None = None
 
+
+# transformers' documented setting for prompt lookup decoding (`prompt_lookup_num_tokens`).
+HF_PROMPT_LOOKUP_TOKENS = 10
 
 # GliDe was trained for a target cache up to 5 tokens stale; adaptive policies may draft up to 8 when sure.
 ADAPTIVE_DEPTH = 8
@@ -51,6 +63,13 @@ CATALOG: dict[Method, MethodInfo] = {
     for info in (
         MethodInfo(Method.TARGET, "target alone, plain decoding on the specserve engine", drafts=False),
         MethodInfo(Method.HF, "transformers generate (reference)", uses_hf_generate=True, drafts=False),
+        MethodInfo(
+            Method.HF_PLD,
+            f"transformers generate, prompt lookup of {HF_PROMPT_LOOKUP_TOKENS} tokens (the peer of suffix)",
+            uses_hf_generate=True,
+            drafts=False,
+            remote=False,
+        ),
         MethodInfo(Method.VANILLA, "separate draft model, chain of 4"),
         MethodInfo(Method.VANILLA_TREE, "separate draft model, chain of 4 with top-2 leaves at depths 1-2"),
         MethodInfo(Method.GLIDE, "GliDe draft glimpsing the target's KV cache, chain of 4"),
@@ -85,6 +104,18 @@ CATALOG: dict[Method, MethodInfo] = {
             "target seeds 2 roots, draft tree (2, 1, 1) under each; exact greedy, BIASED at T > 0",
             lossless=False,
             remote=False,
+        ),
+        MethodInfo(
+            Method.SUFFIX,
+            "no draft model: continuations of the session's own earlier text (suffix index), sized by cost",
+            drafts=False,
+            suffix=True,
+        ),
+        MethodInfo(
+            Method.GLIDE_CAPE_SUFFIX,
+            "suffix candidates merged with glide-cape-cost's tree; suffix-only rounds skip the draft",
+            suffix=True,
+            model_method=Method.GLIDE_CAPE_COST,
         ),
     )
 }

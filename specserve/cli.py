@@ -27,6 +27,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-dir", type=Path, help="draft model directory for the vanilla methods")
     group.add_argument("--device", help="torch device, e.g. cpu or cuda")
     group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    group.add_argument(
+        "--linear-kernel",
+        choices=["auto", "onednn", "native"],
+        help="linear layers' matrix kernel: auto (packed oneDNN on CPU, cuBLAS on CUDA), onednn, native",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = sub.add_parser("calibrate", help="measure target verify and draft step costs (cost policy)")
     calibrate.add_argument("--out", type=Path, help="json path (default: the engine's calibration_path)")
+    calibrate.add_argument("--plot", type=Path, help="PNG of verify cost in one-token steps by tree size")
+    calibrate.add_argument(
+        "--compare", type=Path, nargs="*", default=[], help="other calibration files drawn beside this one"
+    )
     _add_engine_options(calibrate)
 
     bench = add_bench_parser(sub)
@@ -82,6 +91,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         draft_dir=getattr(args, "draft_dir", None),
         device=getattr(args, "device", None),
         dtype=getattr(args, "dtype", None),
+        linear_kernel=getattr(args, "linear_kernel", None),
     )
 
 
@@ -194,22 +204,41 @@ class _StreamPrinter:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    from specserve.bench.report import plot_verify_curves, verify_in_steps
     from specserve.engine import Engine
-    from specserve.runtime.calibrate import save_calibration
+    from specserve.runtime.calibrate import VERIFY_SIZES, save_calibration
 
     engine = Engine(_settings(args))
     cost = engine.calibrate()
-    path = save_calibration(cost, args.out or engine.calibration_path, engine.calibration_about())
-    print(json.dumps({"path": str(path), **cost.to_json()}))
+    about = engine.calibration_about()
+    path = save_calibration(cost, args.out or engine.calibration_path, about)
+    single = {n: s for n, s in cost.verify_points if n <= max(VERIFY_SIZES)}  # one session's trees
+    steps = {n: round(v, 3) for n, v in verify_in_steps(single).items()}
+    print(json.dumps({"path": str(path), **about, **cost.to_json(), "verify_in_steps": steps}))
+    if args.plot is not None:
+        curves = {_curve_label(about["linear_kernel"], about["forward"], single): single}
+        for other in args.compare:
+            record = json.loads(other.read_text())
+            points = {int(n): s for n, s in record["verify_s"].items() if int(n) <= max(VERIFY_SIZES)}
+            kernel, forward = record.get("linear_kernel", "native"), record.get("forward", "transformers")
+            curves[_curve_label(kernel, forward, points)] = points
+        plot_verify_curves(curves, args.plot)
     return 0
 
 
+def _curve_label(kernel: str, forward: str, verify_s: dict[int, float]) -> str:
+    return f"{kernel} kernel, {forward} forward (1 step = {1e3 * verify_s[min(verify_s)]:.1f} ms)"
+
+
 def _run_methods() -> int:
+    from specserve.catalog import DEFAULT_METHOD
     from specserve.methods import METHODS
 
     for spec in METHODS.values():
         label = "" if spec.lossless else "  [LOSSY: opt-in]"
-        print(f"{spec.method.value:16s} {spec.description}{label}")
+        if spec.method.value == DEFAULT_METHOD:
+            label += "  (default)"
+        print(f"{spec.method.value:18s} {spec.description}{label}")
     return 0
 
 

@@ -14,10 +14,11 @@ from typing import Protocol
 
 from specserve.catalog import ADAPTIVE_DEPTH, CATALOG, Method
 from specserve.core.cape import CapeSettings
-from specserve.core.cost import CostModel
+from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import StopPolicyName, StopSettings
+from specserve.core.suffix_drafter import SuffixDrafter
 from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft
@@ -117,11 +118,34 @@ def _mcsd(shape: McsdShape) -> DrafterFactory:
     return make
 
 
+def _with_suffix(inner: DrafterFactory | None) -> DrafterFactory:
+    """Suffix candidates (core/suffix_drafter.py) alone, or merged with `inner`'s trees."""
+
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+    ) -> Drafter:
+        model = inner(engine, capacity, target_kv, sampling) if inner is not None else None
+        if not sampling.greedy:
+            # A sampled session's tree decides its random draws: sized the same wherever it runs (the
+            # router has no calibration) and whatever else runs, so a seed gives the same text.
+            return SuffixDrafter(model, engine.settings.max_tree_nodes, NOMINAL_CPU_COST)
+        return SuffixDrafter(model, engine.settings.max_tree_nodes, engine.cost_model, batch_load=_batch_load)
+
+    return make
+
+
+def _batch_load() -> tuple[int, float]:
+    """The other sessions of this forward, each taken as one node emitting one token (plain decoding)."""
+    others = other_sessions()
+    return others, float(others)
+
+
 # Names, descriptions and lossless flags live in specserve.catalog (torch-free, for the router); this
 # registry binds each name to its drafter factory.
 _FACTORIES: dict[Method, DrafterFactory] = {
     Method.TARGET: _no_drafter,
     Method.HF: _no_drafter,
+    Method.HF_PLD: _no_drafter,
     Method.VANILLA: _vanilla(DraftShape(depth=4)),
     Method.VANILLA_TREE: _vanilla(DraftShape(depth=4, widths=(2, 2))),
     Method.GLIDE: _glide(DraftShape(depth=4), cape=False),
@@ -134,6 +158,8 @@ _FACTORIES: dict[Method, DrafterFactory] = {
     Method.GLIDE_CAPE_COST: _glide_cape_cost,
     Method.MCSD: _mcsd(McsdShape(k_config=(2, 2, 1))),
     Method.MCSD_TARGET_INIT: _mcsd(McsdShape(k_config=(2, 2, 1, 1), target_roots=True)),
+    Method.SUFFIX: _with_suffix(None),
+    Method.GLIDE_CAPE_SUFFIX: _with_suffix(_glide_cape_cost),
 }
 
 METHODS: dict[Method, MethodSpec] = {

@@ -23,6 +23,8 @@ class GenerationStats:
     num_target_forwards: int = 0
     num_draft_tokens: int = 0  # draft tokens offered to the verifier (tree nodes minus roots)
     num_accepted_tokens: int = 0  # draft tokens the verifier accepted
+    num_suffix_draft_tokens: int = 0  # of num_draft_tokens, those the suffix index proposed
+    num_suffix_accepted_tokens: int = 0  # of num_accepted_tokens, those the suffix index proposed
     num_generated_tokens: int = 0
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter

@@ -84,7 +84,8 @@ class RemoteVerifier:
         timeout_s: float,
         counters: RoundCounters,
         is_cancelled: Callable[[], bool] = lambda: False,
-        on_round: Callable[[int, int, float, int], None] = lambda *round_numbers: None,
+        # (draft tokens, accepted, verify seconds, round bytes, suffix-index tokens drafted, accepted)
+        on_round: Callable[[int, int, float, int, int, int], None] = lambda *round_numbers: None,
         logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
     ) -> None:
         self.session_id = session_id
@@ -146,7 +147,12 @@ class RemoteVerifier:
         self.batch_sessions = response.batch_sessions
         round_bytes = self.counters.rpc_bytes - self._bytes_before_round
         self._bytes_before_round = self.counters.rpc_bytes
-        self.on_round(draft.num_draft_tokens, len(outcome.accepted_nodes) - 1, verify_s, round_bytes)
+        suffix_accepted = sum(1 for node in outcome.accepted_nodes if node in draft.suffix_nodes)
+        num_accepted = len(outcome.accepted_nodes) - 1
+        suffix_drafted = len(draft.suffix_nodes)
+        self.on_round(
+            draft.num_draft_tokens, num_accepted, verify_s, round_bytes, suffix_drafted, suffix_accepted
+        )
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [response.next_token]
         return outcome
 

@@ -20,6 +20,8 @@ from services.router.state import SessionRecord, SessionState, SessionStatus
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.catalog import CATALOG
 from specserve.core.request import GenerationRequest, RequestLimits
+from specserve.core.suffix import SharedSuffixCache
+from specserve.core.suffix_drafter import TenantCache
 from specserve.errors import InvalidArgument, ResourceExhausted
 from specserve.results import FinishReason
 from specserve.serving.auth import check_owner, current_caller
@@ -64,6 +66,18 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._workers = ThreadPoolExecutor(settings.max_concurrent_rpcs, thread_name_prefix="generation")
         self._model: tuple[target_pb2.ModelInfo, RouterTokenizer] | None = None
         self._model_lock = threading.Lock()
+        self._suffix_cache = (
+            SharedSuffixCache(settings.suffix_cache_tenants, max(settings.suffix_cache_tokens, 8))
+            if settings.suffix_cache_tokens > 0
+            else None
+        )
+
+    def suffix_cache_for(self, owner: str) -> TenantCache | None:
+        """The recent outputs a session of `owner` (a principal, "" without auth) may draft from: its
+        tenant's only, and none without auth unless sharing among all callers was asked for."""
+        if self._suffix_cache is None or not (owner or self.settings.share_outputs_without_auth):
+            return None
+        return TenantCache(self._suffix_cache, owner)
 
     def _model_info(self) -> tuple[target_pb2.ModelInfo, RouterTokenizer]:
         """Fetched from a target on first use (targets may start after the router)."""
@@ -262,6 +276,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                             index=index,
                             num_draft_tokens=item.num_draft_tokens,
                             num_accepted_tokens=item.num_accepted_tokens,
+                            num_suffix_accepted_tokens=item.num_suffix_accepted_tokens,
+                            num_suffix_draft_tokens=item.num_suffix_draft_tokens,
                         ),
                         logprobs=item.logprobs,
                     )

@@ -24,8 +24,11 @@ from services.router.placement import HeldReplica
 from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
 from services.router.state import SessionRecord, SessionStatus
 from specserve.catalog import CATALOG, Method
+from specserve.core.cost import NOMINAL_CPU_COST
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.protocols import Drafter
+from specserve.core.suffix_drafter import SuffixDrafter
 from specserve.errors import SpecserveError
 from specserve.results import FinishReason, GenerationStats
 from specserve.serving import telemetry
@@ -56,6 +59,8 @@ class Round:
     num_draft_tokens: int
     num_accepted_tokens: int  # the first this many of token_ids came from the draft
     logprobs: list[common_pb2.TokenLogprob]
+    num_suffix_accepted_tokens: int = 0  # the last this many of the accepted came from the suffix index
+    num_suffix_draft_tokens: int = 0  # of num_draft_tokens, the suffix index's
 
 
 class SessionRun:
@@ -74,7 +79,7 @@ class SessionRun:
         self.counters = RoundCounters()
         # (draft tokens, accepted draft tokens) of the round the loop is about to emit; the prefill's
         # first token is a round without a draft.
-        self._this_round = (0, 0)
+        self._this_round = (0, 0, 0, 0)  # draft tokens, accepted; of each, the suffix index's
         self._start = self._last_emit = time.perf_counter()
         self._first = not generated
         self.target: HeldReplica | None = None
@@ -111,16 +116,37 @@ class SessionRun:
             self._free()
 
     # -- placement and roles -------------------------------------------------------------------------
-    def _place(self) -> tuple[RemoteVerifier, RemoteDrafter | None]:
+    def _place(self) -> tuple[RemoteVerifier, Drafter | None]:
         """The replicas this run uses, chosen once (where the session was, else the least loaded), and
-        the loop's roles on them."""
+        the loop's roles on them. Suffix candidates are drafted here, in front of the draft service: the
+        router sees every token, and a suffix-only round then costs no Propose call."""
         router, record = self.router, self.record
+        info = CATALOG[Method(record.request.method)]
         self.target = HeldReplica(router.targets, self.session_id, record.target)
-        self.verifier = self._verifier(self.target)
-        if CATALOG[Method(record.request.method)].drafts and router.drafts is not None:
+        verifier = self.verifier = self._verifier(self.target)
+        if info.drafts and router.drafts is not None:
             self.draft = HeldReplica(router.drafts, self.session_id, record.draft)
-            self.drafter = self._drafter(self.draft, self.verifier)
-        return self.verifier, self.drafter
+            model_method = info.model_method.value if info.model_method is not None else record.request.method
+            self.drafter = self._drafter(self.draft, verifier, model_method)
+        if not info.suffix:
+            return verifier, self.drafter
+        load = self._target_load
+        # A seeded sampled session must give the same text whatever was asked before it: the tree decides
+        # which random draws verification makes, so only greedy sessions draft from earlier outputs.
+        greedy = record.request.sampling.greedy
+        shared = router.suffix_cache_for(record.owner) if greedy else None
+
+        def batch_load() -> tuple[int, float]:  # the other sessions' next tokens share the forward
+            others = max(0, load(verifier) - 1) if greedy else 0  # sampled: sized as if alone
+            return others, float(others)
+
+        return verifier, SuffixDrafter(
+            self.drafter,
+            router.limits.max_tree_nodes,
+            NOMINAL_CPU_COST,  # only ratios matter; the draft service holds the calibration
+            shared=shared,
+            batch_load=batch_load,
+        )
 
     def _free(self) -> None:
         router = self.router
@@ -157,11 +183,11 @@ class SessionRun:
             logprobs=self.logprobs,
         )
 
-    def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier) -> RemoteDrafter:
+    def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:
         router, request = self.router, self.record.request
         return RemoteDrafter(
             self.session_id,
-            request.method,
+            method,
             draft_pb2_grpc.DraftServiceStub(router.draft_channel(draft.address)),
             lambda: verifier.address,
             request.sampling,
@@ -185,8 +211,16 @@ class SessionRun:
         attributes = {telemetry.ATTR_SESSION: self.session_id, "specserve.position": position}
         return telemetry.span(telemetry.SPAN_ROUND, **attributes)
 
-    def _on_round(self, num_draft: int, num_accepted: int, verify_s: float, round_bytes: int) -> None:
-        self._this_round = (num_draft, num_accepted)
+    def _on_round(
+        self,
+        num_draft: int,
+        num_accepted: int,
+        verify_s: float,
+        round_bytes: int,
+        suffix_drafted: int,
+        suffix_accepted: int,
+    ) -> None:
+        self._this_round = (num_draft, num_accepted, suffix_drafted, suffix_accepted)
         self.router.metrics.observe_round(num_draft, num_accepted, verify_s, round_bytes)
 
     def _emit(self, token_ids: list[int]) -> None:
@@ -208,11 +242,13 @@ class SessionRun:
         metrics.redis_latency.observe(time.perf_counter() - t0)
         if not running or self.cancel.is_set():
             raise Cancelled(f"session {self.session_id} was cancelled")
-        num_draft, num_accepted = self._this_round
-        self._this_round = (0, 0)
+        num_draft, num_accepted, suffix_drafted, suffix_accepted = self._this_round
+        self._this_round = (0, 0, 0, 0)
         # The loop keeps a prefix of the round's tokens (it may end inside it).
         logprobs = verifier.take_logprobs()[: len(token_ids)]
-        self.out.put(Round(token_ids, num_draft, min(num_accepted, len(token_ids)), logprobs))
+        kept_accepted = min(num_accepted, len(token_ids))
+        kept_suffix = max(0, kept_accepted - (num_accepted - suffix_accepted))  # suffix tokens end the path
+        self.out.put(Round(token_ids, num_draft, kept_accepted, logprobs, kept_suffix, suffix_drafted))
 
     # -- the end -----------------------------------------------------------------------------------------
     def _finish(self, finish: FinishChecker, stats: GenerationStats) -> None:
@@ -240,6 +276,9 @@ class SessionRun:
             stats={"core": asdict(total), "extra": extra},
         )
         router.metrics.e2e_request_latency.observe(time.perf_counter() - self._start)
+        shared = router.suffix_cache_for(self.record.owner)
+        if shared is not None:  # this tenant's later sessions may draft from what it wrote
+            shared.cache.add(shared.tenant, finish.generated)
         self.out.put(Done(finish.reason, stats_to_pb(total, **extra), finish.final_text()))
 
     def _fail(self, error: BaseException) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.app.sampling_args import add_sampling_options, request_from_args
+from specserve.bench.workloads import resolve_prompts_path
 from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.settings import EngineSettings
@@ -26,7 +27,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "`target`, mean accepted length, acceptance rate and how many outputs equal the target's.",
     )
     p.add_argument(
-        "--prompts", type=Path, metavar="FILE.jsonl", help="MT-Bench-format JSONL (default: MT-Bench)"
+        "--prompts",
+        metavar="NAME|FILE.jsonl",
+        help="a workload: mt-bench (the default; 80 questions, 8 categories) or grounded (32 code edits, "
+        "extractions, summaries and code explanations whose answers repeat much of the prompt), or an "
+        "MT-Bench-format JSONL file",
     )
     p.add_argument(
         "--limit",
@@ -72,7 +77,7 @@ def run_bench_command(
     `engine_factory` exists for tests; by default it is specserve.engine.Engine.
     """
     # Imported here: they pull in tqdm/matplotlib, which `specserve --help` should not pay for.
-    from specserve.bench.prompts import default_prompts_path, load_prompts, per_category
+    from specserve.bench.prompts import load_prompts, per_category
     from specserve.bench.report import format_table, plot
     from specserve.bench.runner import run_bench
 
@@ -82,7 +87,7 @@ def run_bench_command(
     from specserve.engine import request_limits
 
     request = request_from_args(args, request_limits(settings))
-    prompts_path = args.prompts if args.prompts is not None else default_prompts_path()
+    prompts_path = resolve_prompts_path(args.prompts)
     if args.limit is not None and args.limit < 1:
         raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
     prompts = load_prompts(prompts_path, args.limit if args.per_category is None else None)

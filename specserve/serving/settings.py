@@ -190,6 +190,12 @@ class RouterServiceSettings(ServerSettings):
     redis_key_file: str = ""
     # How long a round keeps retrying Redis (a restart, a failover) before the client gets UNAVAILABLE.
     redis_retry_seconds: float = 15.0
+    # Suffix drafting (core/suffix_drafter.py) may also draft from a tenant's recent outputs: kept per
+    # bearer token (a tenant), at most this many tokens each (0 = no sharing), for this many tenants.
+    # Without auth every caller would be one tenant, so sharing then needs share_outputs_without_auth.
+    suffix_cache_tokens: int = 65536
+    suffix_cache_tenants: int = 64
+    share_outputs_without_auth: bool = False
 
     def validate(self) -> RouterServiceSettings:
         super().validate()
@@ -205,4 +211,6 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("http_max_body_bytes must be >= 1024")
         if self.redis_retry_seconds < 0:
             raise InvalidArgument("redis_retry_seconds must be >= 0")
+        if self.suffix_cache_tokens < 0 or self.suffix_cache_tenants < 1:
+            raise InvalidArgument("suffix_cache_tokens must be >= 0 and suffix_cache_tenants >= 1")
         return self

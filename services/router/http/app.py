@@ -4,6 +4,9 @@ Every generation goes through `RouterServicer.start_session` and `stream_session
 Generate takes: same validation, Redis state, rounds, metrics and cancellation. Streams are server-sent
 events, one chunk per speculative round, ending in `data: [DONE]`; each chunk carries the round in a
 `specserve` extension object (which tokens the target accepted from the draft, which it added itself).
+
+Bodies are read and refused (content type, size, JSON, prompt length) by body.py before the tokenizer
+runs. No CORS headers are sent: a page on another site can neither read a response nor send JSON.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.router.http.errors import HttpError, error_body, from_specserve, invalid
+from services.router.http.body import Body, BodyBounds, read_body
+from services.router.http.errors import HttpError, error_body, from_specserve, too_large
 from services.router.http.generation import (
     FINISH_REASONS,
     Generation,
@@ -34,10 +37,12 @@ from services.router.http.generation import (
     generation_request,
     usage,
 )
+from services.router.http.openapi import GENERATION_RESPONSES, install_openapi
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
-from specserve.errors import SpecserveError
+from specserve import __version__
+from specserve.errors import SpecserveError, quoted
 from specserve.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
@@ -54,13 +59,10 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        too_large = HttpError(
-            413, f"the request body exceeds {self.max_bytes} bytes", "invalid_request_error", None,
-            "request_too_large",
-        )  # fmt: skip
+        refusal = too_large(self.max_bytes)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await JSONResponse(error_body(too_large), 413)(scope, receive, send)
+            return await JSONResponse(error_body(refusal), 413)(scope, receive, send)
         received = 0
 
         async def limited() -> Message:
@@ -68,7 +70,7 @@ class BodyLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise too_large
+                raise refusal
             return message
 
         await self.app(scope, limited, send)
@@ -102,7 +104,14 @@ class Admission:
 
 def create_app(servicer: RouterServicer) -> FastAPI:
     settings = servicer.settings
-    app = FastAPI(title="specserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="specserve",
+        summary="An OpenAI-compatible API for speculative decoding (docs/api.md)",
+        version=__version__,
+        docs_url=None,  # the interactive pages load scripts from a CDN; the schema is enough for tools
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     admission = Admission(settings.max_concurrent_rpcs)
 
     playground = files("services.router.http").joinpath("static/index.html").read_text()
@@ -140,6 +149,14 @@ def create_app(servicer: RouterServicer) -> FastAPI:
     async def model_name() -> str:
         return (await asyncio.to_thread(lambda: servicer.model)).model_name
 
+    def bounds() -> BodyBounds:
+        return BodyBounds.of(
+            servicer.model.max_prompt_tokens, servicer.tokenizer.max_token_chars, settings.http_max_body_bytes
+        )
+
+    async def read(request: Request, model: type[Body]) -> Body:
+        return await read_body(request, model, await asyncio.to_thread(bounds))
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(await model_name())]}
@@ -148,7 +165,7 @@ def create_app(servicer: RouterServicer) -> FastAPI:
     async def model(model_id: str) -> dict:
         served = await model_name()
         if model_id != served:
-            raise HttpError(404, f"the model {model_id!r} does not exist", "not_found_error", "model",
+            raise HttpError(404, f"the model {quoted(model_id)} does not exist", "not_found_error", "model",
                             "model_not_found")  # fmt: skip
         return _model_card(served)
 
@@ -162,9 +179,10 @@ def create_app(servicer: RouterServicer) -> FastAPI:
             "data": [{"id": m.name, "description": m.description, "lossless": m.lossless} for m in listed],
         }
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(request: Request) -> Response:
-        body = _parse(await request.body(), ChatCompletionRequest)
+        """`chat.completion`, or with `stream: true` server-sent `chat.completion.chunk` events."""
+        body = await read(request, ChatCompletionRequest)
 
         def prompt_ids() -> list[int]:
             return servicer.tokenizer.encode_chat(
@@ -173,9 +191,10 @@ def create_app(servicer: RouterServicer) -> FastAPI:
 
         return await _serve(request, body, prompt_ids, ChatOutput)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(request: Request) -> Response:
-        body = _parse(await request.body(), CompletionRequest)
+        """`text_completion`, or with `stream: true` server-sent `text_completion` events."""
+        body = await read(request, CompletionRequest)
 
         def prompt_ids() -> list[int]:
             prompt = body.prompt
@@ -227,28 +246,14 @@ def create_app(servicer: RouterServicer) -> FastAPI:
             watcher.cancel()
             close()
 
+    install_openapi(
+        app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+    )
     return app
 
 
 def _model_card(name: str) -> dict:
     return {"id": name, "object": "model", "created": 0, "owned_by": "specserve"}
-
-
-def _parse(raw: bytes, model):
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise invalid(f"the body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise invalid("the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        if first["type"] == "extra_forbidden":
-            raise invalid(f"unrecognized request argument supplied: {param}", param) from None
-        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param) from None
 
 
 async def _cancel_on_disconnect(request: Request, generation: Generation) -> None:
@@ -321,7 +326,8 @@ class Output:
             rest = self.text.finish()
             return [self._chunk(rest, [], None)] if rest else []
         num_accepted = message.round.num_accepted_tokens
-        accepted, target = self.text.add(list(message.token_ids), num_accepted)
+        num_suffix = min(message.round.num_suffix_accepted_tokens, num_accepted)
+        accepted, target, suffix = self.text.add(list(message.token_ids), num_accepted, num_suffix)
         logprobs = list(message.logprobs)
         self.logprobs.extend(logprobs)
         round_ = Round(
@@ -331,6 +337,8 @@ class Output:
             num_accepted,
             accepted,
             target,
+            num_suffix,
+            suffix,
         )
         return [self._chunk(accepted + target, logprobs, round_)]
 

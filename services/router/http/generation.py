@@ -20,7 +20,7 @@ from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.core.request import GenerationRequest, InvalidField
-from specserve.errors import SpecserveError
+from specserve.errors import SpecserveError, quoted
 from specserve.v1 import common_pb2, router_pb2
 
 FINISH_REASONS = {  # specserve's finish reason -> OpenAI's
@@ -65,8 +65,7 @@ def generation_request(
             prompt_ids=prompt_ids,
         )
     except InvalidField as e:
-        prompt = "prompt" if isinstance(body, CompletionRequest) else "messages"
-        raise invalid(str(e), (_PARAMS | {"prompt": prompt}).get(e.field, e.field)) from None
+        raise invalid(str(e), (_PARAMS | {"prompt": body.prompt_param}).get(e.field, e.field)) from None
 
 
 class TextAssembler:
@@ -77,14 +76,18 @@ class TextAssembler:
     def __init__(self, tokenizer: RouterTokenizer, stops: Sequence[str] = ()) -> None:
         self.incremental = IncrementalText(tokenizer, stops=stops)
 
-    def add(self, token_ids: Sequence[int], num_accepted: int) -> tuple[str, str]:
-        """Returns (accepted text, target text) of a round; their concatenation is the new content."""
+    def add(self, token_ids: Sequence[int], num_accepted: int, num_suffix: int = 0) -> tuple[str, str, str]:
+        """Returns (accepted text, target text, the accepted text's suffix-index tail) of a round:
+        accepted + target is the new content; the last `num_suffix` accepted tokens came from the suffix
+        index, and the third string is their share of the accepted text."""
         incremental = self.incremental
         sent_before = len(incremental.sent)
+        after_model = incremental.visible([*incremental.token_ids, *token_ids[: num_accepted - num_suffix]])
         after_accepted = incremental.visible([*incremental.token_ids, *token_ids[:num_accepted]])
         delta = incremental.add(token_ids)
         boundary = min(max(0, len(after_accepted) - sent_before), len(delta))
-        return delta[:boundary], delta[boundary:]
+        model_end = min(max(0, len(after_model) - sent_before), boundary)
+        return delta[:boundary], delta[boundary:], delta[model_end:boundary]
 
     def finish(self) -> str:
         """The rest of the text once the generation ended."""
@@ -183,6 +186,9 @@ def usage(prompt_tokens: int, stats: router_pb2.GenerationStats, method: str, se
             "num_rounds": max(0, stats.num_target_forwards - 1),
             "num_draft_tokens": stats.num_draft_tokens,
             "num_accepted_tokens": stats.num_accepted_tokens,
+            # of the two above, the tokens the session's suffix index proposed (no draft model)
+            "num_suffix_draft_tokens": stats.num_suffix_draft_tokens,
+            "num_suffix_accepted_tokens": stats.num_suffix_accepted_tokens,
             "mean_accepted_length": stats.mean_accepted_length,
             "tokens_per_second": stats.tokens_per_second,
             "elapsed_seconds": stats.elapsed_seconds,
@@ -233,6 +239,8 @@ class Round:
     num_accepted_tokens: int
     accepted_text: str
     target_text: str
+    num_suffix_accepted_tokens: int = 0  # the last of the accepted tokens, from the suffix index
+    suffix_text: str = ""  # their text: the tail of accepted_text
     unix_seconds: float = field(default_factory=time.time)
 
     def to_json(self) -> dict:
@@ -241,7 +249,9 @@ class Round:
             "token_ids": self.token_ids,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
+            "num_suffix_accepted_tokens": self.num_suffix_accepted_tokens,
             "accepted_text": self.accepted_text,
+            "suffix_text": self.suffix_text,
             "target_text": self.target_text,
         }
 
@@ -250,7 +260,7 @@ def check_model(body: GenerationFields, served: str) -> None:
     if body.model not in (None, "", served):
         raise HttpError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {served!r}",
+            f"the model {quoted(body.model)} does not exist; this server serves {served!r}",
             "not_found_error",
             "model",
             "model_not_found",

@@ -52,7 +52,8 @@ def test_without_stops_everything_arrives_and_splits_by_origin(tokenizer) -> Non
     text = TextAssembler(tokenizer)
     pieces = []
     for chunk in rounds_of(token_ids, 3):
-        accepted, target = text.add(chunk, num_accepted=2)
+        accepted, target, from_suffix = text.add(chunk, num_accepted=2, num_suffix=1)
+        assert accepted.endswith(from_suffix)  # the suffix index's tokens end the accepted path
         pieces.append((accepted, target))
         assert "\ufffd" not in accepted + target  # the emoji's bytes span tokens: held back, never split
     rest = text.finish()

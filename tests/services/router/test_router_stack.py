@@ -92,6 +92,28 @@ def test_seeded_sampling_equals_in_process(stack, default_engine):
             assert remote.token_ids == local.token_ids, prompt
 
 
+@pytest.mark.timeout(300)
+def test_suffix_only_rounds_make_no_draft_call(stack, default_engine):
+    """Text that repeats what is in front of the model: rounds the suffix index carries alone are
+    verified without a Propose call to the draft service, and the output is the target's own."""
+    prompt = "Repeat this line four times, one per line: the quick brown fox jumps over the lazy dog"
+    local = default_engine.generate(prompt, GenerationRequest.build(method="target", max_new_tokens=64))
+    proposes_before = metric(stack, "draft", "specserve:propose_latency_seconds_count")
+    rounds = suffix_only = 0
+    tokens: list[int] = []
+    with Client(stack.router_address) as client:
+        for chunk in client.stream(prompt, method="glide-cape-suffix", max_new_tokens=64):
+            tokens += chunk.token_ids
+            if chunk.round is not None and chunk.index > 0:  # the prefill's token is no round
+                rounds += 1
+                drafted, by_suffix = chunk.round.num_draft_tokens, chunk.round.num_suffix_draft_tokens
+                suffix_only += drafted > 0 and drafted == by_suffix
+    proposes = metric(stack, "draft", "specserve:propose_latency_seconds_count") - proposes_before
+    assert tokens == local.token_ids
+    assert suffix_only >= 1, (suffix_only, rounds)  # repeated text: suffix rounds accept many tokens each
+    assert proposes <= rounds - suffix_only, (proposes, rounds, suffix_only)
+
+
 def metric(stack: LocalStack, role: str, name: str) -> float:
     """A sample's value from the role's Prometheus endpoint (summed over labels)."""
     url = f"http://127.0.0.1:{stack.metrics_ports[role]}/metrics"

@@ -1,0 +1,228 @@
+"""Suffix candidates that cost nothing, merged with a model draft's tree under the cost policy.
+
+Each round, the longest suffix of the session's own text (prompt + committed tokens) that occurred
+before proposes what followed it then (core/suffix.py: a trie of continuations scored by how often each
+followed). Those candidates are deterministic proposals (one-hot draft distributions), so they verify
+with the fixed-candidate rule (core/verify.py): greedy output stays the target's own and sampling keeps
+the target's distribution, whatever they propose.
+
+How a round is built (`SuffixDrafter.propose`):
+1. The suffix trie is ranked best-first by score s_i (the share of earlier occurrences that continued
+   through node i, i.e. a prediction of P(node i's path is accepted)), discounted by `trust`, the
+   session's running ratio of suffix tokens accepted to tokens predicted.
+2. Its size is chosen by expected tokens per second on this machine's calibrated verify curve (the same
+   rule as core/cost.py): k nodes emit E_k = 1 + trust * (s_1 + ... + s_k) tokens for verify_s(1 + k),
+   and the k with the highest E_k / verify_s is taken, sharing the forward with the other sessions of a
+   batch when there are any.
+3. When those candidates alone already expect `model_skip_tokens` accepted tokens or more, the round is
+   suffix-only: the model drafter is not asked (no draft forward in process, no Propose call through the
+   stack). Otherwise the model drafter proposes its own tree and the suffix candidates are merged into it
+   (shared prefixes once), within `max_nodes`.
+Model drafts of sampled kind (candidates drawn from q at T > 0) follow another acceptance rule and are
+never mixed with fixed candidates: such a round takes the model's tree when it drafted, else the suffix's.
+
+Pure Python (no torch): the router, which imports no torch, runs it in front of the remote draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from specserve.core.cost import CostModel
+from specserve.core.protocols import CandidateKind, Drafter, DraftTree, RoundOpeningDrafter
+from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
+from specserve.core.tree import TokenTree, tree_children
+from specserve.errors import InvalidArgument
+
+# A session's index keeps its most recent tokens only (about 1.5 KB each: ~12 MB at most per session).
+INDEX_WINDOW_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class SuffixSettings:
+    max_depth: int = 8  # tokens a suffix candidate path may run ahead
+    max_nodes: int = 24  # suffix candidates per round (the merged tree also obeys max_tree_nodes)
+    min_score: float = 0.1  # candidates fewer than this share of the occurrences followed are dropped
+    max_match: int = 8  # longest suffix looked up
+    model_skip_tokens: float = 1.0  # expected accepted suffix tokens at which the model is not asked
+    initial_trust: float = 0.7  # before any round was verified
+    trust_smoothing: float = 0.2  # weight of the last round in the running trust
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 1 or self.max_nodes < 1 or self.max_match < 1:
+            raise InvalidArgument("suffix max_depth, max_nodes and max_match must be >= 1")
+        if not 0.0 <= self.min_score <= 1.0 or not 0.0 < self.trust_smoothing <= 1.0:
+            raise InvalidArgument("suffix min_score must be in [0, 1] and trust_smoothing in (0, 1]")
+
+
+@dataclass(frozen=True)
+class TenantCache:
+    """The shared cache of recent outputs and the tenant whose outputs this session may draft from."""
+
+    cache: SharedSuffixCache
+    tenant: str
+
+
+# -> (tree nodes of the other sessions in the same target forward, tokens they emit in expectation)
+BatchLoadFn = Callable[[], tuple[int, float]]
+
+
+def _alone() -> tuple[int, float]:
+    return 0, 0.0
+
+
+class SuffixDrafter:
+    """A Drafter: suffix candidates alone (`inner` None) or merged with a model drafter's trees."""
+
+    def __init__(
+        self,
+        inner: Drafter | None,
+        max_tree_nodes: int,
+        cost: CostModel | None = None,
+        settings: SuffixSettings = SuffixSettings(),
+        shared: TenantCache | None = None,
+        batch_load: BatchLoadFn = _alone,
+    ) -> None:
+        if max_tree_nodes < 1:
+            raise InvalidArgument("max_tree_nodes must be >= 1")
+        self.inner = inner
+        self.max_tree_nodes = max_tree_nodes
+        self.cost = cost
+        self.settings = settings
+        self.shared = shared
+        self.batch_load = batch_load
+        self.index = SuffixIndex(
+            max_match=settings.max_match, max_occurrences=32, max_tokens=INDEX_WINDOW_TOKENS
+        )
+        self.trust = settings.initial_trust
+        self._indexed: list[int] = []  # the tokens the index holds, to extend it by what is new
+        # the last round's tree, its predicted suffix tokens and the length of the sequence it was rooted at
+        self._last: tuple[DraftTree, float, int] | None = None
+        self.num_model_calls = 0
+        self.num_suffix_only_rounds = 0
+
+    # -- the index follows the session ---------------------------------------------------------------
+    def _sync(self, token_ids: Sequence[int]) -> None:
+        known = len(self._indexed)
+        if len(token_ids) < known or list(token_ids[: min(known, 64)]) != self._indexed[: min(known, 64)]:
+            # not an extension of what the index holds (a resumed or different sequence): start over
+            self.index = SuffixIndex(
+                max_match=self.settings.max_match, max_occurrences=32, max_tokens=INDEX_WINDOW_TOKENS
+            )
+            self._indexed, known = [], 0
+        new = list(token_ids[known:])
+        self.index.extend(new)
+        self._indexed.extend(new)
+
+    def _learn(self, token_ids: Sequence[int]) -> None:
+        """Updates trust from the last round: suffix tokens accepted against the score predicted."""
+        if self._last is None:
+            return
+        draft, predicted, length = self._last
+        self._last = None
+        if predicted <= 0 or len(token_ids) <= length:
+            return
+        accepted = _accepted_suffix_tokens(draft, token_ids[length:])
+        alpha = self.settings.trust_smoothing
+        self.trust = min(1.5, max(0.05, (1 - alpha) * self.trust + alpha * accepted / predicted))
+
+    # -- a round -------------------------------------------------------------------------------------
+    def _suffix_proposal(self, token_ids: Sequence[int]) -> SuffixProposal | None:
+        s = self.settings
+        own = self.index.propose(s.max_depth, s.max_nodes, s.min_score)
+        if self.shared is None:
+            return own
+        other = self.shared.cache.propose(
+            self.shared.tenant, token_ids, s.max_depth, s.max_nodes, s.min_score
+        )
+        if own is None or other is None:
+            return own or other
+        tree, scores, _ = merge_proposals(
+            token_ids[-1], [(own.tree, own.scores), (other.tree, other.scores)], s.max_nodes
+        )
+        return SuffixProposal(tree, scores, max(own.match_length, other.match_length), own.num_occurrences)
+
+    def _sized(self, proposal: SuffixProposal, base_nodes: int) -> int:
+        """Suffix nodes to keep (a prefix of the best-first order) after `base_nodes` tree nodes."""
+        room = max(0, self.max_tree_nodes - base_nodes)
+        gains = [self.trust * score for score in proposal.scores[1 : 1 + room]]
+        if self.cost is None:
+            return sum(1 for g in gains if g > 0)
+        other_nodes, other_expected = self.batch_load()
+        best_k, best_rate, expected = 0, 0.0, 1.0 + other_expected
+        for k in range(len(gains) + 1):
+            if k:
+                expected += gains[k - 1]
+            rate = expected / self.cost.verify_s(base_nodes + k + other_nodes)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+        self._learn(token_ids)
+        self._sync(token_ids)
+        root = token_ids[-1]
+        proposal = self._suffix_proposal(token_ids)
+        k = self._sized(proposal, 1) if proposal is not None else 0
+        suffix_expected = sum(proposal.scores[1 : 1 + k]) * self.trust if proposal is not None else 0.0
+        if self.inner is None or suffix_expected >= self.settings.model_skip_tokens:
+            self.num_suffix_only_rounds += self.inner is not None
+            draft = _suffix_only(root, proposal, k)
+        else:
+            self.num_model_calls += 1
+            model = self.inner.propose(token_ids, round_seed)
+            draft = self._merged(root, model, proposal)
+        predicted = sum(proposal.scores[1 : 1 + k]) if proposal is not None and draft.suffix_nodes else 0.0
+        self._last = (draft, predicted, len(token_ids))
+        return draft
+
+    def _merged(self, root: int, model: DraftTree, proposal: SuffixProposal | None) -> DraftTree:
+        if proposal is None or model.target_roots:
+            return model
+        if model.kind is not CandidateKind.FIXED:  # sampled candidates follow another rule: never mixed
+            return model if model.num_draft_tokens else _suffix_only(root, proposal, self._sized(proposal, 1))
+        k = self._sized(proposal, model.tree.num_nodes)
+        if k == 0:
+            return model
+        # Model nodes first (its own cost policy sized them); then suffix candidates best-first.
+        n_model = model.tree.num_nodes
+        model_scores = [2.0 - i / n_model for i in range(n_model)]  # above every suffix score, in order
+        tree, _, origins = merge_proposals(
+            root,
+            [(model.tree, model_scores), (proposal.tree, proposal.scores)],
+            min(self.max_tree_nodes - 1, n_model - 1 + k),
+        )
+        suffix_nodes = frozenset(i for i, origin in enumerate(origins) if origin == 1)
+        return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=suffix_nodes)
+
+    def open_round(self, token_ids: Sequence[int]) -> int:
+        """Passes the round's sizing on to a model drafter that sizes rounds (RoundOpeningDrafter)."""
+        if isinstance(self.inner, RoundOpeningDrafter):
+            return self.inner.open_round(token_ids)
+        return self.settings.max_depth
+
+    def release(self) -> None:
+        if self.inner is not None:
+            self.inner.release()
+
+
+def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTree:
+    if proposal is None or k == 0:
+        return DraftTree.root_only(root)
+    tree = TokenTree(proposal.tree.token_ids[: 1 + k], proposal.tree.parent_ids[: 1 + k])
+    return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=frozenset(range(1, 1 + k)))
+
+
+def _accepted_suffix_tokens(draft: DraftTree, committed: Sequence[int]) -> int:
+    """Suffix nodes on the path the target accepted. `committed`: the tokens committed after the round's
+    root. Walking the tree along them is exact: a rejected child is never the recovered token (greedy:
+    it is not the argmax; sampled: its probability was zeroed), so the walk stops where the path did."""
+    children = tree_children(draft.tree.parent_ids)
+    node, count = 0, 0
+    for token in committed:
+        node = next((c for c in children[node] if draft.tree.token_ids[c] == token), -1)
+        if node < 0:
+            break
+        count += node in draft.suffix_nodes
+    return count

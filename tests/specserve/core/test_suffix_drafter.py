@@ -1,0 +1,78 @@
+"""Suffix candidates merged with a model draft: no model call on suffix-only rounds, merged trees within
+budget, sampled trees never mixed, trust that follows acceptance. (Exactness and the target's
+distribution with a real model: tests/specserve/runtime/test_suffix_drafting.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specserve.core.cost import CostModel
+from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings
+from specserve.core.tree import TokenTree, tree_children
+
+FLAT_COST = CostModel(((1, 1.0), (8, 1.1), (16, 1.3), (64, 3.0)), draft_step_s=0.05)
+
+
+class CountingDrafter:
+    """A model drafter stand-in that proposes one fixed chain and counts how often it was asked."""
+
+    def __init__(self, chain: Sequence[int] = (), kind: CandidateKind = CandidateKind.FIXED) -> None:
+        self.chain, self.kind, self.calls = list(chain), kind, 0
+
+    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+        self.calls += 1
+        return DraftTree(TokenTree.chain([token_ids[-1], *self.chain]), self.kind)
+
+    def release(self) -> None:
+        pass
+
+
+def test_a_confident_suffix_round_does_not_ask_the_model():
+    model = CountingDrafter([99])
+    drafter = SuffixDrafter(model, 16, FLAT_COST, SuffixSettings(model_skip_tokens=1.0))
+    text = [7, 8, 9, 10, 11] * 6 + [7, 8]
+    draft = drafter.propose(text, round_seed=0)
+    assert model.calls == 0 and drafter.num_suffix_only_rounds == 1
+    assert draft.tree.token_ids[:4] == (8, 9, 10, 11) and draft.suffix_nodes
+    # text never seen before: the model is asked, and its chain is the tree
+    fresh = drafter.propose([*text, 50, 51, 52], round_seed=1)
+    assert model.calls == 1 and fresh.tree.token_ids == (52, 99) and not fresh.suffix_nodes
+
+
+def test_merged_trees_have_no_duplicate_paths_and_respect_the_node_budget():
+    text = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 7, 1, 2]  # after "1 2": 3 4 / 5 6 / 3 7
+    for budget in (4, 5, 8, 16):  # the model tree (4 nodes) fits; suffix nodes fill the rest
+        model = CountingDrafter([3, 4, 9])  # shares "3 4" with a suffix branch
+        drafter = SuffixDrafter(model, budget, None, SuffixSettings(min_score=0.0, model_skip_tokens=100.0))
+        draft = drafter.propose(text, round_seed=0)
+        tree = draft.tree
+        assert tree.num_nodes <= budget and tree.token_ids[0] == 2
+        for kids in tree_children(tree.parent_ids):
+            tokens = [tree.token_ids[c] for c in kids]
+            assert len(tokens) == len(set(tokens))  # one node per path
+        assert draft.kind is CandidateKind.FIXED
+        assert all(0 < node < tree.num_nodes for node in draft.suffix_nodes)
+    # with room, every model node and every suffix branch is there
+    assert set(zip(tree.parent_ids, tree.token_ids, strict=True)) >= {(-1, 2), (0, 3), (0, 5), (1, 4)}
+
+
+def test_sampled_model_trees_are_never_mixed_with_suffix_candidates():
+    model = CountingDrafter([3, 4], kind=CandidateKind.SAMPLED)
+    drafter = SuffixDrafter(model, 16, None, SuffixSettings(min_score=0.0, model_skip_tokens=100.0))
+    draft = drafter.propose([1, 2, 5, 6, 1, 2], round_seed=0)
+    assert (
+        draft.kind is CandidateKind.SAMPLED and draft.tree.token_ids == (2, 3, 4) and not draft.suffix_nodes
+    )
+
+
+def test_trust_falls_when_suffix_candidates_are_rejected_and_sizes_fall_with_it():
+    drafter = SuffixDrafter(None, 16, FLAT_COST)
+    text = [1, 2, 3, 4, 5, 6] * 4
+    first = drafter.propose(text, 0)
+    start = drafter.trust
+    for round_ in range(8):  # the target writes something else after the root, then the pattern again
+        text = [*text, 60 + round_, 1, 2, 3, 4, 5, 6]
+        drafter.propose(text, round_ + 1)
+    assert drafter.trust < start / 2
+    assert first.tree.num_nodes > 1
