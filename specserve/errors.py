@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# Error messages quote what the caller sent, but never all of it: a message travels in gRPC's trailers
+# (16 KiB at most, or the client sees RESOURCE_EXHAUSTED about metadata instead of the error) and in HTTP
+# error bodies, and a megabyte of echoed input helps nobody.
+MAX_QUOTED_CHARS = 100  # one value a message quotes
+MAX_MESSAGE_CHARS = 1000  # a whole message, whoever wrote it
+
 
 class StatusCode(StrEnum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -68,3 +74,29 @@ class Cancelled(SpecserveError):
     """The caller went away (cancelled or past its deadline) before the work finished."""
 
     code = StatusCode.CANCELLED
+
+
+def clip(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def quoted(value: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """A caller's value as an error message quotes it: its repr, cut to about `limit` characters."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return clip(repr(value), limit)
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """A whole message cut in the middle to at most `limit` characters: what every message goes through
+    on its way to a caller (serving/status.py, the HTTP API's errors), so a value quoted without `quoted`
+    cannot make it long either. The start says what went wrong and the end often lists what is valid."""
+    if len(message) <= limit:
+        return message
+    marker = " ...({} characters cut)... "
+    kept = max(0, limit - len(marker.format(len(message))))
+    head = kept // 2
+    return message[:head] + marker.format(len(message) - kept) + message[len(message) - (kept - head) :]

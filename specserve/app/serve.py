@@ -1,19 +1,38 @@
-"""`specserve serve ROLE` (one service process) and `specserve stack` (the whole local stack)."""
+"""`specserve serve ROLE` (one service process) and `specserve stack` (the whole local stack).
+
+`specserve stack` is secure by default, since it serves on ports every local user can reach: mutual TLS
+between the services from a fresh local CA, TLS to the router, and a bearer token at the router (a
+random one unless given). Tokens come from a file or the environment; `--token` still works but puts
+the token on the command line, which every local user can read. `--insecure` is plaintext without a
+token, and says so on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import secrets
 import signal
-from typing import Any
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from specserve.catalog import DEFAULT_METHOD
+from specserve.serving.auth import read_token_file
+from specserve.serving.private_files import readable_by_others
 from specserve.serving.server import serve_until_signal
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
 from specserve.serving.telemetry import configure_tracing, shutdown_tracing
 
+if TYPE_CHECKING:
+    from specserve.serving.stack import LocalStack
+
 ROLES = ("target", "draft", "router")
+STACK_TOKEN_ENV = "SPECSERVE_STACK_TOKEN"  # comma-separated tokens for `specserve stack`
+GENERATED_TOKEN_BYTES = 32
 
 
 def add_serve_parsers(subparsers: Any) -> None:
@@ -28,14 +47,20 @@ def add_serve_parsers(subparsers: Any) -> None:
     serve.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off)")
     serve.add_argument("--target-addresses", help="router: comma-separated target host:port list")
     serve.add_argument("--draft-addresses", help="router: comma-separated draft host:port list")
-    serve.add_argument("--redis-url", help="router: redis://host:port/db")
+    serve.add_argument(
+        "--redis-url",
+        help="router: redis://host:port/db; a URL with a password belongs in SPECSERVE_ROUTER_REDIS_URL, "
+        "since every local user can read a command line",
+    )
 
     stack = subparsers.add_parser(
         "stack",
         help="run the local stack (Redis, target, draft, router) and stream a generation through it",
         description="Starts a real Redis, the target, draft and router services as processes, waits "
         "until each reports SERVING, streams one generation through the client SDK, then keeps "
-        "serving until Ctrl-C (or exits with --once). Everything is stopped cleanly.",
+        "serving until Ctrl-C (or exits with --once). Everything is stopped cleanly. By default the "
+        "services talk mutual TLS from a fresh local CA and the router wants a bearer token: a random "
+        f"one unless --token-file or ${STACK_TOKEN_ENV} gives one; the stack prints where it is.",
     )
     stack.add_argument(
         "prompt", nargs="?", default="Explain in three sentences what speculative decoding is."
@@ -46,16 +71,36 @@ def add_serve_parsers(subparsers: Any) -> None:
     stack.add_argument(
         "--base-port", type=int, default=0, help="router port; the others follow (0 = free ports)"
     )
-    stack.add_argument(
+    mode = stack.add_mutually_exclusive_group()
+    mode.add_argument(
         "--tls",
         action="store_true",
-        help="mutual TLS between the services and TLS to the router, from a fresh local CA",
+        help="mutual TLS between the services and TLS to the router, from a fresh local CA (the default)",
+    )
+    mode.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext between the services and to the router, and no token unless one is given: any "
+        "local user can call every service",
+    )
+    stack.add_argument(
+        "--token-file",
+        type=Path,
+        help="require the bearer tokens in this file at the router (one per line, mode 0600); the demo "
+        f"uses the first. ${STACK_TOKEN_ENV} (comma-separated) adds tokens too",
     )
     stack.add_argument(
         "--token",
         action="append",
         default=[],
-        help="require this bearer token at the router (repeatable); the demo uses the first",
+        help="require this bearer token at the router (repeatable); visible to every local user (ps): "
+        "prefer --token-file",
+    )
+    stack.add_argument(
+        "--log-dir",
+        type=Path,
+        help="keep the logs, Redis's data, the CA and the token file here (default: a private temporary "
+        "directory, removed when the stack stops)",
     )
     stack.add_argument(
         "--http-port",
@@ -112,14 +157,92 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class StackSecurity:
+    """What `specserve stack` runs with: TLS (mutual between the services) and the router's tokens."""
+
+    tls: bool
+    tokens: tuple[str, ...]
+    generated: bool = False  # the token was made up for this run
+
+
+def _warn(message: str) -> None:
+    print(f"specserve stack: warning: {message}", file=sys.stderr, flush=True)
+
+
+def given_tokens(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """--token, then --token-file, then $SPECSERVE_STACK_TOKEN; warns where a token is exposed."""
+    if args.token:
+        _warn(
+            "--token puts the token on this command line, which every local user can read (ps); "
+            f"use --token-file (mode 0600) or ${STACK_TOKEN_ENV}"
+        )
+    tokens = list(args.token)
+    if args.token_file is not None:
+        tokens += read_token_file(args.token_file)
+        if readable_by_others(args.token_file):
+            _warn(f"{args.token_file} is readable by other users: chmod 600 it")
+    tokens += [t.strip() for t in environ.get(STACK_TOKEN_ENV, "").split(",") if t.strip()]
+    return tuple(tokens)
+
+
+def stack_security(args: argparse.Namespace, environ: Mapping[str, str]) -> StackSecurity:
+    """TLS and a token unless --insecure; a random token when none is given."""
+    tokens = given_tokens(args, environ)
+    if args.insecure:
+        _warn(
+            "--insecure: PLAINTEXT between the services and to the router"
+            + ("" if tokens else ", and no token")
+            + ": every local user can call the router, the target and the draft"
+        )
+        return StackSecurity(tls=False, tokens=tokens)
+    if tokens:
+        return StackSecurity(tls=True, tokens=tokens)
+    return StackSecurity(tls=True, tokens=(secrets.token_urlsafe(GENERATED_TOKEN_BYTES),), generated=True)
+
+
+def how_to_call(stack: LocalStack, generated: bool = False) -> list[str]:
+    """Commands that call the running stack with its token file and CA (no secret is printed)."""
+    ca = stack.client_tls.ca_file if stack.client_tls is not None else ""
+    token_file = stack.token_file
+    token, lines = "", []
+    if token_file is not None:
+        first_line = "cat" if len(stack.auth_tokens) == 1 else "head -n1"  # one token per line
+        token = f"$({first_line} {token_file})"
+        made = " (generated for this run)" if generated else ""
+        lines.append(f"  API token{made}, readable by you only: {token_file}")
+    remote = f"specserve generate --remote {stack.router_address}" + (f" --tls-ca {ca}" if ca else "")
+    lines.append(f'  {_env_prefix(SPECSERVE_TOKEN=token)}{remote} "Write a haiku."')
+    sdk = [repr(stack.router_address)]
+    sdk += [f"token=open({str(token_file)!r}).read().split()[0]"] if token_file is not None else []
+    sdk += [f"tls_ca_file={ca!r}"] if ca else []
+    lines.append(f"  Python: specserve.client.Client({', '.join(sdk)})")
+    if stack.http_url:
+        auth = f' -H "Authorization: Bearer {token}"' if token else ""
+        lines.append(f"  curl{f' --cacert {ca}' if ca else ''}{auth} {stack.http_url}/models")
+        openai_env = _env_prefix(OPENAI_API_KEY=token or "unused", SSL_CERT_FILE=ca)
+        lines.append(f"  OpenAI SDK: {openai_env}python app.py, with OpenAI(base_url={stack.http_url!r})")
+    return lines
+
+
+def _env_prefix(**variables: str) -> str:
+    """`NAME=value ` for each variable with a value, as a shell command's prefix."""
+    return "".join(f"{name}={value} " for name, value in variables.items() if value)
+
+
 def run_stack(args: argparse.Namespace) -> int:
     from specserve.serving.stack import LocalStack, stream_demo
 
+    security = stack_security(args, os.environ)
     # `kill`, a container runtime or a CI timeout sends SIGTERM: stop the children as Ctrl-C does instead
     # of leaving Redis and three services orphaned on their ports.
     signal.signal(signal.SIGTERM, _interrupt)
     with LocalStack(
-        base_port=args.base_port, http_port=args.http_port, tls=args.tls, auth_tokens=tuple(args.token)
+        base_port=args.base_port,
+        log_dir=args.log_dir,
+        http_port=args.http_port,
+        tls=security.tls,
+        auth_tokens=security.tokens,
     ) as stack:
         if stack.http_url:
             print(f"OpenAI-compatible API at {stack.http_url}, playground at {stack.playground_url}")
@@ -129,6 +252,9 @@ def run_stack(args: argparse.Namespace) -> int:
         if stack.client_tls is not None:
             print(f"\nTLS: clients verify the router with {stack.client_tls.ca_file}", flush=True)
         if not args.once:
-            print(f"\nstack serving: router at {stack.router_address} (Ctrl-C stops it)", flush=True)
+            calls = how_to_call(stack, security.generated)
+            print("\nCall it while it serves:\n" + "\n".join(calls), flush=True)
+            label = "" if security.tls else " INSECURE (plaintext)"
+            print(f"\nstack serving{label}: router at {stack.router_address} (Ctrl-C stops it)", flush=True)
             stack.wait()
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from specserve.errors import PermissionDenied
+from specserve.errors import InvalidArgument, PermissionDenied
 from specserve.serving.handlers import Continuation, within
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,33 @@ def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str:
         if key.lower() == AUTHORIZATION and isinstance(value, str) and value.lower().startswith(BEARER):
             return value[len(BEARER) :].strip()
     return ""
+
+
+def parse_tokens(text: str) -> tuple[str, ...]:
+    """A token file's tokens: one per line; blank lines and `#` comments are skipped."""
+    return tuple(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
+
+
+def token_file_text(tokens: Iterable[str]) -> str:
+    """Tokens as a token file holds them, one per line. A token the file could not hold (empty, with
+    whitespace, or starting with `#`) is refused rather than silently changed."""
+    lines = []
+    for token in tokens:
+        if not token or token.startswith("#") or any(c.isspace() for c in token):
+            raise InvalidArgument("a token must be non-empty, hold no whitespace and not start with '#'")
+        lines.append(f"{token}\n")
+    return "".join(lines)
+
+
+def read_token_file(path: Path) -> tuple[str, ...]:
+    """The tokens of a file a user names (at least one), or InvalidArgument saying what is wrong."""
+    try:
+        tokens = parse_tokens(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"cannot read the token file {str(path)!r}: {e}") from None
+    if not tokens:
+        raise InvalidArgument(f"the token file {str(path)!r} holds no token")
+    return tokens
 
 
 def principal(token: str) -> str:
@@ -103,8 +130,7 @@ class TokenSet:
         stamp = (stat.st_mtime, stat.st_size)
         if stamp == self._stamp:
             return
-        lines = Path(self.token_file).read_text().splitlines()
-        self._from_file = tuple(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+        self._from_file = parse_tokens(Path(self.token_file).read_text())
         self._stamp = stamp
         logger.info("loaded %d tokens from %s", len(self._from_file), self.token_file)
 

@@ -8,6 +8,12 @@ Redis runs with a generated password and append-only persistence (`appendfsync e
 certificate and the services talk mutual TLS; `auth_tokens` turns on bearer tokens at the router.
 While `wait()` runs, the stack supervises: a child that dies is restarted with backoff while the others
 keep serving, with one line on stderr saying what happened.
+
+No secret is ever on a command line, where every local user can read it (`ps`): Redis reads its
+password from a 0600 config file, the router its Redis URL from its environment and its tokens from a
+0600 token file (serving/private_files.py). Without a `log_dir` the stack works in a fresh private
+temporary directory, removed when the stack stops cleanly (it holds Redis's append-only file, the
+prompts in it, and the keys).
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specserve.errors import Unavailable
 from specserve.serving import tls
+from specserve.serving.auth import token_file_text
+from specserve.serving.private_files import write_private
 
 ROLES = ("target", "draft", "router")
 STARTUP_TIMEOUT_SECONDS = 180.0
 RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # the Nth restart in a row waits this long
 HEALTHY_RESET_SECONDS = 60.0  # a child that ran this long starts its backoff over
 TLS_NAMES = {"router": tls.ROUTER_NAME, "target": tls.TARGET_NAME, "draft": tls.DRAFT_NAME}
+TOKEN_FILE_NAME = "api-tokens"  # in the stack's directory: the router's accepted tokens, one per line
 
 
 def free_port() -> int:
@@ -96,9 +105,13 @@ class LocalStack:
         tls: bool = False,
         auth_tokens: tuple[str, ...] = (),
     ) -> None:
+        self._token_file_text = token_file_text(auth_tokens)  # refuses a token the file cannot hold
         ports = [base_port + i for i in range(4)] if base_port else [free_port() for _ in range(4)]
         self.ports = dict(zip(("router", "target", "draft", "redis"), ports, strict=True))
+        # A directory of our own (mode 0700) is removed on a clean stop; one the caller names is kept.
+        self.owns_log_dir = log_dir is None
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="specserve-stack-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = env or {}
         self.roles = roles
         self.processes: dict[str, subprocess.Popen] = {}
@@ -111,13 +124,23 @@ class LocalStack:
         self.restarts: dict[str, int] = {}
 
     @property
+    def http_scheme(self) -> str:
+        """The router serves its HTTP API over HTTPS, with its own certificate, when TLS is on."""
+        return "https" if self.tls_files else "http"
+
+    @property
     def http_url(self) -> str | None:
         """The OpenAI-compatible API's base URL (the playground is at its root)."""
-        return f"http://localhost:{self.http_port}/v1" if self.http_port else None
+        return f"{self.http_scheme}://localhost:{self.http_port}/v1" if self.http_port else None
 
     @property
     def playground_url(self) -> str | None:
-        return f"http://localhost:{self.http_port}/" if self.http_port else None
+        return f"{self.http_scheme}://localhost:{self.http_port}/" if self.http_port else None
+
+    @property
+    def token_file(self) -> Path | None:
+        """The router's token file (mode 0600), the first line the first token; None without tokens."""
+        return self.log_dir / TOKEN_FILE_NAME if self.auth_tokens else None
 
     @property
     def router_address(self) -> str:
@@ -151,41 +174,41 @@ class LocalStack:
 
     def __enter__(self) -> LocalStack:
         try:
+            if self.auth_tokens:
+                write_private(self.log_dir / TOKEN_FILE_NAME, self._token_file_text)
             self.start_redis()
             for role in self.roles:
                 self.start(role)
-        except BaseException:
-            self.stop()
+        except BaseException as e:
+            self.stop(keep_files=_failure(type(e)))  # the logs say why it did not start
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.stop(keep_files=_failure(exc_type))
+
+    def redis_config(self) -> Path:
+        """Redis's settings as a config file (mode 0600): the password stays off its command line."""
+        data_dir = self.log_dir / "redis"
+        data_dir.mkdir(mode=0o700, exist_ok=True)  # the append-only file holds every session's prompt
+        settings = {
+            "port": str(self.ports["redis"]),
+            "bind": "127.0.0.1",
+            "requirepass": self.redis_password,
+            # Append-only persistence: a restarted Redis comes back with the sessions (at most the last
+            # second of writes lost; the router writes those back, services/router/state.py).
+            "appendonly": "yes",
+            "appendfsync": "everysec",
+            "save": "",
+            "dir": str(data_dir),
+        }
+        text = "".join(f"{name} {_redis_quoted(value)}\n" for name, value in settings.items())
+        return write_private(self.log_dir / "redis.conf", text)
 
     def start_redis(self) -> None:
         log = self.log_dir / "redis.log"
-        data_dir = self.log_dir / "redis"
-        data_dir.mkdir(exist_ok=True)
         self.processes["redis"] = subprocess.Popen(
-            [
-                redis_server_binary(),
-                "--port",
-                str(self.ports["redis"]),
-                "--bind",
-                "127.0.0.1",
-                "--requirepass",
-                self.redis_password,
-                # Append-only persistence: a restarted Redis comes back with the sessions (at most the
-                # last second of writes lost; the router writes those back, services/router/state.py).
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                "--dir",
-                str(data_dir),
-            ],
+            [redis_server_binary(), str(self.redis_config())],
             stdout=log.open("a"),
             stderr=subprocess.STDOUT,
         )
@@ -205,14 +228,14 @@ class LocalStack:
         env[prefix + "HOST"] = "127.0.0.1"
         env["SPECSERVE_ROUTER_TARGET_ADDRESSES"] = self.address("target")
         env["SPECSERVE_ROUTER_DRAFT_ADDRESSES"] = self.address("draft") if "draft" in self.roles else ""
-        env["SPECSERVE_ROUTER_REDIS_URL"] = self.redis_url
+        env["SPECSERVE_ROUTER_REDIS_URL"] = self.redis_url  # the environment: private, unlike argv
         if self.http_port:
             env["SPECSERVE_ROUTER_HTTP_PORT"] = str(self.http_port)
         env["SPECSERVE_DRAFT_TARGET_ADDRESSES"] = self.address("target")
         if self.tls_files:
             env |= self.tls_files[TLS_NAMES[role]].env(prefix)
-        if self.auth_tokens:
-            env["SPECSERVE_ROUTER_AUTH_TOKENS"] = ",".join(self.auth_tokens)
+        if self.token_file is not None:
+            env["SPECSERVE_ROUTER_AUTH_TOKEN_FILE"] = str(self.token_file)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -243,12 +266,20 @@ class LocalStack:
             process.kill()
             return process.wait()
 
-    def stop(self) -> None:
+    def stop(self, keep_files: bool = False) -> None:
+        """Stops every process; then removes the stack's own temporary directory unless `keep_files`
+        (a failure: its logs say what happened, and its path is printed)."""
         self._stopping.set()
         for role in [r for r in ("router", "draft", "target") if r in self.processes]:
             self.terminate(role)
         if "redis" in self.processes:
             self.kill("redis")
+        if not self.owns_log_dir or not self.log_dir.exists():
+            return
+        if keep_files:
+            print(f"stack: logs kept in {self.log_dir}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def wait(self) -> None:
         """Supervises until Ctrl-C (or stop() from another thread): restarts any child that exits."""
@@ -292,6 +323,17 @@ class LocalStack:
 
 def _local_ca(directory: Path) -> dict[str, tls.TlsFiles]:
     return tls.make_local_ca(directory, (*TLS_NAMES.values(), tls.CLIENT_NAME))
+
+
+def _failure(exc_type: type[BaseException] | None) -> bool:
+    """Whether the stack stops on an error (Ctrl-C and SIGTERM, which `specserve stack` turns into
+    KeyboardInterrupt, are the user's clean way to stop it)."""
+    return exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
+
+
+def _redis_quoted(value: str) -> str:
+    """A value as a redis.conf string: double quotes, with backslashes and quotes escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def stream_demo(

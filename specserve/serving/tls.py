@@ -25,6 +25,7 @@ import grpc
 
 from specserve.errors import InvalidArgument
 from specserve.serving.handlers import Continuation, around_calls
+from specserve.serving.private_files import write_private
 
 logger = logging.getLogger(__name__)
 
@@ -157,14 +158,8 @@ def make_local_ca(
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=valid_days))
 
     def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-        path.touch(mode=0o600)
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
+        encoding, pkcs8 = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+        write_private(path, key.private_bytes(encoding, pkcs8, serialization.NoEncryption()))
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "specserve local CA")])

@@ -21,17 +21,27 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int, what: str = "toke
         raise InvalidArgument(f"{what} must be in [0, {vocab_size})")
 
 
-def check_prompt_chars(prompt: str, max_prompt_tokens: int, max_token_chars: int) -> None:
-    """Rejects a prompt that cannot fit `max_prompt_tokens` before tokenizing it.
+def prompt_char_limit(max_prompt_tokens: int, max_token_chars: int) -> int:
+    """The most characters a prompt of `max_prompt_tokens` tokens can have.
 
     No token of the vocabulary covers more than `max_token_chars` characters, so a prompt longer than
     max_prompt_tokens * max_token_chars has more tokens than allowed whatever the tokenizer does, and
     tokenizing megabytes to find that out would hold a worker (and everyone queued behind it) for seconds.
     """
-    limit = max_prompt_tokens * max(1, max_token_chars)
-    if len(prompt) > limit:
+    return max_prompt_tokens * max(1, max_token_chars)
+
+
+def check_prompt_chars(prompt: str, max_prompt_tokens: int, max_token_chars: int) -> None:
+    """Rejects a prompt that cannot fit `max_prompt_tokens` before tokenizing it."""
+    check_prompt_length(len(prompt), max_prompt_tokens, max_token_chars)
+
+
+def check_prompt_length(num_chars: int, max_prompt_tokens: int, max_token_chars: int) -> None:
+    """`check_prompt_chars` for a prompt of `num_chars` characters: for a conversation, its contents
+    together (the chat template puts each of them in the text it tokenizes)."""
+    if num_chars > prompt_char_limit(max_prompt_tokens, max_token_chars):
         raise InvalidArgument(
-            f"the prompt has {len(prompt)} characters; more than {max_prompt_tokens} tokens can hold"
+            f"the prompt has {num_chars} characters; more than {max_prompt_tokens} tokens can hold"
         )
 
 

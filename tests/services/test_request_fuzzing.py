@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specserve.errors import MAX_MESSAGE_CHARS
 from specserve.v1 import (
     common_pb2,
     draft_pb2,
@@ -175,6 +176,63 @@ def test_draft_out_of_vocabulary_ids_and_foreign_targets_are_refused(stubs, shar
     assert status_of(draft.Prefill, foreign) == grpc.StatusCode.PERMISSION_DENIED
     propose = draft_pb2.ProposeRequest(session_id="fuzz-draft", new_token_ids=[-3])
     assert status_of(draft.Propose, propose) == INVALID
+
+
+# -- requests that are not their message type, and huge values in error messages ------------------------
+
+# Every service parses a request before any handler runs; these bytes fail that parse three ways.
+TRUNCATED = b"z\x05ab"  # field 15, length-delimited, 5 bytes announced and 2 sent
+BAD_WIRE_TYPE = b"\x0f\x00"  # field 1 with wire type 7, which does not exist
+UNDECODABLE_RPCS = [  # (role, method path, request type, server-streaming)
+    ("router", "/specserve.v1.RouterService/Generate", router_pb2.GenerateRequest, True),
+    ("router", "/specserve.v1.RouterService/Cancel", router_pb2.CancelRequest, False),
+    ("target", "/specserve.v1.TargetService/Prefill", target_pb2.PrefillRequest, False),
+    ("target", "/specserve.v1.TargetService/StreamKV", target_pb2.StreamKVRequest, True),
+    ("draft", "/specserve.v1.DraftService/Propose", draft_pb2.ProposeRequest, False),
+    ("draft", "/specserve.v1.DraftService/Prefill", draft_pb2.DraftPrefillRequest, False),
+]
+
+
+def with_invalid_utf8(message_type) -> bytes:
+    """A request whose first string field holds bytes that are not UTF-8."""
+    field = next(f for f in message_type.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
+    return message_type(**{field.name: "@@"}).SerializeToString().replace(b"@@", b"\xff\xfe")
+
+
+@pytest.mark.parametrize("damage", ["invalid-utf8", "truncated", "bad-wire-type"])
+@pytest.mark.parametrize(("role", "path", "message_type", "streaming"), UNDECODABLE_RPCS, ids=lambda v: v)
+def test_an_undecodable_request_gets_invalid_argument(
+    channels, expect_status, damage, role, path, message_type, streaming
+) -> None:
+    raw = {
+        "invalid-utf8": with_invalid_utf8(message_type),
+        "truncated": TRUNCATED,
+        "bad-wire-type": BAD_WIRE_TYPE,
+    }
+    channel = channels[role]
+    call = channel.unary_stream(path) if streaming else channel.unary_unary(path)
+    details = expect_status(INVALID, call, raw[damage])
+    assert message_type.DESCRIPTOR.full_name in details and "could not be decoded" in details
+
+
+HUGE = "m" * 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("role", "method", "message"),
+    [
+        ("router", "Generate", router_pb2.GenerateRequest(prompt="hi", max_new_tokens=1, method=HUGE)),
+        ("router", "Cancel", router_pb2.CancelRequest(session_id=HUGE)),
+        ("target", "Release", target_pb2.ReleaseRequest(session_id=HUGE)),
+        ("draft", "Prefill", draft_pb2.DraftPrefillRequest(session_id="fuzz-huge", method=HUGE, capacity=8)),
+    ],
+    ids=["router-method", "router-session-id", "target-session-id", "draft-method"],
+)
+def test_a_huge_value_gets_a_short_invalid_argument(stubs, expect_status, role, method, message) -> None:
+    """The message quotes a short piece of the value: a 1 MB message would not fit gRPC's trailers (the
+    client would see RESOURCE_EXHAUSTED about metadata size instead)."""
+    details = expect_status(INVALID, getattr(stubs[ROLE_INDEX[role]], method), message)
+    assert "mmmm" in details and len(details) <= MAX_MESSAGE_CHARS
 
 
 # -- Hypothesis over every RPC's request ----------------------------------------------------------------

@@ -122,3 +122,8 @@ Args: prefix, settings map.
 {{- define "specserve.redisSecretName" -}}
 {{- .Values.redis.bundled.auth.existingSecret | default (include "specserve.componentName" (list . "redis")) }}
 {{- end }}
+
+{{/* The Secret holding the router's bearer tokens: yours, or the one the chart generates. */}}
+{{- define "specserve.authSecretName" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "specserve.fullname" .)) }}
+{{- end }}

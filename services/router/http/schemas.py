@@ -5,11 +5,15 @@ took effect when it did not. Fields OpenAI has and specserve does not support ye
 their neutral value (n = 1, no penalties, no logit bias, echo false). specserve's own fields (`method`,
 `allow_lossy`, `top_k`, `ignore_eos`, `timeout_seconds`) go in the body next to OpenAI's (the `openai`
 client's `extra_body`).
+
+Types are JSON's, strictly: a boolean is not a number, a string is not a boolean, a float is not an
+integer, and numbers are finite (pydantic's strict mode; NaN, Infinity and numbers beyond a double's
+range are refused), so a value never means something its sender did not write.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,7 +23,7 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class TextPart(Strict):
@@ -35,6 +39,10 @@ class ChatMessage(Strict):
     @property
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    @property
+    def num_chars(self) -> int:
+        return len(self.content) if isinstance(self.content, str) else sum(len(p.text) for p in self.content)
 
 
 class StreamOptions(Strict):
@@ -89,6 +97,8 @@ class GenerationFields(Strict):
 
 
 class ChatCompletionRequest(GenerationFields):
+    prompt_param: ClassVar[str] = "messages"  # the field an error about the prompt names
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -108,8 +118,15 @@ class ChatCompletionRequest(GenerationFields):
     def num_top_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def prompt_chars(self) -> int:
+        """Characters of text the prompt's tokenization covers (bounded before it runs)."""
+        return sum(m.num_chars for m in self.messages)
+
 
 class CompletionRequest(GenerationFields):
+    prompt_param: ClassVar[str] = "prompt"
+
     prompt: str | list[str] | list[int]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
@@ -136,3 +153,10 @@ class CompletionRequest(GenerationFields):
     @property
     def num_top_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def prompt_chars(self) -> int:
+        """Characters of text to tokenize (token ids need none; their number is checked with the rest)."""
+        if isinstance(self.prompt, str):
+            return len(self.prompt)
+        return sum(len(p) for p in self.prompt if isinstance(p, str))

@@ -1,13 +1,15 @@
 """The server interceptors around a servicer's own handlers, on a real in-process gRPC server (no model):
 a raised SpecserveError becomes its status code in unary calls and server streams alike, anything else
-INTERNAL; with tokens on, the handler runs as the caller's principal in both kinds of call."""
+INTERNAL; a request that is not its message type gets INVALID_ARGUMENT before any handler runs; error
+messages stay short whatever the handler put in them; with tokens on, the handler runs as the caller's
+principal in both kinds of call."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from specserve.errors import InvalidArgument, NotFound
+from specserve.errors import MAX_MESSAGE_CHARS, InvalidArgument, NotFound
 from specserve.serving.auth import current_caller, principal
 from specserve.serving.server import start_server
 from specserve.serving.settings import RouterServiceSettings
@@ -40,12 +42,12 @@ def stub(request):
     )
     metadata = (("authorization", f"Bearer {TOKEN}"),) if request.param else None
     with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield router_pb2_grpc.RouterServiceStub(channel), metadata
+        yield router_pb2_grpc.RouterServiceStub(channel), metadata, channel
     running.stop(0)
 
 
 def test_errors_become_status_codes_in_unary_calls_and_streams(stub) -> None:
-    stub, metadata = stub
+    stub, metadata, _ = stub
     with pytest.raises(grpc.RpcError) as internal:
         stub.Cancel(router_pb2.CancelRequest(session_id="s"), timeout=10, metadata=metadata)
     assert internal.value.code() == grpc.StatusCode.INTERNAL
@@ -60,7 +62,7 @@ def test_errors_become_status_codes_in_unary_calls_and_streams(stub) -> None:
 
 
 def test_the_handler_runs_as_the_caller(stub) -> None:
-    stub, metadata = stub
+    stub, metadata, _ = stub
     caller = principal(TOKEN) if metadata else ""
     stream = stub.Generate(router_pb2.GenerateRequest(prompt="x"), timeout=10, metadata=metadata)
     assert next(stream).session_id == (caller or "anonymous")
@@ -72,3 +74,37 @@ def test_the_handler_runs_as_the_caller(stub) -> None:
     else:
         response = stub.ListMethods(router_pb2.ListMethodsRequest(), timeout=10, metadata=metadata)
         assert [m.name for m in response.methods] == [caller]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"\n\x02\xff\xfe", b"z\x05ab", b"\x0f\x00"],
+    ids=["invalid-utf8", "truncated", "bad-wire-type"],
+)
+@pytest.mark.parametrize(
+    ("method", "streaming", "message_type"),
+    [("Cancel", False, "CancelRequest"), ("Generate", True, "GenerateRequest")],
+)
+def test_an_undecodable_request_gets_invalid_argument(stub, raw, method, streaming, message_type) -> None:
+    _, metadata, channel = stub
+    path = f"/specserve.v1.RouterService/{method}"
+    call = channel.unary_stream(path) if streaming else channel.unary_unary(path)
+    with pytest.raises(grpc.RpcError) as invalid:
+        response = call(raw, timeout=10, metadata=metadata)
+        if streaming:
+            list(response)
+    assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = invalid.value.details()
+    assert "could not be decoded" in details and f"specserve.v1.{message_type}" in details
+
+
+def test_error_messages_are_bounded(stub) -> None:
+    stub, metadata, _ = stub
+    stream = stub.Generate(router_pb2.GenerateRequest(prompt="x" * 1_000_000), timeout=10, metadata=metadata)
+    next(stream)
+    with pytest.raises(grpc.RpcError) as invalid:
+        next(stream)
+    assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = invalid.value.details()
+    assert details.startswith("bad prompt 'xxx") and details.endswith("xxx'")
+    assert len(details) <= MAX_MESSAGE_CHARS

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from specserve.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from specserve.errors import (
+    MAX_MESSAGE_CHARS,
+    MAX_QUOTED_CHARS,
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    bounded,
+    quoted,
+)
 from specserve.serving.convert import check_session_id, sampling_from_pb, tree_from_pb
 from specserve.serving.validate import (
     check_prompt_chars,
@@ -24,6 +32,12 @@ VOCAB = 100
 def test_session_ids_outside_the_pattern_are_refused(session_id: str) -> None:
     with pytest.raises(InvalidArgument):
         check_session_id(session_id)
+
+
+def test_a_huge_session_id_is_quoted_short() -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        check_session_id("s" * 1_000_000)
+    assert len(str(raised.value)) < 200 and "(1000000 characters)" in str(raised.value)
 
 
 def test_session_ids_inside_the_pattern_pass() -> None:
@@ -121,3 +135,16 @@ def test_a_dns_entry_allows_every_address_it_resolves_to() -> None:
     for address in ("127.0.0.1:50052", "10.0.0.1:50051", "localhost:50051"):
         with pytest.raises(PermissionDenied):
             check_target_address(address, allowed)
+
+
+def test_quoted_values_and_whole_messages_are_bounded() -> None:
+    assert quoted("short") == "'short'"
+    huge = quoted("v" * 1_000_000)
+    assert huge.startswith("'vvv") and huge.endswith("... (1000000 characters)")
+    assert len(huge) <= MAX_QUOTED_CHARS + 30
+    assert quoted(["x"] * 1000).endswith("characters)")
+    message = "unknown method '" + "m" * 1_000_000 + "'; known methods: target, glide"
+    cut = bounded(message)
+    assert len(cut) <= MAX_MESSAGE_CHARS
+    assert cut.startswith("unknown method 'mmm") and cut.endswith("known methods: target, glide")
+    assert bounded("fine as it is") == "fine as it is"

@@ -70,3 +70,12 @@ def own_router(shared_stack: LocalStack, tmp_path: Path) -> Iterator[tuple[str, 
     env = http_router_env(shared_stack, drain_seconds=20)
     with router_process(env, tmp_path / "router.log") as process:
         yield f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1", process
+
+
+@pytest.fixture(scope="session")
+def open_router(shared_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A router with the HTTP API as a local deployment runs it: auth off, the default body limit (1 MiB);
+    yields the API's host:port."""
+    env = http_router_env(shared_stack)
+    with router_process(env, tmp_path_factory.mktemp("open-router") / "router.log"):
+        yield f"localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}"
