@@ -3,9 +3,10 @@ the served runtime, per kernel path, side by side in one run.
 
     .venv/bin/python scripts/profile_step.py [--model-dir DIR] [--tokens 1] [--steps 20]
 
-Prints, for each path (transformers' forward with torch's own linear kernel; the lean forward with packed
-oneDNN weights), the median step time and the share of the profiled time spent in the linear layers,
-attention, and everything else (norms, rotary, cache writes, Python).
+Prints, for each path (transformers' forward with torch's own linear kernel, then with packed oneDNN
+weights; the lean forward with packed oneDNN weights), the median step time and the share of the
+profiled time spent in the linear layers, attention, and everything else (norms, rotary, cache writes,
+Python).
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ def main() -> None:
     if settings.num_threads > 0:
         torch.set_num_threads(settings.num_threads)
     model_dir = resolve_model_dir(settings.model_dir, settings.cache_dir)
+    packed = load_causal_lm(model_dir, linear_kernel="auto")
     paths = {
         "transformers forward, native kernel": (load_causal_lm(model_dir, linear_kernel="native"), False),
-        "lean forward, packed oneDNN": (load_causal_lm(model_dir, linear_kernel="auto"), True),
+        "transformers forward, packed oneDNN": (packed, False),
+        "lean forward, packed oneDNN": (packed, True),
     }
     with torch.inference_mode():
         for label, (model, native_forward) in paths.items():

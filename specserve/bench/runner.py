@@ -261,12 +261,16 @@ def _config(
 
 
 def portable_path(path: Path | str) -> str:
-    """A path as a result file records it: inside an installed package relative to site-packages, under
-    the home directory as ~/..., so results name no one machine's layout."""
+    """A path as a result file records it: inside an installed package relative to site-packages,
+    inside this package's own tree (a checkout) relative to that tree, under the home directory as ~/...,
+    so results name no one machine's layout."""
     text = str(path)
     marker = "site-packages/"
     if marker in text:
         return text.split(marker, 1)[1]
+    tree = str(Path(__file__).resolve().parents[2])  # holds specserve/
+    if text.startswith(tree + "/"):
+        return text[len(tree) + 1 :]
     home = str(Path.home())
     if text == home or text.startswith(home + "/"):
         return "~" + text[len(home) :]

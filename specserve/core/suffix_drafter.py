@@ -37,6 +37,7 @@ from specserve.errors import InvalidArgument
 
 # A session's index keeps its most recent tokens only (about 1.5 KB each: ~12 MB at most per session).
 INDEX_WINDOW_TOKENS = 8192
+HEAD_TOKENS = 64  # tokens compared to tell a continued sequence from another one
 
 
 @dataclass(frozen=True)
@@ -92,28 +93,28 @@ class SuffixDrafter:
         self.settings = settings
         self.shared = shared
         self.batch_load = batch_load
-        self.index = SuffixIndex(
-            max_match=settings.max_match, max_occurrences=32, max_tokens=INDEX_WINDOW_TOKENS
-        )
+        self.index = self._new_index()
         self.trust = settings.initial_trust
-        self._indexed: list[int] = []  # the tokens the index holds, to extend it by what is new
+        self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
         # the last round's tree, its predicted suffix tokens and the length of the sequence it was rooted at
         self._last: tuple[DraftTree, float, int] | None = None
         self.num_model_calls = 0
         self.num_suffix_only_rounds = 0
 
     # -- the index follows the session ---------------------------------------------------------------
+    def _new_index(self) -> SuffixIndex:
+        return SuffixIndex(
+            max_match=self.settings.max_match, max_occurrences=32, max_tokens=INDEX_WINDOW_TOKENS
+        )
+
     def _sync(self, token_ids: Sequence[int]) -> None:
-        known = len(self._indexed)
-        if len(token_ids) < known or list(token_ids[: min(known, 64)]) != self._indexed[: min(known, 64)]:
-            # not an extension of what the index holds (a resumed or different sequence): start over
-            self.index = SuffixIndex(
-                max_match=self.settings.max_match, max_occurrences=32, max_tokens=INDEX_WINDOW_TOKENS
-            )
-            self._indexed, known = [], 0
-        new = list(token_ids[known:])
-        self.index.extend(new)
-        self._indexed.extend(new)
+        """Extends the index by the tokens committed since the last round. A sequence that does not
+        start as the indexed one did (a resumed or different session) is indexed from scratch."""
+        known = len(self.index)
+        if len(token_ids) < known or list(token_ids[: len(self._head)]) != self._head:
+            self.index, self._head, known = self._new_index(), [], 0
+        self.index.extend(token_ids[known:])
+        self._head.extend(token_ids[len(self._head) : HEAD_TOKENS])
 
     def _learn(self, token_ids: Sequence[int]) -> None:
         """Updates trust from the last round: suffix tokens accepted against the score predicted."""

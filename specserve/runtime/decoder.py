@@ -1,12 +1,13 @@
 """A lean forward for Llama-family decoders (Llama, Qwen2, Mistral) over a ragged batch of sessions.
 
-Transformers' module-by-module forward spends about a third of a one-token step of a small model in
-Python and small ops (norms as six ops, rotary per head group, attention dispatch, cache plumbing). This
-forward reads the same modules' weights, so it needs no conversion and no second copy, and runs each
-layer as: one fused RMSNorm, one packed q/k/v product, one rotary over q and k together, each session's
-K/V written into its own cache and attended there, one o projection, one fused norm, one packed gate/up
-product, one down projection. Architectures it does not know keep transformers' forward
-(`runtime/ragged.py`), so any causal LM still serves.
+Transformers' module-by-module forward spends part of a one-token step of a small model in Python and
+small ops (norms, rotary per head group, attention dispatch, cache plumbing; docs/benchmarks.md, "The
+runtime", measures the difference with scripts/profile_step.py). This forward reads the same modules'
+weights, so it needs no conversion and no second copy, and runs each layer as: one RMSNorm, one packed
+q/k/v product, one rotary over q and k together, each session's K/V written into its own cache and
+attended there, one o projection, one RMSNorm, one packed gate/up product, one down projection.
+Architectures it does not know keep transformers' forward (`runtime/ragged.py`), so any causal LM still
+serves.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.runtime.kernels import FusedPart, packed_linear
+from specserve.runtime.kernels import FusedPart
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -52,10 +53,7 @@ def _projections(modules: Sequence[nn.Module]) -> Callable[[torch.Tensor], Seque
     products = {id(getattr(m, "product", None)) for m in modules}
     first = modules[0]
     if isinstance(first, FusedPart) and len(products) == 1 and len(modules) == len(first.product.widths):
-        product = first.product
-        return lambda x: packed_linear(x, product.packed, product.bias, product.total).split(
-            product.widths, -1
-        )
+        return first.product.parts
     return lambda x: [module(x) for module in modules]
 
 

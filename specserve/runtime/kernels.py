@@ -98,7 +98,7 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel=onednn"
 
 
-class _FusedProduct:
+class FusedProduct:
     """One packed product over the concatenated weights of projections that read the same input.
 
     The first projection computes the whole product and keeps the others' slices for their calls; a
@@ -125,11 +125,13 @@ class _FusedProduct:
         self._input: torch.Tensor | None = None
         self._slices: list[torch.Tensor] = []
 
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x [..., in] -> every projection's output, [..., out_i] each, from one kernel call."""
+        return list(packed_linear(x, self.packed, self.bias, self.total).split(self.widths, dim=-1))
+
     def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if index == 0 or self._input is not x:
-            y = packed_linear(x, self.packed, self.bias, self.total)  # [..., sum(out)]
-            self._slices = list(torch.split(y, self.widths, dim=-1))
-            self._input = x
+            self._slices, self._input = self.parts(x), x
         out = self._slices[index]
         if index == len(self.widths) - 1:  # the last reader: drop the references
             self._input, self._slices = None, []
@@ -139,7 +141,7 @@ class _FusedProduct:
 class FusedPart(nn.Module):
     """One projection of a fused group (q, k or v; gate or up)."""
 
-    def __init__(self, product: _FusedProduct, index: int, in_features: int):
+    def __init__(self, product: FusedProduct, index: int, in_features: int):
         super().__init__()
         self.product, self.index = product, index
         self.in_features, self.out_features = in_features, product.widths[index]
@@ -156,9 +158,8 @@ class FusedPart(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel=onednn, fused"
 
 
-def _fuse_groups(module: nn.Module) -> int:
+def _fuse_groups(module: nn.Module) -> None:
     """Replaces each complete group of same-input projections of `module` by parts of one product."""
-    fused = 0
     for group in FUSED_GROUPS:
         linears = [getattr(module, name, None) for name in group]
         if not all(type(linear) is nn.Linear for linear in linears):
@@ -168,11 +169,9 @@ def _fuse_groups(module: nn.Module) -> int:
             lin.weight.requires_grad for lin in typed
         ):
             continue
-        product = _FusedProduct(typed)
+        product = FusedProduct(typed)
         for index, name in enumerate(group):
             setattr(module, name, FusedPart(product, index, typed[0].in_features))
-        fused += 1
-    return fused
 
 
 def apply_linear_kernel(model: nn.Module, kernel: LinearKernel | str = LinearKernel.AUTO) -> LinearKernel:

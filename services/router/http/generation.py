@@ -82,8 +82,13 @@ class TextAssembler:
         index, and the third string is their share of the accepted text."""
         incremental = self.incremental
         sent_before = len(incremental.sent)
-        after_model = incremental.visible([*incremental.token_ids, *token_ids[: num_accepted - num_suffix]])
         after_accepted = incremental.visible([*incremental.token_ids, *token_ids[:num_accepted]])
+        if num_suffix:  # decoded only for rounds that took suffix tokens
+            after_model = incremental.visible(
+                [*incremental.token_ids, *token_ids[: num_accepted - num_suffix]]
+            )
+        else:
+            after_model = after_accepted
         delta = incremental.add(token_ids)
         boundary = min(max(0, len(after_accepted) - sent_before), len(delta))
         model_end = min(max(0, len(after_model) - sent_before), boundary)

