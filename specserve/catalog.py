@@ -25,6 +25,10 @@ class Method(StrEnum):
     MCSD_TARGET_INIT = "mcsd-target-init"  # the target seeds the roots: exact at T = 0, biased at T > 0
     SUFFIX = "suffix"  # candidates from the session's own text (suffix index), no draft model
     GLIDE_CAPE_SUFFIX = "glide-cape-suffix"  # suffix candidates merged with glide-cape-cost's tree
+    EAGLE = "eagle"  # a hidden-state draft reading the target's final hidden states, chain of 4
+    EAGLE_CAPE = "eagle-cape"  # the same draft, CaPE trees
+    EAGLE_CAPE_COST = "eagle-cape-cost"  # ... depth and width by expected tokens per second
+    EAGLE_CAPE_SUFFIX = "eagle-cape-suffix"  # suffix candidates merged with eagle-cape-cost's tree
 
 
 # What `generate`, the router and `specserve stack` use unless told otherwise: the fastest lossless
@@ -49,6 +53,9 @@ class MethodInfo:
     # that method's draft trees (the draft service runs that method), else they are the only drafts.
     suffix: bool = False
     model_method: Method | None = None
+    # The draft reads the target's final hidden states (specserve/eagle): the target keeps them for the
+    # session and its KV feed carries them.
+    hidden_states: bool = False
 
 
 # transformers' documented setting for prompt lookup decoding (`prompt_lookup_num_tokens`).
@@ -116,6 +123,28 @@ CATALOG: dict[Method, MethodInfo] = {
             "suffix candidates merged with glide-cape-cost's tree; suffix-only rounds skip the draft",
             suffix=True,
             model_method=Method.GLIDE_CAPE_COST,
+        ),
+        MethodInfo(
+            Method.EAGLE,
+            "hidden-state draft reading the target's final hidden states, chain of 4",
+            hidden_states=True,
+        ),
+        MethodInfo(
+            Method.EAGLE_CAPE,
+            "hidden-state draft, depth 4, CaPE top-k leaves by confidence (<= max_tree_nodes nodes)",
+            hidden_states=True,
+        ),
+        MethodInfo(
+            Method.EAGLE_CAPE_COST,
+            f"hidden-state draft + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s",
+            hidden_states=True,
+        ),
+        MethodInfo(
+            Method.EAGLE_CAPE_SUFFIX,
+            "suffix candidates merged with eagle-cape-cost's tree; suffix-only rounds skip the draft",
+            suffix=True,
+            model_method=Method.EAGLE_CAPE_COST,
+            hidden_states=True,
         ),
     )
 }

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from transformers import GenerationConfig
@@ -19,14 +19,18 @@ from specserve.core.loop import speculative_generate
 from specserve.core.protocols import DraftTree
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.drafts import DraftKind, shipped_draft_dir
+from specserve.eagle.drafter import EagleDrafter
+from specserve.eagle.model import EagleDraft, build_eagle, load_eagle
 from specserve.errors import InvalidArgument
 from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.methods import method_spec
 from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.results import GenerationResult, GenerationStats
 from specserve.runtime.batching import Scheduler
+from specserve.runtime.drafter import DraftShape, PolicyDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel, apply_linear_kernel, resolve_kernel
+from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
     from specserve.models.loading import CausalLM
 
 logger = logging.getLogger(__name__)
+
+DraftT = TypeVar("DraftT", GlideDraft, EagleDraft)
 
 
 def request_limits(settings: EngineSettings, vocab_size: int | None = None) -> RequestLimits:
@@ -142,8 +148,20 @@ class Engine:
         )
         return self._for_serving(build_glide(self.target_model, seed=0, share_target_embeddings=True))
 
-    def _for_serving(self, draft: GlideDraft) -> GlideDraft:
-        """A GliDe draft on the same linear kernel as the target (it serves; it no longer trains)."""
+    @functools.cached_property
+    def eagle_draft(self) -> EagleDraft:
+        directory = self.settings.eagle_dir or self._shipped(DraftKind.EAGLE)
+        if directory is not None:
+            return self._for_serving(load_eagle(directory, self.target_model))
+        logger.warning(
+            "no trained hidden-state draft for this target: the draft is randomly initialised (seed 0), so "
+            "output stays exact but few drafts are accepted; train one with `python -m "
+            "specserve.training.distill train --kind eagle` and set SPECSERVE_EAGLE_DIR"
+        )
+        return self._for_serving(build_eagle(self.target_model, seed=0))
+
+    def _for_serving(self, draft: DraftT) -> DraftT:
+        """A draft on the same linear kernel as the target (it serves; it no longer trains)."""
         draft.requires_grad_(False)
         apply_linear_kernel(draft, self.settings.linear_kernel)
         return draft
@@ -169,42 +187,59 @@ class Engine:
         return cost
 
     def calibrate(self, repeats: int = 3) -> CostModel:
-        """Measures this engine's target verify curve and its GliDe draft's step cost."""
+        """Measures this engine's target verify curve and its drafts' step costs (GliDe, hidden-state)."""
         from specserve.glide.drafter import GlideDrafter
-        from specserve.runtime.calibrate import (
-            PROMPT_TOKENS,
-            measure_batch_verify_s,
-            measure_draft_costs,
-            measure_verify_s,
-        )
-        from specserve.runtime.drafter import DraftShape
+        from specserve.runtime.calibrate import PROMPT_TOKENS, measure_batch_verify_s, measure_verify_s
 
         runner = self.target_runner
         verify_points = measure_verify_s(runner, repeats=repeats)
         verify_points += measure_batch_verify_s(runner, repeats=repeats)
         prompt = [i % runner.vocab_size for i in range(10, 10 + PROMPT_TOKENS)]
-        verifier = LocalVerifier(runner, PROMPT_TOKENS + 32)
-        root = verifier.prefill(prompt, round_seed=0)  # greedy
-
-        drafters: dict[int, GlideDrafter] = {}  # one per depth, kept: its cache holds the prompt
-
-        def propose(depth: int) -> DraftTree:
-            if depth not in drafters:
-                drafters[depth] = GlideDrafter(
-                    self.glide_draft, verifier.cache, PROMPT_TOKENS + 32, DraftShape(depth)
-                )
-            return drafters[depth].propose([*prompt, root], round_seed=0)
-
-        draft_step_s, draft_overhead_s = measure_draft_costs(propose, repeats=repeats)
-        verifier.release()
-        cost = CostModel(verify_points, draft_step_s, draft_overhead_s)
+        capacity = PROMPT_TOKENS + 32
+        draft_step_s, draft_overhead_s = self._draft_costs(
+            prompt, repeats, lambda cache, shape: GlideDrafter(self.glide_draft, cache, capacity, shape)
+        )
+        eagle_step_s, eagle_overhead_s = self._draft_costs(
+            prompt, repeats, lambda cache, shape: EagleDrafter(self.eagle_draft, cache, capacity, shape)
+        )
+        cost = CostModel(
+            verify_points, draft_step_s, draft_overhead_s, (("eagle", eagle_step_s, eagle_overhead_s),)
+        )
         logger.info(
-            "calibrated: verify %s s, draft step %.4f s, draft overhead %.4f s",
+            "calibrated: verify %s s, GliDe draft step %.4f s (overhead %.4f s), hidden-state draft step "
+            "%.4f s (overhead %.4f s)",
             dict(verify_points),
             draft_step_s,
             draft_overhead_s,
+            eagle_step_s,
+            eagle_overhead_s,
         )
         return cost
+
+    def _draft_costs(
+        self,
+        prompt: list[int],
+        repeats: int,
+        make_drafter: Callable[[PositionalKVCache, DraftShape], PolicyDrafter],
+    ) -> tuple[float, float]:
+        """A draft's step and fixed costs over a prefilled prompt (runtime/calibrate.py)."""
+        from specserve.runtime.calibrate import PROMPT_TOKENS, measure_draft_costs
+
+        verifier = LocalVerifier(self.target_runner, PROMPT_TOKENS + 32)
+        drafters: dict[int, PolicyDrafter] = {}  # one per depth, kept: its cache holds the prompt
+        root: list[int] = []
+
+        def propose(depth: int) -> DraftTree:
+            if depth not in drafters:
+                drafters[depth] = make_drafter(verifier.cache, DraftShape(depth))
+            if not root:  # after the first drafter: one that reads hidden states asks before the prefill
+                root.append(verifier.prefill(prompt, round_seed=0))  # greedy
+            return drafters[depth].propose([*prompt, root[0]], round_seed=0)
+
+        try:
+            return measure_draft_costs(propose, repeats=repeats)
+        finally:
+            verifier.release()
 
     def runtime_info(self) -> dict[str, str]:
         """The linear kernel and forward the specserve methods run on (benchmarks record it)."""

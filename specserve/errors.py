@@ -71,9 +71,14 @@ class PermissionDenied(SpecserveError):
 
 
 class Cancelled(SpecserveError):
-    """The caller went away (cancelled or past its deadline) before the work finished."""
+    """The work stopped before it finished: its caller went away (cancelled, or past its deadline), or a
+    server this process called cancelled the call (serving/status.py's `error_from_rpc`)."""
 
     code = StatusCode.CANCELLED
+
+    def __init__(self, message: str = "", code: StatusCode = StatusCode.CANCELLED) -> None:
+        super().__init__(message)
+        self.code = code  # what a caller sees if this error is passed on (see `error_from_rpc`)
 
 
 def clip(text: str, limit: int = MAX_QUOTED_CHARS) -> str:

@@ -19,6 +19,8 @@ from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import StopPolicyName, StopSettings
 from specserve.core.suffix_drafter import SuffixDrafter
+from specserve.eagle.drafter import EagleDrafter, HiddenStateSource
+from specserve.eagle.model import EagleDraft
 from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft
@@ -45,13 +47,20 @@ class DraftSources(Protocol):
     def vanilla_draft_runner(self) -> ModelRunner: ...
 
     @property
+    def eagle_draft(self) -> EagleDraft: ...
+
+    @property
     def cost_model(self) -> CostModel: ...
 
 
-# (engine, capacity of the sequence's caches, the target's committed KV of the sequence, the session's
-# sampling) -> its drafter, or None. In-process the KV source is the verifier's own cache; in the draft
-# service it is the mirror of the target's KV feed. Only GliDe drafters read it.
-DrafterFactory = Callable[[DraftSources, int, TargetKVSource, SamplingParams], Drafter | None]
+class TargetSource(TargetKVSource, HiddenStateSource, Protocol):
+    """What a drafter may read of the target: its committed K/V (GliDe) or final hidden states (eagle).
+    In-process it is the verifier's own cache; in the draft service the mirror of the target's feed."""
+
+
+# (engine, capacity of the sequence's caches, the target's committed state of the sequence, the
+# session's sampling) -> its drafter, or None.
+DrafterFactory = Callable[[DraftSources, int, TargetSource, SamplingParams], Drafter | None]
 
 
 @dataclass(frozen=True)
@@ -64,14 +73,14 @@ class MethodSpec:
 
 
 def _no_drafter(
-    engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+    engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
 ) -> None:
     return None
 
 
 def _vanilla(shape: DraftShape) -> DrafterFactory:
     def make(
-        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
         trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
         if trained is not None:
@@ -83,7 +92,7 @@ def _vanilla(shape: DraftShape) -> DrafterFactory:
 
 def _glide(shape: DraftShape, cape: bool) -> DrafterFactory:
     def make(
-        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
         settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
         return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, settings, sampling)
@@ -99,7 +108,7 @@ def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
 
 
 def _glide_cape_cost(
-    engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+    engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
 ) -> Drafter | None:
     """The cost policy needs this machine's calibration, which only the engine knows."""
     settings = StopSettings(cost_model=engine.cost_model, batch_sessions=other_sessions)
@@ -107,9 +116,28 @@ def _glide_cape_cost(
     return _glide(shape, cape=True)(engine, capacity, target_kv, sampling)
 
 
+def _eagle(shape: DraftShape, cape: bool) -> DrafterFactory:
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
+    ) -> Drafter:
+        settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
+        return EagleDrafter(engine.eagle_draft, target_kv, capacity, shape, settings, sampling)
+
+    return make
+
+
+def _eagle_cape_cost(
+    engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
+) -> Drafter | None:
+    """As `_glide_cape_cost`, with the hidden-state draft's calibrated step."""
+    settings = StopSettings(cost_model=engine.cost_model.for_draft("eagle"), batch_sessions=other_sessions)
+    shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
+    return _eagle(shape, cape=True)(engine, capacity, target_kv, sampling)
+
+
 def _mcsd(shape: McsdShape) -> DrafterFactory:
     def make(
-        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
         # Trees are drafted level by level with tree attention, which the causal-LM runner supports; the
         # draft is the vanilla methods' causal LM (draft_dir, else the target's first layers).
@@ -118,18 +146,19 @@ def _mcsd(shape: McsdShape) -> DrafterFactory:
     return make
 
 
-def _with_suffix(inner: DrafterFactory | None) -> DrafterFactory:
+def _with_suffix(inner: DrafterFactory | None, draft: str = "glide") -> DrafterFactory:
     """Suffix candidates (core/suffix_drafter.py) alone, or merged with `inner`'s trees."""
 
     def make(
-        engine: DraftSources, capacity: int, target_kv: TargetKVSource, sampling: SamplingParams
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
         model = inner(engine, capacity, target_kv, sampling) if inner is not None else None
         if not sampling.greedy:
             # A sampled session's tree decides its random draws: sized the same wherever it runs (the
             # router has no calibration) and whatever else runs, so a seed gives the same text.
             return SuffixDrafter(model, engine.settings.max_tree_nodes, NOMINAL_CPU_COST)
-        return SuffixDrafter(model, engine.settings.max_tree_nodes, engine.cost_model, batch_load=_batch_load)
+        cost = engine.cost_model.for_draft(draft)
+        return SuffixDrafter(model, engine.settings.max_tree_nodes, cost, batch_load=_batch_load)
 
     return make
 
@@ -160,6 +189,10 @@ _FACTORIES: dict[Method, DrafterFactory] = {
     Method.MCSD_TARGET_INIT: _mcsd(McsdShape(k_config=(2, 2, 1, 1), target_roots=True)),
     Method.SUFFIX: _with_suffix(None),
     Method.GLIDE_CAPE_SUFFIX: _with_suffix(_glide_cape_cost),
+    Method.EAGLE: _eagle(DraftShape(depth=4), cape=False),
+    Method.EAGLE_CAPE: _eagle(DraftShape(depth=4), cape=True),
+    Method.EAGLE_CAPE_COST: _eagle_cape_cost,
+    Method.EAGLE_CAPE_SUFFIX: _with_suffix(_eagle_cape_cost, "eagle"),
 }
 
 METHODS: dict[Method, MethodSpec] = {

@@ -53,6 +53,15 @@ class GenerationStats:
         return out
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target (core/logprobs.py computes it)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
 @dataclass
 class GenerationResult:
     token_ids: list[int]  # generated tokens only (eos included when the model emitted it)

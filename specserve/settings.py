@@ -36,6 +36,9 @@ class EngineSettings:
     vanilla_dir: a one-layer draft without cross-attention from `specserve train-draft --kind vanilla`,
       used by the vanilla methods when `draft_dir` is not set; None means the shipped one for the
       default model, else the early-exit draft above.
+    eagle_dir: a hidden-state draft saved by `specserve.eagle.save_eagle` (`python -m
+      specserve.training.distill train --kind eagle`), used by the eagle methods; None means the shipped
+      a randomly initialised draft with a warning (no trained one ships yet).
     """
 
     model_dir: Path | None = None
@@ -43,6 +46,7 @@ class EngineSettings:
     draft_layers: int = 4
     glide_dir: Path | None = None
     vanilla_dir: Path | None = None
+    eagle_dir: Path | None = None
     device: str = "cpu"
     dtype: str = "float32"
     cache_dir: Path = field(default_factory=_default_cache_dir)

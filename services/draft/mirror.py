@@ -42,6 +42,10 @@ class KVMirror:
         self.device = device
         self._keys: dict[int, torch.Tensor] = {}  # layer -> [1, H, capacity, D]
         self._values: dict[int, torch.Tensor] = {}
+        # A hidden-state draft's input (specserve/eagle): asked for by `keep_features` before the first
+        # subscription, then streamed with the K/V. [1, capacity, hidden] once the first chunk arrives.
+        self.wants_hidden_states = False
+        self._hidden: torch.Tensor | None = None
         self.length = 0  # positions [0, length) hold the target's committed KV
         self.visible = 0  # positions the drafter may read this round
         self.received_bytes = 0
@@ -67,6 +71,15 @@ class KVMirror:
                 self._values[layer_kv.layer] = torch.zeros(shape, dtype=dtype, device=self.device)
             self._keys[layer_kv.layer][0, :, start : start + n] = keys.to(self.device)
             self._values[layer_kv.layer][0, :, start : start + n] = values.to(self.device)
+        if chunk.hidden_states:
+            states = kv_from_bytes(chunk.hidden_states, dtype, 1, n, chunk.hidden_size)[0]  # [n, hidden]
+            if self._hidden is None:
+                self._hidden = torch.zeros(
+                    (1, self.capacity, chunk.hidden_size), dtype=dtype, device=self.device
+                )
+            self._hidden[0, start : start + n] = states.to(self.device)
+        elif self.wants_hidden_states and n:
+            raise FailedPrecondition("the KV feed sent no hidden states; the draft reads them")
         with self.changed:
             self.length = start + n
             self.received_bytes += chunk_payload_bytes(chunk)
@@ -81,6 +94,18 @@ class KVMirror:
                     f"KV feed behind: {self.length} of {positions} positions after {timeout:.1f} s"
                 )
         return time.perf_counter() - start
+
+    def keep_features(self) -> None:
+        """The session's drafter reads hidden states: subscriptions ask the target for them."""
+        self.wants_hidden_states = True
+
+    def hidden_states(self) -> torch.Tensor:
+        """[1, visible, hidden]: a view, as the target's own `PositionalKVCache.hidden_states`."""
+        if self._hidden is None:
+            if self.visible:
+                raise FailedPrecondition("no hidden states mirrored yet")
+            return torch.zeros((1, 0, 1), device=self.device)
+        return self._hidden[:, : self.visible]
 
     def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """([1, H, visible, D], same): views, no copy."""
@@ -165,7 +190,10 @@ class FeedSubscriber:
                 return
             stub = target_pb2_grpc.TargetServiceStub(self.channel_for(self.target_address))
             request = target_pb2.StreamKVRequest(
-                session_id=self.session_id, from_position=self.mirror.length, layers=self.mirror.layers
+                session_id=self.session_id,
+                from_position=self.mirror.length,
+                layers=self.mirror.layers,
+                hidden_states=self.mirror.wants_hidden_states,
             )
             call = None
             pauses = self._pauses

@@ -30,6 +30,7 @@ import grpc
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal, cost_policy_of
+from specserve.catalog import CATALOG
 from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.engine import Engine
@@ -97,8 +98,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         check_token_ids(request.token_ids, self.engine.target_model.config.vocab_size)
         if not len(request.token_ids) < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
+        # A hidden-state draft reads no K/V: its drafter asks the mirror for hidden states instead.
+        reads_kv = not CATALOG[spec.method].hidden_states
         mirror = KVMirror(
-            self.engine.glide_draft.config.feed_layers,
+            self.engine.glide_draft.config.feed_layers if reads_kv else [],
             self.engine.target_model.config.num_hidden_layers,
             request.capacity,
             self.engine.target_runner.device,

@@ -16,7 +16,7 @@ import hashlib
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
 from specserve.errors import Unavailable
@@ -50,6 +50,7 @@ class ReplicaSet:
         self.refresh_seconds = refresh_seconds
         self.resolver = resolver
         self._load: Counter[str] = Counter()
+        self._held: defaultdict[str, Counter[str]] = defaultdict(Counter)  # address -> session ids
         self._failed_at: dict[str, float] = {}
         self._lock = threading.Lock()
         self._resolved: dict[str, list[str]] = {}  # dns entry -> last non-empty resolution
@@ -93,13 +94,27 @@ class ReplicaSet:
             candidates = healthy or self.addresses  # all failed recently: try anyway
             return min(candidates, key=lambda a: (self._load[a], _stable_hash(session_id, a)))
 
-    def acquire(self, address: str) -> None:
+    def acquire(self, address: str, session_id: str = "") -> None:
+        """Counts a session on `address`; a named one is also listed in `sessions` (its lease there is
+        renewed, leases.py)."""
         with self._lock:
             self._load[address] += 1
+            if session_id:
+                self._held[address][session_id] += 1
 
-    def release(self, address: str) -> None:
+    def release(self, address: str, session_id: str = "") -> None:
         with self._lock:
             self._load[address] = max(0, self._load[address] - 1)
+            held = self._held[address]
+            if session_id and held[session_id] > 0:
+                held[session_id] -= 1
+                if held[session_id] == 0:
+                    del held[session_id]
+
+    def sessions(self) -> dict[str, list[str]]:
+        """The named sessions held on each replica (replicas holding none are left out)."""
+        with self._lock:
+            return {address: sorted(held) for address, held in self._held.items() if held}
 
     def mark_failed(self, address: str) -> None:
         with self._lock:
@@ -111,7 +126,8 @@ class ReplicaSet:
 
 
 class HeldReplica:
-    """The replica one run of a session uses, counted in its set's load while held.
+    """The replica one run of a session uses, counted in its set's load (and its lease renewed there)
+    while held.
 
     Chosen once (the session's replica if healthy, else the least loaded). When a call to it fails,
     `move` marks it failed and takes the next choice, and the session's load moves with it: the counts
@@ -121,7 +137,7 @@ class HeldReplica:
     def __init__(self, replicas: ReplicaSet, session_id: str, preferred: str = "") -> None:
         self.replicas, self.session_id = replicas, session_id
         self.address = replicas.choose(session_id, preferred)
-        replicas.acquire(self.address)
+        replicas.acquire(self.address, session_id)
         self._held = True
 
     def move(self) -> str:
@@ -131,14 +147,14 @@ class HeldReplica:
         self.replicas.mark_failed(failed)
         self.address = self.replicas.choose(self.session_id)
         if self._held and self.address != failed:
-            self.replicas.acquire(self.address)
-            self.replicas.release(failed)
+            self.replicas.acquire(self.address, self.session_id)
+            self.replicas.release(failed, self.session_id)
         return self.address
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self.replicas.release(self.address)
+            self.replicas.release(self.address, self.session_id)
 
 
 def _stable_hash(session_id: str, address: str) -> int:

@@ -25,9 +25,9 @@ import grpc
 
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
-from specserve.errors import FailedPrecondition, NotFound, SpecserveError, Unavailable
+from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
 from specserve.serving.convert import outcome_from_pb, sampling_to_pb, tree_from_pb, tree_to_pb
-from specserve.serving.status import Cancelled, error_from_rpc
+from specserve.serving.status import error_from_rpc
 from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -87,8 +87,10 @@ class RemoteVerifier:
         # (draft tokens, accepted, verify seconds, round bytes, suffix-index tokens drafted, accepted)
         on_round: Callable[[int, int, float, int, int, int], None] = lambda *round_numbers: None,
         logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
+        keep_hidden_states: bool = False,  # the session's draft reads the target's hidden states
     ) -> None:
         self.session_id = session_id
+        self.keep_hidden_states = keep_hidden_states
         self.stub_for = stub_for
         self.target = target  # moves to another replica when this one is unavailable
         self.sampling = sampling  # the session's: sent with every Prefill, fresh or rebuild
@@ -118,6 +120,7 @@ class RemoteVerifier:
             step_seed=round_seed,
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
+            keep_hidden_states=self.keep_hidden_states,
         )
         response = self._call("Prefill", request, rebuild=None)
         self.batch_sessions = response.batch_sessions  # the load the first round's draft shares
@@ -177,6 +180,7 @@ class RemoteVerifier:
             root_token=self.history[-1],
             capacity=self.capacity,
             sampling=sampling_to_pb(self.sampling),
+            keep_hidden_states=self.keep_hidden_states,
         )
         self._call("Prefill", request, rebuild=None)
         self.counters.target_rebuilds += 1

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from services.router.leases import LeaseRenewer
 from services.router.placement import ReplicaSet
 from services.router.remote import RoundTripMean
 from services.router.session_run import Done, Round, SessionRun, saved_stats
@@ -22,7 +23,7 @@ from specserve.catalog import CATALOG
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import TenantCache
-from specserve.errors import InvalidArgument, ResourceExhausted
+from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
 from specserve.results import FinishReason
 from specserve.serving.auth import check_owner, current_caller
 from specserve.serving.convert import (
@@ -35,7 +36,7 @@ from specserve.serving.convert import (
 from specserve.serving.metrics import RouterMetrics
 from specserve.serving.server import channel_options
 from specserve.serving.settings import RouterServiceSettings
-from specserve.serving.status import Cancelled, error_from_rpc
+from specserve.serving.status import error_from_rpc
 from specserve.serving.telemetry import traced_channel
 from specserve.serving.tls import channel_credentials, server_name_options
 from specserve.serving.validate import check_prompt_chars
@@ -71,6 +72,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if settings.suffix_cache_tokens > 0
             else None
         )
+        # Keeps the sessions this router drives alive on their target and draft (leases.py).
+        replicas = [(self.targets, lambda a: self._channel(a, settings.tls_target_name))]
+        if self.drafts is not None:
+            replicas.append((self.drafts, self.draft_channel))
+        self.leases = LeaseRenewer(replicas).start()
 
     def suffix_cache_for(self, owner: str) -> TenantCache | None:
         """The recent outputs a session of `owner` (a principal, "" without auth) may draft from: its
@@ -299,6 +305,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         )
 
     def close(self) -> None:
+        self.leases.close()
         for event in list(self._cancel_events.values()):
             event.set()
         self._workers.shutdown(wait=True, cancel_futures=True)

@@ -18,7 +18,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from services.router.placement import HeldReplica
 from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
@@ -29,17 +29,53 @@ from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import Drafter
 from specserve.core.suffix_drafter import SuffixDrafter
-from specserve.errors import SpecserveError
+from specserve.errors import Cancelled, SpecserveError
 from specserve.results import FinishReason, GenerationStats
 from specserve.serving import telemetry
 from specserve.serving.convert import stats_to_pb
-from specserve.serving.status import Cancelled
 from specserve.v1 import common_pb2, draft_pb2_grpc, router_pb2
 
 if TYPE_CHECKING:
-    from services.router.servicer import RouterServicer
+    import grpc
+
+    from services.router.placement import ReplicaSet
+    from services.router.remote import RoundTripMean
+    from services.router.state import SessionState
+    from services.router.tokenizer import RouterTokenizer
+    from specserve.core.request import RequestLimits
+    from specserve.core.suffix_drafter import TenantCache
+    from specserve.serving.metrics import RouterMetrics
+    from specserve.serving.settings import RouterServiceSettings
+    from specserve.v1 import target_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+
+class Router(Protocol):
+    """What a run uses of the router that started it: servicer.RouterServicer. Named here so that the
+    dependency points one way (servicer.py starts runs; this module never imports it)."""
+
+    settings: RouterServiceSettings
+    metrics: RouterMetrics
+    state: SessionState
+    targets: ReplicaSet
+    drafts: ReplicaSet | None  # None: no draft service
+    draft_round_trips: RoundTripMean
+
+    @property
+    def tokenizer(self) -> RouterTokenizer: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def limits(self) -> RequestLimits: ...
+
+    def suffix_cache_for(self, owner: str) -> TenantCache | None: ...
+
+    def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub: ...
+
+    def draft_channel(self, address: str) -> grpc.Channel: ...
 
 
 @dataclass
@@ -66,7 +102,7 @@ class Round:
 class SessionRun:
     def __init__(
         self,
-        router: RouterServicer,
+        router: Router,
         record: SessionRecord,
         generated: list[int],
         out: queue.Queue,
@@ -181,6 +217,7 @@ class SessionRun:
             is_cancelled=self.cancel.is_set,
             on_round=self._on_round,
             logprobs=self.logprobs,
+            keep_hidden_states=CATALOG[Method(self.record.request.method)].hidden_states,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:

@@ -11,10 +11,12 @@ import grpc
 
 from services.target.feed import kv_feed
 from services.target.sessions import SessionStore, TargetSession
-from specserve.core.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, path_logprobs, token_logprobs
+from specserve.core.logprobs import path_logprobs, token_logprobs
 from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.request import MAX_TOP_LOGPROBS
 from specserve.engine import Engine
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
+from specserve.results import TokenLogprob
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, logprobs_to_pb, sampling_from_pb, tree_from_pb
 from specserve.serving.metrics import TargetMetrics
@@ -99,6 +101,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             session = self.store.create(
                 request.session_id, request.capacity, len(request.token_ids) + 1, sampling
             )
+            if request.keep_hidden_states:
+                session.verifier.cache.keep_features()
             session.in_flight += 1
         try:
             if rebuild:
@@ -255,6 +259,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 list(request.layers),
                 self.settings.feed_chunk_positions,
                 context.is_active,
+                hidden_states=request.hidden_states,
             ):
                 size = chunk_payload_bytes(chunk)
                 self.metrics.kv_feed_bytes.inc(size)

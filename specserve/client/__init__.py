@@ -7,7 +7,8 @@
 
 Errors are the `specserve.errors` hierarchy (one base class, `SpecserveError`, with `InvalidArgument`,
 `NotFound`, `ResourceExhausted`, `DeadlineExceeded`, `Unavailable`, ...). A stream that breaks with
-UNAVAILABLE is resumed where it stopped (the session lives in Redis), up to `retries` times.
+UNAVAILABLE (a router restarting or gone) is resumed where it stopped, on any router (the session lives
+in Redis), for up to `retry_seconds` (30 s by default) since it last received anything.
 """
 
 from specserve.client.aio import AsyncClient

@@ -11,11 +11,12 @@ import grpc
 
 from specserve.client.common import (
     CHANNEL_OPTIONS,
-    RETRY_BACKOFF_SECONDS,
+    RETRY_SECONDS,
     Chunk,
     Collector,
     Completion,
     GenerateOptions,
+    RetryBudget,
     generate_request,
     to_chunk,
 )
@@ -29,8 +30,9 @@ class AsyncClient:
         self,
         address: str,
         *,
-        retries: int = 3,
-        token: str | None = None,  # as Client
+        retry_seconds: float = RETRY_SECONDS,  # as Client
+        retries: int | None = None,
+        token: str | None = None,
         tls: bool | None = None,
         tls_ca_file: str | None = None,
         tls_cert_file: str | None = None,
@@ -39,7 +41,7 @@ class AsyncClient:
         security = ClientSecurity.create(tls, tls_ca_file, tls_cert_file, tls_key_file, token)
         self.channel = open_aio_channel(address, CHANNEL_OPTIONS, security)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
-        self.retries = retries
+        self.retry_seconds, self.retries = retry_seconds, retries
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -57,17 +59,22 @@ class AsyncClient:
         request = generate_request(prompt, **options)
         deadline = None if timeout is None else time.monotonic() + timeout
         collector = Collector()
-        for attempt in range(self.retries + 1):
+        budget = RetryBudget(self.retry_seconds, self.retries)
+        resume = False
+        while True:
             try:
-                async for message in self._open(request, len(collector.token_ids), deadline, attempt > 0):
+                async for message in self._open(request, len(collector.token_ids), deadline, resume):
+                    budget.received()
                     chunk = collector.add(to_chunk(message))
                     if chunk is not None:
                         yield chunk
                 return
             except grpc.aio.AioRpcError as e:
-                if e.code() is not grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
+                delay = budget.delay(e.code() is grpc.StatusCode.UNAVAILABLE, deadline)
+                if delay is None:
                     raise error_from_rpc(e) from None
-                await asyncio.sleep(RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)])
+                await asyncio.sleep(delay)
+                resume = True
 
     async def _open(
         self, request: router_pb2.GenerateRequest, received: int, deadline: float | None, resume: bool

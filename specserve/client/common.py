@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -15,11 +17,22 @@ _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_CANCELLED: "cancelled",
 }
-RETRY_BACKOFF_SECONDS = (0.1, 0.3, 1.0, 2.0)
+# How long a stream keeps retrying UNAVAILABLE since it last received anything. A supervised router
+# is back within seconds (`specserve stack` restarts it after 1 s; it serves about 2 s later), and its
+# Resume may then wait up to 7 s for the dead router's Redis lease to expire (services/router/state.py):
+# 30 s covers that with room for a slower start or a second restart in its backoff.
+RETRY_SECONDS = 30.0
+RETRY_BACKOFF_SECONDS = (0.1, 0.25, 0.5, 1.0)  # the Nth retry in a row waits this long (the last after)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the services' default limit
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A channel whose server went away fails every call at once until its next connection attempt, which
+    # gRPC spaces 1, 1.6, 2.6, 4.1, ... up to 120 s apart: after a 5 s restart the retries above would
+    # find the channel still waiting for several seconds more. Attempts at most 1 s apart follow the
+    # router back as soon as it listens.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -57,6 +70,40 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     stats: dict[str, float]
+
+
+class RetryBudget:
+    """When a stream broken by UNAVAILABLE (a router restarting, going away, or waiting out a lease) is
+    retried: for up to `seconds` since it last received a message, at most `max_retries` times in a row
+    (None: the time alone counts), never past the generation's own deadline. Each retry resumes the
+    session where the stream stopped, so the budget restarts with every message received."""
+
+    def __init__(self, seconds: float, max_retries: int | None = None) -> None:
+        self.seconds, self.max_retries = seconds, max_retries
+        self._since: float | None = None  # the first failure since the last message
+        self._in_a_row = 0
+
+    def received(self) -> None:
+        self._since, self._in_a_row = None, 0
+
+    def delay(self, unavailable: bool, deadline: float | None) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up (the error goes to the caller)."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if not unavailable or (self.max_retries is not None and self._in_a_row >= self.max_retries):
+            return None
+        left = self.seconds - (now - self._since)
+        if left <= 0:
+            return None
+        backoff = RETRY_BACKOFF_SECONDS[min(self._in_a_row, len(RETRY_BACKOFF_SECONDS) - 1)]
+        # Jitter: clients that lost the same router do not all come back in the same instant. The last
+        # attempt is made as the budget ends.
+        wait = min(backoff * random.uniform(0.8, 1.2), left)
+        if deadline is not None and now + wait >= deadline:
+            return None
+        self._in_a_row += 1
+        return wait
 
 
 class GenerateOptions(TypedDict, total=False):

@@ -10,11 +10,12 @@ import grpc
 
 from specserve.client.common import (
     CHANNEL_OPTIONS,
-    RETRY_BACKOFF_SECONDS,
+    RETRY_SECONDS,
     Chunk,
     Collector,
     Completion,
     GenerateOptions,
+    RetryBudget,
     generate_request,
     to_chunk,
 )
@@ -28,7 +29,8 @@ class Client:
         self,
         address: str,
         *,
-        retries: int = 3,
+        retry_seconds: float = RETRY_SECONDS,  # how long a broken stream is retried (RetryBudget)
+        retries: int | None = None,  # and at most this many times in a row (None: the time alone counts)
         channel: grpc.Channel | None = None,
         token: str | None = None,  # bearer token for a router with auth on
         tls: bool | None = None,  # TLS with the system's roots (implied by any tls_* file)
@@ -39,7 +41,7 @@ class Client:
         security = ClientSecurity.create(tls, tls_ca_file, tls_cert_file, tls_key_file, token)
         self.channel = channel or open_channel(address, CHANNEL_OPTIONS, security)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
-        self.retries = retries
+        self.retry_seconds, self.retries = retry_seconds, retries
 
     def __enter__(self) -> Client:
         return self
@@ -55,22 +57,27 @@ class Client:
     ) -> Iterator[Chunk]:
         """Yields chunks as tokens are accepted (`options`: `GenerateOptions`). `timeout` is the whole
         generation's deadline (seconds); when it passes, the router frees the session and
-        DeadlineExceeded is raised."""
+        DeadlineExceeded is raised. A stream broken by UNAVAILABLE resumes where it stopped, on the
+        same router restarted or another, for up to `retry_seconds` (the chunks go on seamlessly)."""
         request = generate_request(prompt, **options)
         deadline = None if timeout is None else time.monotonic() + timeout
         collector = Collector()
-        for attempt in range(self.retries + 1):
+        budget = RetryBudget(self.retry_seconds, self.retries)
+        resume = False
+        while True:
             try:
-                for message in self._open(request, len(collector.token_ids), deadline, resume=attempt > 0):
+                for message in self._open(request, len(collector.token_ids), deadline, resume):
+                    budget.received()
                     chunk = collector.add(to_chunk(message))
                     if chunk is not None:
                         yield chunk
                 return
             except grpc.RpcError as e:
-                error = error_from_rpc(e)
-                if e.code() is not grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
-                    raise error from None
-                time.sleep(RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)])
+                delay = budget.delay(e.code() is grpc.StatusCode.UNAVAILABLE, deadline)
+                if delay is None:
+                    raise error_from_rpc(e) from None
+                time.sleep(delay)
+                resume = True
 
     def _open(
         self, request: router_pb2.GenerateRequest, received: int, deadline: float | None, resume: bool

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specserve.errors import InvalidArgument
 
@@ -56,6 +56,9 @@ class CostModel:
     verify_points: tuple[tuple[int, float], ...]  # (num_nodes, seconds), num_nodes increasing
     draft_step_s: float
     draft_overhead_s: float = 0.0
+    # Other drafts' (kind, step seconds, overhead seconds), e.g. the hidden-state draft's ("eagle", ...);
+    # draft_step_s / draft_overhead_s are the GliDe draft's.
+    other_drafts: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         sizes = [n for n, _ in self.verify_points]
@@ -76,6 +79,14 @@ class CostModel:
         (n0, s0), (n1, s1) = points[-2], points[-1]
         return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (num_nodes - n1)
 
+    def for_draft(self, kind: str) -> CostModel:
+        """The same costs with `kind`'s draft step; unchanged where that draft was never measured (a
+        calibration written before it existed: drafts of one decoder layer cost about the same)."""
+        for name, step, overhead in self.other_drafts:
+            if name == kind:
+                return replace(self, draft_step_s=step, draft_overhead_s=overhead)
+        return self
+
     def round_s(self, num_spine: int, num_nodes: int) -> float:
         overhead = self.draft_overhead_s if num_spine > 0 else 0.0
         return overhead + self.draft_step_s * num_spine + self.verify_s(num_nodes)
@@ -85,6 +96,7 @@ class CostModel:
             "verify_s": {str(n): s for n, s in self.verify_points},
             "draft_step_s": self.draft_step_s,
             "draft_overhead_s": self.draft_overhead_s,
+            **({"other_drafts": {k: [s, o] for k, s, o in self.other_drafts}} if self.other_drafts else {}),
         }
 
     @classmethod
@@ -92,7 +104,11 @@ class CostModel:
         try:
             points = sorted((int(n), float(s)) for n, s in data["verify_s"].items())
             overhead = float(data.get("draft_overhead_s", 0.0))  # files written before it was measured
-            return cls(tuple(points), float(data["draft_step_s"]), overhead)
+            others = tuple(
+                (str(kind), float(step), float(over))
+                for kind, (step, over) in data.get("other_drafts", {}).items()
+            )
+            return cls(tuple(points), float(data["draft_step_s"]), overhead, others)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InvalidArgument(f"not a cost calibration: {e}") from None
 

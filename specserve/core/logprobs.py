@@ -4,25 +4,19 @@ What OpenAI-style `logprobs` report: the log-softmax of the raw logits (before t
 top-p), so a token's figure does not depend on how it was sampled. A verify forward over a tree has one
 logits row per node; the token committed after node i is scored on row i. For an accepted path
 [0, a1, a2] followed by next_token t, the rows are [0, a1, a2] and the tokens [tree[a1], tree[a2], t].
+
+The target computes them here; what the router handles of them is torch-free: the bound in
+core/request.py, the result type (`TokenLogprob`) in results.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the router imports the bound below and has no torch
-    import torch
+import torch
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+from specserve.core.request import MAX_TOP_LOGPROBS
+from specserve.results import TokenLogprob
 
 
 def token_logprobs(
@@ -35,8 +29,6 @@ def token_logprobs(
         raise ValueError(f"num_top must be in [0, {MAX_TOP_LOGPROBS}], got {num_top}")
     if not rows:
         return []
-    import torch
-
     logprobs = torch.log_softmax(logits[list(rows)].float(), dim=-1)  # [K, V]
     chosen = logprobs.gather(1, torch.tensor(list(token_ids), device=logprobs.device)[:, None])[:, 0]
     top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from specserve.catalog import CATALOG, DEFAULT_METHOD, Method
-from specserve.core.logprobs import MAX_TOP_LOGPROBS
 from specserve.core.rng import fresh_seed
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument
@@ -30,6 +29,7 @@ MAX_STOP_STRING_CHARS = 256
 MAX_TEMPERATURE = 100.0  # beyond this every distribution is uniform to float precision anyway
 MAX_TOP_K = 2**31 - 1  # the wire's int32
 MAX_SEED = 2**63  # seeds are in [0, 2**63): what torch's generators and the wire's uint64 both hold
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 class InvalidField(InvalidArgument):

@@ -4,9 +4,9 @@ The GliDe draft was trained by `specserve train-draft`, then distilled further o
 answers (`python -m specserve.training.distill`, see docs/training.md); the vanilla ablation by
 `specserve train-draft` alone.
 
-Each subdirectory is a draft saved by `specserve.glide.save_glide` (config.json + model.safetensors,
-bf16), with training.json (the exact settings, data manifest and time) and training.png beside it.
-They are used only when the target is the default model: a draft is trained for one target.
+Each subdirectory is a draft saved by `specserve.glide.save_glide` or, for the hidden-state draft,
+`specserve.eagle.model.save_eagle` (config.json + model.safetensors, bf16), with training.json (the
+exact settings, data manifest and time) and training.png beside it. They are used only when the target is the default model: a draft is trained for one target.
 The stopper directory holds the `decision` policy's small MLP (model.safetensors + stopper.json).
 """
 
@@ -22,6 +22,7 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 class DraftKind(StrEnum):
     GLIDE = "glide"  # cross-attends to the target's KV
     VANILLA = "vanilla"  # the same block without cross-attention: the ablation
+    EAGLE = "eagle"  # reads the target's final hidden states (specserve/eagle)
 
 
 def shipped_draft_dir(kind: DraftKind) -> Path | None:

@@ -96,7 +96,7 @@ class GlideConfig:
 
         `target_config` is a Hugging Face Llama-style config; `overrides` replace any field.
         """
-        rope_theta = _rope_theta(target_config)
+        rope_theta = target_rope_theta(target_config)
         num_heads = target_config.num_attention_heads
         num_kv_heads = getattr(target_config, "num_key_value_heads", None) or num_heads
         head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // num_heads
@@ -156,7 +156,7 @@ def spread_target_layers(num_blocks: int, num_target_layers: int) -> tuple[int, 
     return tuple(max(0, round((i + 1) * num_target_layers / num_blocks) - 1) for i in range(num_blocks))
 
 
-def _rope_theta(target_config: Any) -> float:
+def target_rope_theta(target_config: Any) -> float:
     """transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs in `rope_theta`."""
     params = getattr(target_config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")

@@ -22,15 +22,14 @@ from typing import Protocol
 
 import torch
 
-from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
-from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.cape import CapeSettings
+from specserve.core.protocols import DraftTree
 from specserve.core.sampling_params import GREEDY, SamplingParams
-from specserve.core.stopping import CostPolicy
-from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.errors import FailedPrecondition
 from specserve.glide.batch import GlideSegment, glide_batcher
 from specserve.glide.model import GlideDraft, TargetKV, cross_mask_from_lengths, trained_cross_lengths
 from specserve.runtime.batching import batched_call
-from specserve.runtime.drafter import DraftShape, SpineDrafter, common_prefix_length, spine_cap
+from specserve.runtime.drafter import DraftShape, WidthDrafter, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
 
 
@@ -42,7 +41,7 @@ class TargetKVSource(Protocol):
         ...
 
 
-class GlideDrafter(SpineDrafter):
+class GlideDrafter(WidthDrafter):
     def __init__(
         self,
         model: GlideDraft,
@@ -54,15 +53,9 @@ class GlideDrafter(SpineDrafter):
     ) -> None:
         """shape: depth, and fixed widths for non-CaPE trees (default: a chain of 4); cape: widths by
         confidence instead (then shape.widths must be empty; CaPE's candidates are fixed)."""
-        shape = shape or DraftShape(depth=4)
-        if cape is not None and shape.widths:
-            raise InvalidArgument("CaPE chooses the widths; give DraftShape only a depth")
-        super().__init__(shape, sampling, CandidateKind.FIXED if cape is not None else shape.sampled_kind)
-        if isinstance(self.stop_policy, CostPolicy):
-            self.stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
+        super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
         self.model = model
         self.target_kv = target_kv
-        self.cape = cape
         self.device = next(model.parameters()).device
         self.cache = PositionalKVCache(model.config.num_layers, capacity)  # the draft's self-attention KV
         self._cached_ids: list[int] = []  # committed tokens (never the root) whose KV `cache` holds
@@ -92,17 +85,6 @@ class GlideDrafter(SpineDrafter):
             return self._width(depth_index, logits, num_nodes, max_depth)
 
         return self._grow(token_ids, logits, width_at, advance, generator)
-
-    def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int, max_depth: int) -> int:
-        """max_depth: this round's spine cap. CaPE reserves one node per depth still to come under it; a
-        policy that stops earlier leaves those nodes unused rather than let the tree outgrow its budget."""
-        if self.cape is None:
-            width = self.shape.width(depth_index)
-        else:
-            width = cape_width(draft_confidence(logits), self.cape.bins)
-            depths_after = max_depth - depth_index - 1
-            width = fit_width(width, num_nodes, depths_after, self.cape.max_tree_nodes)
-        return min(width, self.model.config.head_vocab_size)  # a reduced head scores no more tokens
 
     def _sync(self, token_ids: Sequence[int], target_kv: Sequence[TargetKV]) -> torch.Tensor:
         """Encodes the committed tokens the cache lacks and the root; returns the logits after the root."""

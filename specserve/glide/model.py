@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -119,8 +119,23 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).flatten(2)
 
 
+class LayerShape(Protocol):
+    """What a Llama-style self-attention and MLP need to know (GlideConfig and EagleConfig both say it)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, config: GlideConfig) -> None:
+    def __init__(self, config: LayerShape) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
@@ -177,7 +192,7 @@ class CrossAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config: GlideConfig) -> None:
+    def __init__(self, config: LayerShape) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -234,18 +249,7 @@ class GlideDraft(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.head_vocab_size, bias=False)
         if config.draft_vocab_size is not None:
             ids = torch.arange(config.draft_vocab_size) if draft_token_ids is None else draft_token_ids
-            self._set_draft_vocab(ids)
-
-    def _set_draft_vocab(self, draft_token_ids: torch.Tensor) -> None:
-        ids = draft_token_ids.long().flatten()  # [V_draft]
-        if len(ids) != self.config.draft_vocab_size or len(set(ids.tolist())) != len(ids):
-            raise InvalidArgument(f"draft_token_ids must hold {self.config.draft_vocab_size} distinct ids")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
-            raise InvalidArgument("draft_token_ids must be ids of the target vocabulary")
-        index = torch.full((self.config.vocab_size,), -100, dtype=torch.long)  # [V]; -100 = outside
-        index[ids] = torch.arange(len(ids))
-        self.register_buffer("draft_token_ids", ids)  # saved: the id map belongs to the trained head
-        self.register_buffer("draft_index", index, persistent=False)  # derived, for the loss
+            register_draft_vocab(self, ids, config.draft_vocab_size, config.vocab_size)
 
     def forward(
         self,
@@ -285,8 +289,7 @@ class GlideDraft(nn.Module):
         scores = self.draft_logits(hidden)  # [..., V_draft]
         if self.config.draft_vocab_size is None:
             return scores
-        full = scores.new_full((*scores.shape[:-1], self.config.vocab_size), float("-inf"))  # [..., V]
-        return full.index_copy(-1, self.draft_token_ids, scores)
+        return scatter_to_vocab(scores, self.draft_token_ids, self.config.vocab_size)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy. hidden: [B, S, H], labels: [B, S] full ids (-100 = ignore).
@@ -306,6 +309,33 @@ class GlideDraft(nn.Module):
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+# --- a reduced LM head: the draft scores its most frequent tokens only ----------------------------
+
+
+def register_draft_vocab(
+    module: nn.Module, draft_token_ids: torch.Tensor, size: int, vocab_size: int
+) -> None:
+    """Checks a reduced head's id map ([size] distinct target ids) and registers it on `module`:
+    `draft_token_ids` (saved: the map belongs to the trained head) and `draft_index` ([V], the head row
+    of each target id, -100 outside; derived, for the losses)."""
+    ids = draft_token_ids.long().flatten()  # [V_draft]
+    if len(ids) != size or len(set(ids.tolist())) != len(ids):
+        raise InvalidArgument(f"draft_token_ids must hold {size} distinct ids")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise InvalidArgument("draft_token_ids must be ids of the target vocabulary")
+    index = torch.full((vocab_size,), -100, dtype=torch.long)  # [V]; -100 = outside
+    index[ids] = torch.arange(len(ids))
+    module.register_buffer("draft_token_ids", ids)
+    module.register_buffer("draft_index", index, persistent=False)
+
+
+def scatter_to_vocab(scores: torch.Tensor, draft_token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[..., V_draft] head scores -> [..., V] over the target's vocabulary, -inf outside the head, so no
+    rule ever picks such a token and the target's verification stays exact."""
+    full = scores.new_full((*scores.shape[:-1], vocab_size), float("-inf"))  # [..., V]
+    return full.index_copy(-1, draft_token_ids, scores)
 
 
 # --- which target positions each draft query may see --------------------------------------------

@@ -144,6 +144,10 @@ class NativeDecoder:
             hidden = hidden + mlp.down_proj(F.silu(gate) * up)
         return hidden
 
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[M, H] hidden states before the final norm -> after it (what the LM head reads)."""
+        return self._rms_norm(hidden, self.norm)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, H] hidden states (before the final norm) -> [M, V] logits."""
-        return self.lm_head(self._rms_norm(hidden, self.norm))
+        return self.lm_head(self.final_norm(hidden))

@@ -15,11 +15,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
+    CostPolicy,
     DraftStep,
     RoundPolicy,
     StopPolicy,
@@ -142,6 +144,34 @@ class SpineDrafter(PolicyDrafter):
             generator,
             self.stop_policy,
         )
+
+
+class WidthDrafter(SpineDrafter):
+    """A SpineDrafter whose trees have the shape's fixed widths, or CaPE's widths by the draft's
+    confidence (then the candidates are fixed, so the verifier needs no q): GlideDrafter, EagleDrafter.
+    `head_size`: how many tokens the draft's head can score (a reduced head scores no more)."""
+
+    def __init__(
+        self, shape: DraftShape, cape: CapeSettings | None, sampling: SamplingParams, head_size: int
+    ) -> None:
+        if cape is not None and shape.widths:
+            raise InvalidArgument("CaPE chooses the widths; give DraftShape only a depth")
+        super().__init__(shape, sampling, CandidateKind.FIXED if cape is not None else shape.sampled_kind)
+        if isinstance(self.stop_policy, CostPolicy):
+            self.stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
+        self.cape = cape
+        self.head_size = head_size
+
+    def _width(self, depth_index: int, logits: torch.Tensor, num_nodes: int, max_depth: int) -> int:
+        """max_depth: this round's spine cap. CaPE reserves one node per depth still to come under it; a
+        policy that stops earlier leaves those nodes unused rather than let the tree outgrow its budget."""
+        if self.cape is None:
+            width = self.shape.width(depth_index)
+        else:
+            width = cape_width(draft_confidence(logits), self.cape.bins)
+            depths_after = max_depth - depth_index - 1
+            width = fit_width(width, num_nodes, depths_after, self.cape.max_tree_nodes)
+        return min(width, self.head_size)
 
 
 class ModelDrafter(SpineDrafter):

@@ -81,12 +81,58 @@ class PositionalLayer(CacheLayerMixin):
         self.length = 0
 
 
+class FeatureBuffer:
+    """Per position, the model's final hidden state after its last norm (what its LM head reads): the
+    input of a hidden-state draft (specserve/eagle). Positions follow the cache's: written by the
+    forward that writes their K/V, kept or dropped with them by `commit_path` and `truncate`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.allocated = 0
+        self.length = 0
+        self.states = torch.empty(0)  # [1, allocated, H] once written
+
+    def update(self, states: torch.Tensor) -> None:
+        """states: [n, H] for positions [length, length + n)."""
+        end = self.length + states.shape[0]
+        if end > self.capacity:
+            raise ResourceExhausted(f"KV cache full: {end} positions needed, capacity {self.capacity}")
+        if end > self.allocated:
+            size = min(self.capacity, max(end, 2 * self.allocated, MIN_ALLOCATION))
+            grown = states.new_zeros((1, size, states.shape[-1]))  # [1, size, H]
+            if self.allocated:
+                grown[:, : self.allocated] = self.states
+            self.states, self.allocated = grown, size
+        self.states[0, self.length : end] = states
+        self.length = end
+
+    def committed(self) -> torch.Tensor:
+        """[1, length, H], a view."""
+        return self.states[:, : self.length]
+
+
 class PositionalKVCache(Cache):
     def __init__(self, num_layers: int, capacity: int) -> None:
         # The same layers as the base class's `layers`, typed as what they are.
         self.positional_layers = tuple(PositionalLayer(capacity) for _ in range(num_layers))
         super().__init__(layers=list(self.positional_layers))
         self.capacity = capacity
+        # The final hidden states of every position, kept only for a session whose draft reads them.
+        self.features: FeatureBuffer | None = None
+
+    def keep_features(self) -> None:
+        """From now on forwards also store each position's final hidden state (before any is written:
+        a buffer started late would lack the positions before it)."""
+        if self.features is None:
+            if self.length:
+                raise ValueError("keep_features must be asked for before the first forward")
+            self.features = FeatureBuffer(self.capacity)
+
+    def hidden_states(self) -> torch.Tensor:
+        """[1, length, H] final hidden states of the committed positions (a view); needs keep_features."""
+        if self.features is None:
+            raise ValueError("this cache keeps no hidden states (keep_features)")
+        return self.features.states[:, : min(self.length, self.features.length)]
 
     @property
     def allocated(self) -> int:
@@ -106,6 +152,8 @@ class PositionalKVCache(Cache):
     def truncate(self, length: int) -> None:
         for layer in self.positional_layers:
             layer.length = length
+        if self.features is not None:
+            self.features.length = min(length, self.features.length)
 
     @torch.inference_mode()  # the buffers were created inside the model's inference-mode forward
     def commit_path(self, start: int, node_indices: Sequence[int]) -> None:
@@ -120,6 +168,9 @@ class PositionalKVCache(Cache):
                 dst = slice(start, start + len(node_indices))
                 layer.keys[:, :, dst] = layer.keys.index_select(2, src)
                 layer.values[:, :, dst] = layer.values.index_select(2, src)
+            if self.features is not None:
+                states = self.features.states
+                states[:, start : start + len(node_indices)] = states.index_select(1, src)
         self.truncate(start + len(node_indices))
 
     def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,12 +169,31 @@ def forward_ragged(
         bounds.append((start, start + n))
         keep.extend([start + n - 1] if segment.last_only else range(start, start + n))
         start += n
+    featured = [s.cache.features is not None for s in segments]
     if native is not None:
         hidden = native.forward(segments, masks)  # [N, H]
-        return _split_logits(native.logits(hidden[keep]).float(), segments)  # logits of kept rows [K, V]
+        if not any(featured):
+            return _split_logits(native.logits(hidden[keep]).float(), segments)  # kept rows' logits [K, V]
+        normed = native.final_norm(hidden)  # [N, H]
+        _store_features(segments, bounds, featured, normed)
+        return _split_logits(native.lm_head(normed[keep]).float(), segments)
     plan = _Plan(segments, bounds, masks)
     input_ids = torch.tensor([[t for s in segments for t in s.token_ids]], device=device)  # [1, N]
     positions = torch.cat([s.positions.to(device) for s in segments])[None]  # [1, N]
+    if any(featured):
+        # The base model's last hidden state is the normed one its LM head reads.
+        base = model.get_decoder()(
+            input_ids=input_ids,
+            attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
+            position_ids=positions,
+            past_key_values=_RaggedCache(plan, model.config.num_hidden_layers),
+            use_cache=True,
+            **{PLAN_KWARG: plan},
+        )
+        normed = base.last_hidden_state[0]  # [N, H]
+        _store_features(segments, bounds, featured, normed)
+        head = cast(torch.nn.Module, model.get_output_embeddings())
+        return _split_logits(head(normed[keep]).float(), segments)
     out = model(
         input_ids=input_ids,
         # A 4D mask is taken as given, so transformers builds none; the plan carries the real ones.
@@ -186,6 +205,19 @@ def forward_ragged(
         **{PLAN_KWARG: plan},
     )
     return _split_logits(out.logits[0].float(), segments)
+
+
+def _store_features(
+    segments: Sequence[Segment],
+    bounds: Sequence[tuple[int, int]],
+    featured: Sequence[bool],
+    normed: torch.Tensor,  # [N, H] final hidden states after the last norm
+) -> None:
+    """Each segment that keeps features gets its tokens' states at the positions their K/V took."""
+    for segment, (start, end), wanted in zip(segments, bounds, featured, strict=True):
+        if wanted:
+            assert segment.cache.features is not None
+            segment.cache.features.update(normed[start:end])
 
 
 def _split_logits(logits: torch.Tensor, segments: Sequence[Segment]) -> list[torch.Tensor]:

@@ -172,13 +172,17 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         return within(handler, lambda request, context: as_caller(caller))
 
 
+# The HTTP paths that need no token: the liveness probe's and the playground page (which then asks for one).
+OPEN_PATHS = ("/health", "/")
+
+
 class BearerTokenASGI:
     """The same tokens for an ASGI app (the router's HTTP API, where OpenAI clients send their API key
     as the bearer token): 401 in OpenAI's error shape without a valid one, the caller's principal set
     for the request otherwise (so HTTP sessions are bound to their creator too). `open_paths` (health,
     the playground page) need no token."""
 
-    def __init__(self, app: Any, tokens: TokenSet, open_paths: tuple[str, ...] = ("/health", "/")) -> None:
+    def __init__(self, app: Any, tokens: TokenSet, open_paths: tuple[str, ...] = OPEN_PATHS) -> None:
         self.app = app
         self.tokens = tokens
         self.open_paths = open_paths

@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 import re
 
-from specserve.core.logprobs import TokenLogprob
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument, quoted
-from specserve.results import FinishReason, GenerationStats
+from specserve.results import FinishReason, GenerationStats, TokenLogprob
 from specserve.v1 import common_pb2, router_pb2, target_pb2
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the whole id (fullmatch: "$" would let "id\n" in)

@@ -24,11 +24,17 @@ from prometheus_client import CollectorRegistry
 
 from specserve.serving import tls
 from specserve.serving.auth import TokenAuthInterceptor, TokenSet
-from specserve.serving.idle import ActivityInterceptor, IdleSessions
+from specserve.serving.expiry import (
+    LEASE_SERVICE_NAME,
+    ActivityInterceptor,
+    SessionExpiry,
+    SessionLeaseServicer,
+)
 from specserve.serving.metrics import serve_metrics
 from specserve.serving.settings import ServerSettings
 from specserve.serving.status import ErrorInterceptor
 from specserve.serving.telemetry import server_interceptors
+from specserve.v1 import lease_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +91,19 @@ def start_server(
     service_names: tuple[str, ...],  # fully qualified, e.g. "specserve.v1.TargetService"
     registry: CollectorRegistry | None = None,
     on_stop: Callable[[], None] | None = None,
-    release_session: Callable[[str], object] | None = None,  # with settings.session_idle_seconds
+    # A service with sessions: they expire by settings.session_lease_seconds and session_idle_seconds
+    # (serving/expiry.py), and the service serves SessionLeaseService for the router's renewals.
+    release_session: Callable[[str], object] | None = None,
 ) -> RunningServer:
-    idle_seconds = getattr(settings, "session_idle_seconds", 0)
-    idle = IdleSessions(idle_seconds, release_session) if release_session and idle_seconds else None
-    activity = [ActivityInterceptor(idle)] if idle is not None else []
+    expiry = None
+    if release_session is not None:
+        expiry = SessionExpiry(
+            getattr(settings, "session_idle_seconds", 0.0),
+            release_session,
+            lease_seconds=getattr(settings, "session_lease_seconds", 0.0),
+        )
+        service_names = (*service_names, LEASE_SERVICE_NAME)
+    activity = [ActivityInterceptor(expiry)] if expiry is not None and expiry.enabled else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.num_worker_threads),
         interceptors=[
@@ -104,6 +118,8 @@ def start_server(
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
     add_servicers(server)
+    if expiry is not None:
+        lease_pb2_grpc.add_SessionLeaseServiceServicer_to_server(SessionLeaseServicer(expiry), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if settings.reflection:
@@ -136,12 +152,12 @@ def start_server(
             if main_on_stop is not None:
                 main_on_stop()
 
-    if idle is not None:
-        idle.start()
+    if expiry is not None:
+        expiry.start()
         previous_on_stop = on_stop
 
         def on_stop() -> None:
-            idle.close()
+            expiry.close()
             if previous_on_stop is not None:
                 previous_on_stop()
 

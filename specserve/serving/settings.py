@@ -72,6 +72,18 @@ class ServerSettings:
         return self
 
 
+# The router renews leases every third of a lease and at least every 2 s (services/router/leases.py): a
+# shorter lease would leave too little room for a renewal that is late.
+MIN_LEASE_SECONDS = 3.0
+
+
+def _check_expiry(lease_seconds: float, idle_seconds: float) -> None:
+    if lease_seconds != 0 and not lease_seconds >= MIN_LEASE_SECONDS:
+        raise InvalidArgument(f"session_lease_seconds must be 0 (off) or >= {MIN_LEASE_SECONDS:.0f}")
+    if idle_seconds < 0:
+        raise InvalidArgument("session_idle_seconds must be >= 0")
+
+
 @dataclass(frozen=True)
 class TargetServiceSettings(ServerSettings):
     """The target service: sessions' KV caches under a budget, verification, the KV feed."""
@@ -98,8 +110,11 @@ class TargetServiceSettings(ServerSettings):
     prefill_chunk_tokens: int = 256
     max_queued_requests: int = 256
     batch_wait_ms: float = 20.0
-    # A session no Prefill or Verify touched for this long is released (its router died or moved on;
-    # a router that comes back rebuilds it from the history in Redis). 0 = never.
+    # Session expiry (serving/expiry.py), each 0 = never. A session whose lease lapsed (no call and no
+    # renewal from its router's heartbeat for this long: the router died) is released; so is one no
+    # Prefill or Verify touched for session_idle_seconds (a router that holds it but no longer drives
+    # it). A router that resumes it later rebuilds it from the history in Redis.
+    session_lease_seconds: float = 15.0
     session_idle_seconds: float = 600.0
     # With mutual TLS, the certificate common names allowed to call (serving/tls.py): the router for
     # everything but the KV feed, which only the draft may read (it carries every session's KV).
@@ -116,8 +131,7 @@ class TargetServiceSettings(ServerSettings):
             )
         if self.batch_wait_ms < 0:
             raise InvalidArgument("batch_wait_ms must be >= 0")
-        if self.session_idle_seconds < 0:
-            raise InvalidArgument("session_idle_seconds must be >= 0")
+        _check_expiry(self.session_lease_seconds, self.session_idle_seconds)
         return self
 
 
@@ -140,7 +154,9 @@ class DraftServiceSettings(ServerSettings):
     # The only targets the draft subscribes to (host:port, as the router names them): a Prefill or
     # Propose naming any other address is refused, so a caller cannot make the draft dial out.
     target_addresses: tuple[str, ...] = ("localhost:50051",)  # env: comma-separated host:port
-    session_idle_seconds: float = 600.0  # a session no RPC touched for this long is released; 0 = never
+    # As the target's: released when its lease lapsed (its router died) or idle (no call) for so long.
+    session_lease_seconds: float = 15.0
+    session_idle_seconds: float = 600.0
     tls_allowed_clients: tuple[str, ...] = ("specserve-router",)  # with mutual TLS: who may call
     tls_target_name: str = ""  # the name on the targets' certificates ("" = the address's host)
 
@@ -150,8 +166,7 @@ class DraftServiceSettings(ServerSettings):
             raise InvalidArgument("max_sessions must be >= 1 and kv_wait_seconds > 0")
         if not self.target_addresses:
             raise InvalidArgument("target_addresses must name at least one target service")
-        if self.session_idle_seconds < 0:
-            raise InvalidArgument("session_idle_seconds must be >= 0")
+        _check_expiry(self.session_lease_seconds, self.session_idle_seconds)
         return self
 
 

@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from specserve.errors import (
+    Cancelled,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -44,16 +45,9 @@ _FROM_GRPC: dict[grpc.StatusCode, type[SpecserveError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.CANCELLED: Unavailable,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
-
-
-class Cancelled(SpecserveError):
-    """The call was cancelled (by the client, or by the server shutting down)."""
-
-    code = StatusCode.UNAVAILABLE
 
 
 def error_from_rpc(error: grpc.RpcError, what: str = "") -> SpecserveError:
@@ -63,7 +57,10 @@ def error_from_rpc(error: grpc.RpcError, what: str = "") -> SpecserveError:
     code = error.code() if is_call else grpc.StatusCode.UNKNOWN
     details = error.details() if is_call else str(error)
     if code is grpc.StatusCode.CANCELLED:
-        return Cancelled(f"{what}: cancelled" if what else "cancelled")
+        # A Cancelled like the one this process's own caller causes (the router ends the session as
+        # cancelled), but passed on to that caller it reads UNAVAILABLE: a server that stops cancels its
+        # calls, and clients retry UNAVAILABLE.
+        return Cancelled(f"{what}: cancelled" if what else "cancelled", code=StatusCode.UNAVAILABLE)
     cls = _FROM_GRPC.get(code, SpecserveError)
     return cls(f"{what}: {details}" if what else str(details))
 

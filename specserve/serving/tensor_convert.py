@@ -81,4 +81,4 @@ def kv_from_bytes(
 
 
 def chunk_payload_bytes(chunk: target_pb2.KVChunk) -> int:
-    return sum(len(layer.keys) + len(layer.values) for layer in chunk.layers)
+    return sum(len(layer.keys) + len(layer.values) for layer in chunk.layers) + len(chunk.hidden_states)

@@ -17,20 +17,28 @@ from typing import Any
 
 import torch
 
+from specserve.eagle.model import EagleDraft, save_eagle
 from specserve.glide.model import GlideDraft, save_glide
 
 STATE, OPTIMIZER = "state.json", "optimizer.safetensors"
 
 
 def save_checkpoint(
-    root: Path, model: GlideDraft, optimizer: torch.optim.Optimizer, state: dict[str, Any], keep: int = 2
+    root: Path,
+    model: GlideDraft | EagleDraft,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep: int = 2,
 ) -> Path:
     from safetensors.torch import save_file
 
     final = Path(root) / f"step-{state['step']:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_glide(model, tmp)
+    if isinstance(model, EagleDraft):
+        save_eagle(model, tmp)
+    else:
+        save_glide(model, tmp)
     opt_state = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, Any] = {}
@@ -56,7 +64,9 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model: GlideDraft, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, model: GlideDraft | EagleDraft, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
     """Restores weights and optimizer moments in place; returns the saved state (step, epoch, ...)."""
     from safetensors.torch import load_file
 

@@ -32,6 +32,7 @@ from specserve.training.settings import DataSettings
 DONE = "_DONE"
 ANSWERS, FEATURES, COUNTS, MANIFEST = "answers", "features", "token_counts.safetensors", "manifest.json"
 Log = Callable[[str], None]
+RAY_START_ATTEMPTS = 3
 
 
 def init_ray(num_cpus: int | None = None) -> None:
@@ -46,7 +47,16 @@ def init_ray(num_cpus: int | None = None) -> None:
         # Ray waits 30 s for its GCS server to bind a port; on 2 busy cores that once took longer (a CI
         # run), so allow Ray's own operator override a longer default, as Ray does for slow GCS back ends.
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True)
+        # The raylet's registration wait is a fixed 30 s inside Ray with no override; on 2 cores busy with
+        # other work it has run out (a CI run). A fresh start after a clean shutdown then succeeds.
+        for attempt in range(RAY_START_ATTEMPTS):
+            try:
+                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True)
+                return
+            except Exception as e:
+                if "timed out during startup" not in str(e) or attempt == RAY_START_ATTEMPTS - 1:
+                    raise
+                ray.shutdown()
 
 
 def build_training_data(settings: DataSettings, log: Log = print) -> Path:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from specserve.eagle.model import EagleDraft, build_eagle, load_eagle, save_eagle
 from specserve.glide.config import GlideConfig, spread_target_layers
 from specserve.glide.model import (
     GlideDraft,
@@ -36,8 +36,10 @@ from specserve.glide.model import (
     frequency_ranked_ids,
     save_glide,
 )
-from specserve.training.features import IGNORE
+from specserve.training.eagle import eagle_step_loss
+from specserve.training.features import pad_rows, teacher_forced
 from specserve.training.generation import ANSWERS, INSTRUCT, Rows
+from specserve.training.kd import kd_loss
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -45,35 +47,8 @@ if TYPE_CHECKING:
     from specserve.models.loading import CausalLM
 
 FEATURES, CHECKPOINTS, LOG, SUMMARY = "features", "checkpoints", "training_log.jsonl", "training.json"
+RUN = "run.json"  # written when a run starts: its kind, batch size and data
 DEFAULT_BLOCKS = 2  # a draft trained from scratch: two blocks, reading layers spread through the target
-
-# --- the loss --------------------------------------------------------------------------------------------
-
-
-def kd_loss(
-    scores: torch.Tensor,  # [N, V_draft] draft logits
-    topk_index: torch.Tensor,  # [N, K] the target's top-k as draft-head indices; -1 = outside the head
-    topk_probs: torch.Tensor,  # [N, K] the target's probabilities of those tokens
-    labels: torch.Tensor,  # [N] the target's argmax as a draft-head index; IGNORE = no loss
-    kd_weight: float = 1.0,
-    ce_weight: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (loss, kl, ce). KL(p || q) with p the target's top-k renormalised over the tokens the head can
-    score, q the draft's softmax over its head; averaged over positions with any such token. CE against
-    the argmax, averaged over positions whose label the head can score."""
-    log_q = F.log_softmax(scores.float(), dim=-1)  # [N, V_draft]
-    valid = topk_index >= 0  # [N, K]
-    p = torch.where(valid, topk_probs.float(), torch.zeros_like(topk_probs, dtype=torch.float32))
-    mass = p.sum(-1, keepdim=True)  # [N, 1]
-    rows = mass.squeeze(-1) > 0  # [N]
-    p = p / mass.clamp_min(1e-12)
-    log_q_topk = log_q.gather(-1, topk_index.clamp_min(0))  # [N, K]
-    per_row = (p * (torch.log(p.clamp_min(1e-12)) - log_q_topk)).masked_fill(~valid, 0.0).sum(-1)  # [N]
-    kl = per_row[rows].mean() if rows.any() else scores.sum() * 0.0
-    scored = labels != IGNORE
-    ce = F.nll_loss(log_q[scored], labels[scored]) if scored.any() else scores.sum() * 0.0
-    return kd_weight * kl + ce_weight * ce, kl.detach(), ce.detach()
-
 
 # --- features ----------------------------------------------------------------------------------------------
 
@@ -85,25 +60,21 @@ def sequence_features(
     layers: Sequence[int],
     top_k: int,
     chunk: int = 1024,
+    hidden_states: bool = True,
 ) -> list[dict[str, np.ndarray]]:
     """Per sequence: k.<layer>, v.<layer> [L, Hkv, D] fp16 for each of `layers`; topk_ids [L, K] uint16;
-    topk_probs [L, K] fp16.
+    topk_probs [L, K] fp16; with `hidden_states`, `hidden` [L, H] fp16: the target's final hidden state
+    after its last norm (what its LM head reads), the input of a hidden-state draft (specserve/eagle).
 
-    One right-padded batch: causal attention never looks right, so every real position's values are
-    those of an unpadded run. Logits are formed a chunk of positions at a time (never [B, S, V]).
+    One right-padded batch through `features.teacher_forced` (every real position's values are those of
+    an unpadded run). Logits are formed a chunk of positions at a time (never [B, S, V]).
     """
     lengths = [len(s) for s in sequences]
     width = max(lengths)
-    input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        input_ids[i, : len(s)] = torch.tensor(list(s))
-    out = target.model(input_ids=input_ids, use_cache=True)
-    hidden = out.last_hidden_state  # [B, S, H]
-    num_layers = len(out.past_key_values.layers)
-    kv = {}
-    for layer in layers:
-        cache = out.past_key_values.layers[layer]
-        kv[layer % num_layers] = (cache.keys.transpose(1, 2), cache.values.transpose(1, 2))  # [B, S, Hkv, D]
+    passed = teacher_forced(target, pad_rows(sequences, width, pad_id=0), layers)
+    hidden = passed.hidden  # [B, S, H]
+    # target layer (from 0) -> keys, values [B, S, Hkv, D]
+    kv = {layer: (k.transpose(1, 2), v.transpose(1, 2)) for layer, (k, v) in passed.kv.items()}
     flat = hidden.reshape(-1, hidden.shape[-1])  # [B*S, H]
     ids, probs = [], []
     for start in range(0, flat.shape[0], chunk):
@@ -119,6 +90,8 @@ def sequence_features(
         for layer, (keys, values) in kv.items():
             row[f"k.{layer}"] = keys[i, :n].to(torch.float16).numpy()
             row[f"v.{layer}"] = values[i, :n].to(torch.float16).numpy()
+        if hidden_states:
+            row["hidden"] = hidden[i, :n].to(torch.float16).numpy()
         result.append(
             {
                 **row,
@@ -202,6 +175,7 @@ def extract_features(
 class FeatureSet:
     tokens: np.ndarray  # [T] uint16
     kv: dict[int, tuple[np.ndarray, np.ndarray]]  # target layer (from 0) -> k, v [T, Hkv, D] fp16
+    hidden: np.ndarray | None  # [T, H] fp16, the target's final normed hidden state; None = not loaded
     topk_ids: np.ndarray  # [T, K] uint16
     topk_probs: np.ndarray  # [T, K] fp16
     starts: np.ndarray  # [N] offset of each sequence
@@ -215,6 +189,7 @@ class FeatureSet:
         fraction: float = 1.0,
         max_files: int | None = None,
         layers: Sequence[int] | None = None,  # target layers (from 0) to load; None = all stored
+        hidden: bool = False,  # load the final hidden states (a hidden-state draft's input)
     ) -> FeatureSet:
         """A seeded random `fraction` of the sequences (a smaller fraction is a subset of a larger)."""
         files = sorted(Path(feature_dir).glob("*-shard-*[0-9].npz"))[:max_files]
@@ -228,6 +203,10 @@ class FeatureSet:
                     raise FileNotFoundError(f"{f.name} holds target layers {stored}, not {sorted(missing)}")
                 names = ["tokens", "topk_ids", "topk_probs", "lengths", "prompt_lengths"]
                 names += [f"{kind}.{layer}" for layer in wanted for kind in ("k", "v")]
+                if hidden:
+                    if "hidden" not in z.files:
+                        raise FileNotFoundError(f"{f.name} holds no hidden states: extract features again")
+                    names.append("hidden")
                 for name in names:
                     parts.setdefault(name, []).append(z[name])
         cat = {name: np.concatenate(arrays) for name, arrays in parts.items()}
@@ -239,6 +218,7 @@ class FeatureSet:
         return cls(
             tokens=cat["tokens"],
             kv={layer: (cat[f"k.{layer}"], cat[f"v.{layer}"]) for layer in kv_layers},
+            hidden=cat.get("hidden"),
             topk_ids=cat["topk_ids"],
             topk_probs=cat["topk_probs"],
             starts=starts[keep],
@@ -267,6 +247,9 @@ class FeatureSet:
             kv[layer] = (torch.zeros(shape, dtype=torch.float16), torch.zeros(shape, dtype=torch.float16))
         ids = torch.zeros((n, width, kk), dtype=torch.long)
         probs = torch.zeros((n, width, kk), dtype=torch.float16)
+        hidden = None
+        if self.hidden is not None:
+            hidden = torch.zeros((n, width, self.hidden.shape[1]), dtype=torch.float16)  # [B, S, H]
         for row, i in enumerate(indices):
             s, L, P = int(self.starts[i]), int(self.lengths[i]), int(self.prompt_lengths[i])
             input_ids[row, :L] = torch.from_numpy(self.tokens[s : s + L].astype(np.int64))
@@ -276,6 +259,8 @@ class FeatureSet:
                 v[row, :L] = torch.from_numpy(self.kv[layer][1][s : s + L])
             ids[row, :L] = torch.from_numpy(self.topk_ids[s : s + L].astype(np.int64))
             probs[row, :L] = torch.from_numpy(self.topk_probs[s : s + L])
+            if hidden is not None and self.hidden is not None:
+                hidden[row, :L] = torch.from_numpy(self.hidden[s : s + L])
         per_block = {}
         for block, layer in enumerate(block_layers):
             per_block[f"target_k.{block}"] = kv[layer][0].transpose(1, 2)
@@ -286,6 +271,7 @@ class FeatureSet:
             **per_block,
             "topk_ids": ids,
             "topk_probs": probs,
+            **({"hidden": hidden} if hidden is not None else {}),
         }
 
     def label_counts(self, vocab_size: int) -> torch.Tensor:
@@ -335,6 +321,11 @@ class DistillSettings:
     eval_max_new_tokens: int = 128
     threads: int | None = None
     seed: int = 0
+    # "glide" (reads the target's K/V) or "eagle" (reads its final hidden states: specserve/eagle)
+    kind: str = "glide"
+    unroll_steps: int = 3  # eagle: training-time test, steps of the draft reading its own outputs
+    step_decay: float = 0.8  # eagle: weight of step j's loss is step_decay**j
+    train_head: bool = False  # eagle: also train the reduced head (else it stays the target's rows)
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -366,6 +357,23 @@ def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureS
             draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
             draft.norm.weight.copy_(target.model.norm.weight)
     return draft.float().train().requires_grad_(True)
+
+
+def new_eagle_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureSet) -> EagleDraft:
+    """A hidden-state draft: from `init_from`, or the layer random with the target's head rows and norm."""
+    if settings.init_from is not None:
+        draft = load_eagle(settings.init_from, target)
+    else:
+        ids = frequency_ranked_ids(data.label_counts(target.config.vocab_size), settings.draft_vocab_size)
+        draft = build_eagle(
+            target, seed=settings.seed, draft_token_ids=ids, draft_vocab_size=settings.draft_vocab_size
+        )
+    draft = draft.float().train().requires_grad_(True)
+    if not settings.train_head:
+        # EAGLE's choice: the head stays the target's own rows. It is most of a step's arithmetic (8,192
+        # rows against a one-layer body), so freezing it also saves a third of that cost.
+        draft.lm_head.requires_grad_(False)
+    return draft
 
 
 def step_loss(
@@ -414,6 +422,24 @@ def held_out_eval(
     return lambda draft: score_draft(draft, batches, settings.block_size)
 
 
+def held_out_eval_eagle(target: CausalLM, tokenizer: Any, settings: DistillSettings, cache_dir: Path):
+    """`held_out_eval` for a hidden-state draft: the same answers, the target's hidden states."""
+    from specserve.bench.prompts import load_prompts, per_category
+    from specserve.training.eagle import held_out_hidden, score_eagle
+    from specserve.training.evaluate import held_out_answers
+
+    prompts = [p.text for p in per_category(load_prompts(), settings.eval_per_category)]
+    name = Path(target.config._name_or_path).name or "target"
+    cache = cache_dir / f"eval-answers-{name}-{len(prompts)}x{settings.eval_max_new_tokens}.json"
+    sequences, starts = held_out_answers(target, tokenizer, prompts, settings.eval_max_new_tokens, cache)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    features_cache = cache.with_name(cache.stem + "-features-hidden.safetensors")
+    batches = _cached_features(
+        features_cache, len(sequences), lambda: held_out_hidden(target, sequences, starts, pad)
+    )
+    return lambda draft: score_eagle(draft, batches)
+
+
 def _cached_features(
     path: Path, count: int, compute: Callable[[], list[dict[str, torch.Tensor]]]
 ) -> list[dict[str, torch.Tensor]]:
@@ -449,17 +475,36 @@ def train(
     (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     target = load_causal_lm(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    configured = block_layers(settings, target.config.num_hidden_layers)
-    if settings.init_from is not None:
-        configured = GlideConfig.load(settings.init_from / "config.json").layers_read
-    layers_of_blocks = [layer % target.config.num_hidden_layers for layer in configured]
-    data = FeatureSet.load(settings.features, settings.fraction, layers=sorted(set(layers_of_blocks)))
+    eagle = settings.kind == "eagle"
+    if eagle:
+        layers_of_blocks: list[int] = []
+        data = FeatureSet.load(settings.features, settings.fraction, layers=[], hidden=True)
+    else:
+        configured = block_layers(settings, target.config.num_hidden_layers)
+        if settings.init_from is not None:
+            configured = GlideConfig.load(settings.init_from / "config.json").layers_read
+        layers_of_blocks = [layer % target.config.num_hidden_layers for layer in configured]
+        data = FeatureSet.load(settings.features, settings.fraction, layers=sorted(set(layers_of_blocks)))
     log(
         f"training data: {len(data)} sequences, {data.answer_tokens} answer tokens "
         f"({settings.fraction:g} of the set)"
     )
-    draft = new_draft(settings, target, data)
-    evaluate = held_out_eval(target, tokenizer, settings, cache_dir, draft.config.feed_layers)
+    # What a budget curve needs of a run that may never finish (training/budget.py): its kind, batch and data.
+    run_info = {
+        "kind": settings.kind,
+        "batch_size": settings.batch_size,
+        "steps": settings.steps,
+        "sequences": len(data),
+        "answer_tokens": data.answer_tokens,
+    }
+    (out / RUN).write_text(json.dumps(run_info, indent=2) + "\n")
+    draft: GlideDraft | EagleDraft
+    if eagle:
+        draft = new_eagle_draft(settings, target, data)
+        evaluate = held_out_eval_eagle(target, tokenizer, settings, cache_dir)
+    else:
+        draft = new_draft(settings, target, data)
+        evaluate = held_out_eval(target, tokenizer, settings, cache_dir, draft.config.feed_layers)
     trainable = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay
@@ -479,7 +524,18 @@ def train(
     while state["step"] < settings.steps:
         indices = batch_indices(len(data), settings.batch_size, state["step"], settings.seed)
         batch = data.batch(indices, layers_of_blocks)
-        loss, metrics = step_loss(draft, batch, settings)
+        if isinstance(draft, EagleDraft):
+            loss, metrics = eagle_step_loss(
+                draft,
+                batch,
+                settings.unroll_steps,
+                settings.step_decay,
+                settings.kd_weight,
+                settings.ce_weight,
+                settings.bf16,
+            )
+        else:
+            loss, metrics = step_loss(draft, batch, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
@@ -515,7 +571,10 @@ def train(
             plot(out)
         if step % settings.checkpoint_every == 0 or step == settings.steps:
             save_checkpoint(out / CHECKPOINTS, draft, optimizer, state)
-    save_glide(draft.eval(), out, dtype=torch.bfloat16)
+    if isinstance(draft, EagleDraft):
+        save_eagle(draft.eval(), out, dtype=torch.bfloat16)
+    else:
+        save_glide(draft.eval(), out, dtype=torch.bfloat16)
     summary = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
         "sequences": len(data),
@@ -663,6 +722,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the target layer each draft block reads (-1 = the last); default: spread through the "
         "target's depth, ending at the last (2 blocks of a 30-layer target: 14 29)",
     )
+    t.add_argument(
+        "--kind",
+        choices=("glide", "eagle"),
+        default="glide",
+        help="glide: reads the target's K/V; eagle: reads its final hidden states (features must hold them)",
+    )
+    t.add_argument("--unroll-steps", type=int, default=3, help="eagle: steps reading its own outputs")
+    t.add_argument(
+        "--train-head", action="store_true", help="eagle: train the reduced head too (default: frozen)"
+    )
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--checkpoint-every", type=int, default=100)
     t.add_argument("--threads", type=int)
@@ -713,6 +782,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         checkpoint_every=args.checkpoint_every,
         threads=args.threads,
         seed=args.seed,
+        kind=args.kind,
+        unroll_steps=args.unroll_steps,
+        train_head=args.train_head,
     )
     train(settings, model_dir, engine.cache_dir, log=lambda m: print(m, flush=True))
 

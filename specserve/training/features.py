@@ -1,4 +1,9 @@
-"""What the frozen target contributes to a training sequence: its KV of one layer and its next tokens.
+"""What the frozen target contributes to a training sequence: its K/V of the layers a draft reads, its
+final hidden states and its next tokens.
+
+`teacher_forced` is the one forward that gathers them; `target_features` (the training pipeline's
+batches, eval-draft) and `distill.sequence_features` (the distillation feature shards) shape its
+output for their readers.
 
 Labels are the target's own greedy next token at every position (self-distillation): the draft is
 rewarded for guessing what the target will say, which is exactly what greedy verification accepts,
@@ -8,11 +13,42 @@ rather than what the training text happens to say next.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 IGNORE = -100  # label of padding positions: no loss
+
+
+@dataclass(frozen=True)
+class TargetPass:
+    """The target's teacher-forced pass over a right-padded batch [B, S]."""
+
+    hidden: torch.Tensor  # [B, S, H] final hidden states after the last norm: what the LM head reads
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]]  # target layer (from 0) -> keys, values [B, Hkv, S, D]
+    num_layers: int  # the target's
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `layer` as `teacher_forced` was asked for it (-1 = the last)."""
+        return self.kv[layer % self.num_layers]
+
+
+@torch.inference_mode()
+def teacher_forced(
+    model: nn.Module,  # a HF causal LM, frozen: `model.model` is its decoder, `model.lm_head` its head
+    input_ids: torch.Tensor,  # [B, S], right-padded
+    layers: Sequence[int],  # the layers whose K/V to keep; negative counts from the last
+) -> TargetPass:
+    """One forward of the target's decoder. Right padding keeps every real position's values identical
+    to an unpadded run (causal attention never looks right), so no attention mask is needed.
+
+    The logits are left to the caller (`model.lm_head(hidden)`): [B, S, V] may not fit in memory, and
+    a caller that cannot hold them forms them a chunk of positions at a time."""
+    out = model.model(input_ids=input_ids, use_cache=True)  # type: ignore[operator]
+    cache = out.past_key_values.layers
+    kv = {layer % len(cache): (cache[layer].keys, cache[layer].values) for layer in layers}
+    return TargetPass(hidden=out.last_hidden_state, kv=kv, num_layers=len(cache))
 
 
 @torch.inference_mode()
@@ -23,26 +59,21 @@ def target_features(
     layer: int,  # which layer's K/V the draft reads; -1 = the last
     extra_layers: Sequence[int] = (),  # more layers, as target_k.<layer> / target_v.<layer>
 ) -> dict[str, torch.Tensor]:
-    """-> labels [B, S] (target argmax, IGNORE on padding), target_k / target_v [B, Hkv, S, D] fp16.
-
-    Right padding keeps every real position's K/V identical to an unpadded run (causal attention
-    never looks right), so no attention mask is needed.
-    """
-    out = model(input_ids=input_ids, use_cache=True)
-    cache = out.past_key_values
-    layer_cache = cache.layers[layer]
-    labels = out.logits.argmax(dim=-1)  # [B, S]
+    """-> labels [B, S] (target argmax, IGNORE on padding), target_k / target_v [B, Hkv, S, D] fp16."""
+    target = teacher_forced(model, input_ids, [layer, *extra_layers])
+    labels = model.lm_head(target.hidden).argmax(dim=-1)  # type: ignore[operator]  # [B, S]
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [S]
     real = positions[None] < torch.tensor(list(lengths), device=input_ids.device)[:, None]  # [B, S]
     labels = torch.where(real, labels, torch.full_like(labels, IGNORE))
+    keys, values = target.layer(layer)
     return {
         "labels": labels.to(torch.int32).cpu(),
         # fp16 halves the shards; the draft trains on the same values it will read at fp16 serving
         # and is robust to the rounding at fp32 serving.
-        "target_k": layer_cache.keys.to(torch.float16).cpu(),
-        "target_v": layer_cache.values.to(torch.float16).cpu(),
-        **{f"target_k.{layer}": cache.layers[layer].keys.half().cpu() for layer in extra_layers},
-        **{f"target_v.{layer}": cache.layers[layer].values.half().cpu() for layer in extra_layers},
+        "target_k": keys.to(torch.float16).cpu(),
+        "target_v": values.to(torch.float16).cpu(),
+        **{f"target_k.{layer}": target.layer(layer)[0].half().cpu() for layer in extra_layers},
+        **{f"target_v.{layer}": target.layer(layer)[1].half().cpu() for layer in extra_layers},
     }
 
 

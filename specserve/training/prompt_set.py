@@ -194,7 +194,7 @@ def mtbench_turns() -> list[str]:
     """Every turn of every MT-Bench question, normalised (the evaluation set)."""
     import json
 
-    from specserve.bench.prompts import default_prompts_path
+    from specserve.bench.workloads import default_prompts_path
 
     turns = []
     for line in default_prompts_path().read_text().splitlines():

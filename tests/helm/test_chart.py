@@ -92,14 +92,16 @@ def test_validator_rejects_unknown_kinds_and_fields(rendered) -> None:
         validate_manifest(broken)
 
 
-def test_probes_use_grpc_health_on_the_grpc_port(rendered) -> None:
+def test_probes_use_grpc_health_on_a_plaintext_port(rendered) -> None:
     docs, values = rendered
     for role in ROLES:
         c = container(deployment_for(docs, role))
         grpc_port = {p["name"]: p["containerPort"] for p in c["ports"]}["grpc"]
         assert grpc_port == values[role]["settings"]["port"]
+        # Kubelet gRPC probes cannot speak TLS: with TLS (the default) they use the health-only port.
+        probe_port = values["tls"]["healthPort"] if values["tls"]["enabled"] else grpc_port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["grpc"]["port"] == grpc_port, (role, probe)
+            assert c[probe]["grpc"]["port"] == probe_port, (role, probe)
         # readiness/startup wait for the role's own service (model loaded); liveness asks the server.
         assert c["startupProbe"]["grpc"]["service"] == GRPC_SERVICE[role]
         assert c["readinessProbe"]["grpc"]["service"] == GRPC_SERVICE[role]

@@ -29,9 +29,16 @@ def test_a_port_adds_the_named_port_and_health_probe(tmp_path) -> None:
     router = container(deployment)
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in router["ports"]
     assert env_of(deployment)["SPECSERVE_ROUTER_HTTP_PORT"] == "8080"
-    assert router["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
+    # TLS is on by default, and the HTTP API then serves HTTPS with the router's certificate.
+    assert router["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTPS"}
     assert router["readinessProbe"]["grpc"]["service"] == "specserve.v1.RouterService"
     ports = {p["name"]: p for p in router_service(docs)["spec"]["ports"]}
     assert ports["http"]["port"] == 8080 and ports["http"]["targetPort"] == "http"
     for role in ("target", "draft"):  # only the router serves HTTP
         assert "http" not in {p["name"] for p in container(deployment_for(docs, role))["ports"]}
+
+
+def test_without_tls_the_health_probe_speaks_plain_http(tmp_path) -> None:
+    docs = render(set_values=["router.settings.httpPort=8080", "tls.enabled=false"], tmp_dir=tmp_path)
+    router = container(deployment_for(docs, "router"))
+    assert router["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}

@@ -1,7 +1,8 @@
 """The chart's hardening, rendered offline with the real helm binary: NetworkPolicies (router <- clients;
 target <- router and draft; draft <- router; Redis <- router), read-only root filesystems with writable
-emptyDirs, seccomp RuntimeDefault, the bundled Redis's password and append-only persistence, and the TLS
-and token Secrets wired into the services' settings (read back through the services' own parsers)."""
+emptyDirs, seccomp RuntimeDefault, the bundled Redis's password and append-only persistence, and your
+own TLS Secrets and the token Secret wired into the services' settings (read back through the services'
+own parsers). The certificates the chart generates are in test_chart_secure_defaults.py."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from chart_support import (
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
 
 SETTINGS = {"target": TargetServiceSettings, "draft": DraftServiceSettings, "router": RouterServiceSettings}
+OWN_TLS_SECRETS = {"router": "router-cert", "target": "target-cert", "draft": "draft-cert"}
 SECURE = {
-    "tls": {"enabled": True, "secrets": {"router": "public-cert"}},
+    "tls": {"enabled": True, "secrets": OWN_TLS_SECRETS},
     "auth": {"enabled": True, "existingSecret": "api-tokens"},
     "router": {"settings": {"httpPort": 8080}},
 }
@@ -134,12 +136,14 @@ def test_bundled_redis_has_a_password_and_append_only_persistence(default_docs) 
 
 
 def test_tls_secrets_are_mounted_and_named_in_the_settings(secure_docs) -> None:
+    # Your own Secrets: each role's mounted whole, and the chart generates none.
+    assert "rel-specserve-tls" not in by_kind(secure_docs, "Secret")
     for role in ROLES:
         deployment = deployment_for(secure_docs, role)
         pod = deployment["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
-        expected = "public-cert" if role == "router" else f"rel-specserve-{role}-tls"
-        assert volumes["tls"]["secret"]["secretName"] == expected
+        assert volumes["tls"]["secret"]["secretName"] == OWN_TLS_SECRETS[role]
+        assert "items" not in volumes["tls"]["secret"]
         mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
         assert mounts["tls"]["readOnly"] is True
         env = {k: v for k, v in env_of(deployment).items() if isinstance(v, str)}

@@ -34,6 +34,15 @@ SET_ELSEWHERE = {"router": {"redis_url": "redis.*"}}
 # Chart defaults that deliberately differ from the Python default (with the reason).
 CHART_OWN_DEFAULTS = {("engine", "cache_dir"): "a writable emptyDir is mounted there"}
 EXTERNAL_REDIS_URL = "redis://sessions.example.com:6390/3"
+# Settings the chart fills in from `tls` while they are null (test_chart_secure_defaults.py checks them).
+TLS_DERIVED = {
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_ca_file",
+    "health_port",
+    "tls_target_name",
+    "tls_draft_name",
+}
 
 VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 
@@ -171,5 +180,7 @@ def test_null_settings_are_not_rendered_so_the_service_defaults_apply() -> None:
                     continue  # derived from the release's Services (test_chart.py)
                 if role == "router" and f.name == "auth_token_file":
                     continue  # the mounted token Secret: auth.enabled, on by default
+                if f.name in TLS_DERIVED:
+                    continue  # the mounted certificates: tls.enabled, on by default (secure defaults)
                 assert cls.ENV_PREFIX + f.name.upper() not in env
                 assert getattr(loaded, f.name) == getattr(cls(), f.name)

@@ -35,6 +35,11 @@ SCHEMA_REJECTS = {
         ["/models/persistentVolumeClaim/claimName"],
     ),
     "relative model dir": (["engine.modelDir=models/target"], ["/engine/modelDir"]),
+    "validity as a word": (["tls.generated.validityDays=long"], ["/tls/generated/validityDays", "integer"]),
+    "router name with a space": (
+        ["tls.generated.routerDnsNames={api example.com}"],
+        ["/tls/generated/routerDnsNames/0"],
+    ),
     "address without port": (
         ["router.settings.targetAddresses={target.example}"],
         ["/router/settings/targetAddresses/0"],
@@ -58,6 +63,11 @@ TEMPLATE_REJECTS = {
             "router.autoscaling.minReplicas=3",
         ],
         ["router.autoscaling.maxReplicas must be >= minReplicas"],
+    ),
+    # The router's one certificate is checked by the target and draft, theirs by the router: one CA.
+    "some TLS Secrets yours, some generated": (
+        ["tls.secrets.router=public-cert"],
+        ["tls.secrets names router only", "or none to have the chart generate them"],
     ),
 }
 

@@ -127,3 +127,53 @@ Args: prefix, settings map.
 {{- define "specserve.authSecretName" -}}
 {{- .Values.auth.existingSecret | default (printf "%s-auth" (include "specserve.fullname" .)) }}
 {{- end }}
+
+{{/*
+With tls.enabled: "true" when the chart issues the certificates itself, that is when tls.secrets names no
+Secret. The router presents one certificate to its clients and to the target and draft, and each
+service trusts one CA, so the three Secrets come from one CA: all three are yours, or none is.
+*/}}
+{{- define "specserve.tlsGenerated" -}}
+{{- $given := list }}
+{{- range $role := list "router" "target" "draft" }}
+{{- if index $.Values.tls.secrets $role }}
+{{- $given = append $given $role }}
+{{- end }}
+{{- end }}
+{{- if and $given (lt (len $given) 3) }}
+{{- fail (printf "tls.secrets names %s only: name the router's, target's and draft's Secrets (one CA signs all three), or none to have the chart generate them" (join ", " $given)) }}
+{{- end }}
+{{- if not $given }}true{{ end }}
+{{- end }}
+
+{{/* The Secret holding the generated CA and the three roles' certificates. */}}
+{{- define "specserve.tlsSecretName" -}}
+{{- printf "%s-tls" (include "specserve.fullname" .) }}
+{{- end }}
+
+{{/*
+The DNS names a generated certificate covers, per role, as JSON: the role's Service under every name a
+pod can resolve it by (<svc>, <svc>.<namespace>, <svc>.<namespace>.svc, <svc>.<namespace>.svc.<domain>);
+the router's also localhost (kubectl port-forward) and tls.generated.routerDnsNames.
+*/}}
+{{- define "specserve.tlsDnsNames" -}}
+{{- $names := dict }}
+{{- range $role := list "router" "target" "draft" }}
+{{- $service := include "specserve.componentName" (list $ $role) }}
+{{- $namespaced := printf "%s.%s" $service $.Release.Namespace }}
+{{- $list := list $service $namespaced (printf "%s.svc" $namespaced) (include "specserve.serviceFQDN" (list $ $role)) }}
+{{- if eq $role "router" }}
+{{- $list = concat $list (list "localhost") $.Values.tls.generated.routerDnsNames }}
+{{- end }}
+{{- $_ := set $names $role $list }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}
+
+{{/*
+A fingerprint of what the generated certificates are issued for (names and validity): recorded on the
+Secret, to re-issue them when it changes, and on the pods, to restart them onto the new ones.
+*/}}
+{{- define "specserve.tlsIssuedFor" -}}
+{{- printf "%s/%d" (include "specserve.tlsDnsNames" .) (int .Values.tls.generated.validityDays) | sha256sum }}
+{{- end }}

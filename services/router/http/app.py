@@ -37,7 +37,7 @@ from services.router.http.generation import (
     generation_request,
     usage,
 )
-from services.router.http.openapi import GENERATION_RESPONSES, install_openapi
+from services.router.http.openapi import GENERATION_RESPONSES, MODEL_RESPONSES, install_openapi
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
@@ -102,7 +102,9 @@ class Admission:
         return release
 
 
-def create_app(servicer: RouterServicer) -> FastAPI:
+def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
+    """The API's routes; `secured`: bearer tokens are required (serving/auth.py, around this app), which
+    the OpenAPI document declares."""
     settings = servicer.settings
     app = FastAPI(
         title="specserve",
@@ -130,7 +132,8 @@ def create_app(servicer: RouterServicer) -> FastAPI:
         message = f"{request.method} {request.url.path}: {error.detail}"
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(error.status_code)
         body = error_body(HttpError(error.status_code, message, "invalid_request_error", None, code))
-        return JSONResponse(body, error.status_code)
+        # Starlette's headers carry a 405's `Allow` (the methods the path takes), which RFC 9110 requires.
+        return JSONResponse(body, error.status_code, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
@@ -161,7 +164,7 @@ def create_app(servicer: RouterServicer) -> FastAPI:
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(await model_name())]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=MODEL_RESPONSES)
     async def model(model_id: str) -> dict:
         served = await model_name()
         if model_id != served:
@@ -247,7 +250,7 @@ def create_app(servicer: RouterServicer) -> FastAPI:
             close()
 
     install_openapi(
-        app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+        app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}, secured
     )
     return app
 
@@ -297,6 +300,11 @@ async def _events(output, generation: Generation, first, deadline: float | None)
         yield _sse(error_body(e))
     except SpecserveError as e:
         yield _sse(error_body(from_specserve(e)))
+    except Exception as e:
+        # Whatever else goes wrong while this process lives still ends the stream with an event: a stream
+        # cut without [DONE] or an error must mean the router process itself is gone.
+        logger.exception("stream of session %s failed", generation.session_id)
+        yield _sse(error_body(HttpError(500, f"internal error: {type(e).__name__}", "server_error")))
 
 
 class Output:

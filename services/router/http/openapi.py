@@ -2,7 +2,9 @@
 
 The POST routes read their bodies themselves (body.py: content type, size and strict JSON before any
 field is looked at), so FastAPI cannot see what they take; their request bodies are added here from the
-same pydantic models that validate them, and every route lists the errors it answers with.
+same pydantic models that validate them, and every route lists the errors it answers with. With bearer
+tokens on (serving/auth.py), every route but the open ones declares the scheme and its 401, so clients
+and generated tests know which requests need a token.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from services.router.http.body import JSON_MEDIA_TYPE
+from specserve.serving.auth import OPEN_PATHS
 
 SCHEMA_REF = "#/components/schemas/{model}"
 
@@ -42,7 +45,6 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"text/event-stream": {}},
     },
     400: _error("a bad field, an unknown field or method, a prompt too long, a body that is not valid JSON"),
-    401: _error("auth is on and the request has no valid `Authorization: Bearer` token"),
     404: _error("an unknown model"),
     413: _error("a body over the size limit"),
     415: _error("a body not sent as `Content-Type: application/json`"),
@@ -50,11 +52,15 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: _error("no target or Redis reachable"),
     504: _error("`timeout_seconds` passed"),
 }
+# GET /v1/models/{model_id}: the served model's card, or this.
+MODEL_RESPONSES: dict[int | str, dict[str, Any]] = {404: _error("no model by that id is served")}
+UNAUTHENTICATED = "no valid `Authorization: Bearer` token (the API key)"
+SECURITY_SCHEME = "bearer"
 
 
-def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
+def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]], secured: bool) -> None:
     """`app.openapi()` (what /openapi.json serves) with `bodies` (POST path -> model) as the request
-    bodies of those routes."""
+    bodies of those routes; `secured`: bearer tokens are required outside OPEN_PATHS."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -73,6 +79,8 @@ def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
                         JSON_MEDIA_TYPE: {"schema": {"$ref": SCHEMA_REF.format(model=model.__name__)}}
                     },
                 }
+            if secured:
+                _declare_bearer_auth(document)
             app.openapi_schema = document
         return app.openapi_schema
 
@@ -87,3 +95,19 @@ def _drop_validation_errors(document: dict[str, Any], schemas: dict[str, Any]) -
             operation.get("responses", {}).pop("422", None)
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
+
+
+def _declare_bearer_auth(document: dict[str, Any]) -> None:
+    """The token scheme, required by every operation outside OPEN_PATHS, each of which may answer 401."""
+    components = document.setdefault("components", {})
+    components.setdefault("securitySchemes", {})[SECURITY_SCHEME] = {"type": "http", "scheme": "bearer"}
+    refusal = {
+        "description": UNAUTHENTICATED,
+        "content": {JSON_MEDIA_TYPE: {"schema": {"$ref": SCHEMA_REF.format(model=ErrorResponse.__name__)}}},
+    }
+    for path, operations in document["paths"].items():
+        if path in OPEN_PATHS:
+            continue
+        for operation in operations.values():
+            operation["security"] = [{SECURITY_SCHEME: []}]
+            operation.setdefault("responses", {})["401"] = refusal

@@ -9,17 +9,64 @@ client's `extra_body`).
 Types are JSON's, strictly: a boolean is not a number, a string is not a boolean, a float is not an
 integer, and numbers are finite (pydantic's strict mode; NaN, Infinity and numbers beyond a double's
 range are refused), so a value never means something its sender did not write.
+
+The OpenAPI document states the bounds that do not depend on the served model (`documented`): the
+sampling and stopping bounds GenerationRequest.build checks, from the same constants, the neutral values
+of the unsupported fields, and which field needs which. They are only documented here: the checks stay
+where they are (gRPC and HTTP refuse the same input with the same message). What depends on the model
+or the router (method names, `max_tokens` up to the server's limit, token ids, prompt length) is
+checked at run time only.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.router.http.errors import invalid
+from specserve.core.request import (
+    MAX_SEED,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MAX_TOP_LOGPROBS,
+)
 
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
+
+
+def documented(schema: dict[str, Any], default: Any = None, nullable: bool = True) -> Any:
+    """A field that the OpenAPI document describes as `schema` (or null), checked elsewhere (see above).
+    `default=...`: required."""
+    return Field(default, json_schema_extra={"anyOf": [schema, {"type": "null"}]} if nullable else schema)
+
+
+NOT_BLANK = r"\S"  # a JSON Schema pattern: one character that is not whitespace
+# A message with text beyond whitespace: a chat needs one (the router's tokenizer refuses a blank chat).
+NON_BLANK_MESSAGE: dict[str, Any] = {
+    "properties": {
+        "content": {
+            "anyOf": [
+                {"type": "string", "pattern": NOT_BLANK},
+                {
+                    "type": "array",
+                    "contains": {"properties": {"text": {"type": "string", "pattern": NOT_BLANK}}},
+                },
+            ]
+        }
+    }
+}
+STOP_STRING: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
+
+
+def needs(field: str, value: object, when: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema for "`field` must be `value` whenever `when` holds (a property -> its schema)"."""
+    return {
+        "if": {"properties": when, "required": list(when)},
+        "then": {"properties": {field: {"const": value}}, "required": [field]},
+    }
 
 
 class Strict(BaseModel):
@@ -54,21 +101,25 @@ class GenerationFields(Strict):
 
     model: str | None = None  # None = the served model; any other name is 404
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None  # OpenAI's default is 1
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    # OpenAI's default is 1
+    temperature: float | None = documented({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE})
+    top_p: float | None = documented({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
+    seed: int | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_SEED - 1})
+    stop: str | list[str] | None = documented(
+        {"anyOf": [STOP_STRING, {"type": "array", "items": STOP_STRING, "maxItems": MAX_STOP_STRINGS}]}
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    n: int | None = documented({"const": 1})
+    presence_penalty: float | None = documented({"const": 0})
+    frequency_penalty: float | None = documented({"const": 0})
+    logit_bias: dict[str, float] | None = documented({"type": "object", "maxProperties": 0})
     user: str | None = None
     # specserve's extensions
     method: str | None = None  # draft method; "target" turns speculation off; None = the router's default
     allow_lossy: bool = False  # opt in to a lossy method at temperature > 0
-    top_k: int | None = None  # checked with the rest of the request (GenerationRequest.build)
+    # checked with the rest of the request (GenerationRequest.build)
+    top_k: int | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_TOP_K})
     ignore_eos: bool = False
     timeout_seconds: float | None = Field(default=None, gt=0)  # 504 when the generation takes longer
 
@@ -99,10 +150,19 @@ class GenerationFields(Strict):
 class ChatCompletionRequest(GenerationFields):
     prompt_param: ClassVar[str] = "messages"  # the field an error about the prompt names
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                needs("stream", True, {"stream_options": {"type": "object"}}),
+                needs("logprobs", True, {"top_logprobs": {"type": "integer", "minimum": 1}}),
+            ]
+        }
+    )
+
+    messages: list[ChatMessage] = Field(min_length=1, json_schema_extra={"contains": NON_BLANK_MESSAGE})
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _chat(self) -> ChatCompletionRequest:
@@ -127,11 +187,26 @@ class ChatCompletionRequest(GenerationFields):
 class CompletionRequest(GenerationFields):
     prompt_param: ClassVar[str] = "prompt"
 
-    prompt: str | list[str] | list[int]
+    model_config = ConfigDict(
+        json_schema_extra={"allOf": [needs("stream", True, {"stream_options": {"type": "object"}})]}
+    )
+
+    # one text (a list of one, as OpenAI's batch form), or token ids; never empty
+    prompt: str | list[str] | list[int] = documented(
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+                {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+            ]
+        },
+        default=...,
+        nullable=False,
+    )
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: bool = documented({"const": False}, default=False, nullable=False)
+    suffix: str | None = documented({"type": "string", "maxLength": 0})
+    best_of: int | None = documented({"const": 1})
 
     @model_validator(mode="after")
     def _completion(self) -> CompletionRequest:

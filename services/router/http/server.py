@@ -20,11 +20,10 @@ STARTUP_TIMEOUT_SECONDS = 30.0
 
 class HttpServer:
     def __init__(self, servicer: RouterServicer, host: str, port: int, drain_seconds: float) -> None:
-        limited = BodyLimit(create_app(servicer), servicer.settings.http_max_body_bytes)
         # The gRPC API's bearer tokens, here as OpenAI API keys (serving/auth.py).
-        app = BearerTokenASGI(
-            limited, TokenSet(servicer.settings.auth_tokens, servicer.settings.auth_token_file)
-        )
+        tokens = TokenSet(servicer.settings.auth_tokens, servicer.settings.auth_token_file)
+        limited = BodyLimit(create_app(servicer, tokens.enabled), servicer.settings.http_max_body_bytes)
+        app = BearerTokenASGI(limited, tokens)
         config = uvicorn.Config(
             app,
             host=host,

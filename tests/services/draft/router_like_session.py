@@ -3,6 +3,7 @@ target and the draft called directly: what the draft service's tests need beyond
 
 from __future__ import annotations
 
+from specserve.catalog import CATALOG, Method
 from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
@@ -24,7 +25,7 @@ class RouterLikeSession:
         request_seed: int | None = None,  # sent to the draft; None = it never prepares ahead
     ) -> None:
         self.target, self.draft, self.session_id = target, draft, session_id
-        self.target_address, self.seed = target_address, seed
+        self.target_address, self.seed, self.method = target_address, seed, method
         prefill = target.Prefill(
             target_pb2.PrefillRequest(
                 session_id=session_id,
@@ -32,6 +33,8 @@ class RouterLikeSession:
                 capacity=CAPACITY,
                 sampling=sampling,
                 step_seed=verify_round_seed(seed, len(token_ids)),
+                # as the router does for a method whose draft reads the target's hidden states
+                keep_hidden_states=CATALOG[Method(method)].hidden_states,
             ),
             timeout=60,
         )

@@ -8,6 +8,7 @@ position committed meanwhile (its tree is the tree a session prefilled fresh at 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -19,7 +20,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(24
 
 PROMPT_IDS = [1, 9690, 198, 19556, 28, 638, 359, 346, 47, 2]
 SEED = 99
-METHOD = "glide-cape-cost"
+# The GliDe draft's feed carries K/V; the hidden-state draft's carries only final hidden states.
+METHODS = ("glide-cape-cost", "eagle-cape-cost")
 HEAVY = 64  # sessions sharing the target: far past the load at which the cost policy stops drafting
 # What the router measured asking the draft costs: a local call's. Charged instead of the calibrated
 # in-process overhead, it keeps drafting alone worth it for any realistic acceptance estimate (the service
@@ -29,9 +31,9 @@ RECENT_SECONDS = 1.1  # past the draft's load horizon (serving/recent.py): earli
 
 
 def open_greedy(
-    target, draft, target_address: str, session_id: str, token_ids: list[int]
+    target, draft, target_address: str, session_id: str, token_ids: list[int], method: str
 ) -> RouterLikeSession:
-    return RouterLikeSession(target, draft, target_address, session_id, token_ids, method=METHOD, seed=SEED)
+    return RouterLikeSession(target, draft, target_address, session_id, token_ids, method=method, seed=SEED)
 
 
 def first_spine_token(tree: common_pb2.DraftTree) -> int:
@@ -58,7 +60,12 @@ def drafting_round_sees_every_position(session: RouterLikeSession, fresh_id: str
     response = session.propose(load=0, overhead_seconds=ROUND_TRIP_SECONDS)
     assert len(response.tree.token_ids) > 1
     fresh = open_greedy(
-        session.target, session.draft, session.target_address, fresh_id, session.token_ids[:-1]
+        session.target,
+        session.draft,
+        session.target_address,
+        fresh_id,
+        session.token_ids[:-1],
+        session.method,
     )
     try:
         assert fresh.token_ids == session.token_ids
@@ -70,14 +77,17 @@ def drafting_round_sees_every_position(session: RouterLikeSession, fresh_id: str
     session.verify(response.tree)
 
 
-@pytest.fixture
-def open_session(channels, shared_stack):
+@pytest.fixture(params=METHODS)
+def open_session(request, channels, shared_stack):
     target = target_pb2_grpc.TargetServiceStub(channels["target"])
     draft = draft_pb2_grpc.DraftServiceStub(channels["draft"])
     sessions: list[RouterLikeSession] = []
 
     def open_(session_id: str) -> RouterLikeSession:
-        sessions.append(open_greedy(target, draft, shared_stack.address("target"), session_id, PROMPT_IDS))
+        session_id = f"{session_id}-{request.param}"
+        sessions.append(
+            open_greedy(target, draft, shared_stack.address("target"), session_id, PROMPT_IDS, request.param)
+        )
         return sessions[-1]
 
     yield open_
@@ -120,3 +130,25 @@ def test_a_session_drops_the_feed_under_load_and_catches_up_after(open_session):
     session.known = len(session.token_ids) - 1
     rounds_under_heavy_load(session, 4)
     drafting_round_sees_every_position(session, "feed-paused-fresh")
+
+
+def test_a_hidden_state_drafts_feed_carries_its_hidden_states_and_no_kv(
+    channels, shared_stack, default_model_dir
+):
+    """What the eagle methods' sessions receive: each committed position's final hidden state (float32,
+    the model's width), nothing of the K/V a GliDe draft reads."""
+    target = target_pb2_grpc.TargetServiceStub(channels["target"])
+    draft = draft_pb2_grpc.DraftServiceStub(channels["draft"])
+    hidden_size = json.loads((default_model_dir / "config.json").read_text())["hidden_size"]
+    session = open_greedy(
+        target, draft, shared_stack.address("target"), "hidden-only", PROMPT_IDS, "eagle-cape"
+    )  # fixed depth: drafts every round, whatever the acceptance
+    try:
+        for _ in range(2):
+            response = session.propose()
+            assert len(response.tree.token_ids) > 1
+            session.verify(response.tree)
+        # the round's view: every position the draft had been sent but the root (its state comes next)
+        assert response.kv_feed_bytes == (session.known - 1) * hidden_size * 4
+    finally:
+        session.release()

@@ -60,7 +60,7 @@ EQUALITY_PROMPTS = (
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("method", ["glide-cape", ""])  # "" = the router's default method
+@pytest.mark.parametrize("method", ["glide-cape", "eagle-cape", ""])  # "" = the router's default method
 def test_greedy_output_equals_in_process(stack, default_engine, method):
     in_process_method = method or DEFAULT_METHOD  # the router's default (RouterServiceSettings)
     drafts_before = metric(stack, "router", "specserve:spec_decode_num_drafts_total")

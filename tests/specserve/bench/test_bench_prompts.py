@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.prompts import Prompt, default_prompts_path, load_prompts
+from specserve.bench.prompts import Prompt, load_prompts
+from specserve.bench.workloads import default_prompts_path
 from specserve.errors import InvalidArgument
 
 

@@ -15,12 +15,13 @@ from bench_fakes import FakeEngine
 
 import specserve.bench
 from specserve.bench.cli import add_bench_parser, run_bench_command
-from specserve.bench.prompts import default_prompts_path, load_prompts
+from specserve.bench.prompts import load_prompts
 from specserve.bench.workloads import (
     EXCLUDED_MODULES,
     GROUNDED_PATH,
     GROUNDED_PYTHON,
     WORKLOADS,
+    default_prompts_path,
     resolve_prompts_path,
 )
 from specserve.errors import InvalidArgument

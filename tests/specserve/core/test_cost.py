@@ -248,3 +248,13 @@ def test_a_draft_that_does_not_pay_for_its_round_trip_drafts_nothing():
     policy.mean_acceptance = 0.3
     policy.batch_aware = False  # sampled: the overhead depends on timing, so it is not weighed
     assert policy.start_round() == COST_MAX_DEPTH
+
+
+def test_another_drafts_step_replaces_the_glide_drafts_and_survives_json() -> None:
+    cost = CostModel(((1, 0.05), (8, 0.06)), 0.004, 0.001, (("eagle", 0.003, 0.002),))
+    eagle = cost.for_draft("eagle")
+    assert (eagle.draft_step_s, eagle.draft_overhead_s) == (0.003, 0.002)
+    assert eagle.verify_points == cost.verify_points
+    assert cost.for_draft("unmeasured") is cost
+    assert CostModel.from_json(cost.to_json()) == cost
+    assert "other_drafts" not in CostModel(((1, 0.05),), 0.004).to_json()

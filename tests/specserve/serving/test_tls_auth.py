@@ -1,5 +1,5 @@
-"""TLS, peer names, bearer tokens and idle sessions on real gRPC servers started in-process (no model:
-the generated RouterService base answers UNIMPLEMENTED, so any other status is the security layer's)."""
+"""TLS, peer names and bearer tokens on real gRPC servers started in-process (no model: the generated
+RouterService base answers UNIMPLEMENTED, so any other status is the security layer's)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from specserve.client import AsyncClient
 from specserve.errors import SpecserveError
 from specserve.serving import tls
 from specserve.serving.auth import FILE_CHECK_SECONDS, BearerTokenASGI, TokenSet, current_caller, principal
-from specserve.serving.idle import IdleSessions
 from specserve.serving.server import start_server
 from specserve.serving.settings import RouterServiceSettings, TargetServiceSettings
 from specserve.serving.stack import free_port
@@ -129,23 +128,6 @@ def test_bearer_tokens_from_a_list_and_a_rotated_file(ca, tmp_path: Path) -> Non
 def test_a_missing_token_file_accepts_no_file_token(tmp_path: Path) -> None:
     tokens = TokenSet(("a",), str(tmp_path / "absent"))
     assert tokens.accepts("a") and not tokens.accepts("") and not tokens.accepts("b")
-
-
-def test_idle_sessions_are_released_after_the_timeout() -> None:
-    now = [0.0]
-    released: list[str] = []
-    idle = IdleSessions(10.0, released.append, clock=lambda: now[0])
-    idle.touch("a")
-    now[0] = 6.0
-    idle.touch("b")
-    now[0] = 11.0
-    assert idle.reap() == ["a"]
-    idle.touch("b")  # activity keeps it
-    now[0] = 20.0
-    assert idle.reap() == []
-    idle.forget("b")  # released by its router
-    now[0] = 100.0
-    assert idle.reap() == [] and released == ["a"]
 
 
 def test_replicas_dialled_by_ip_are_verified_against_the_configured_name(ca) -> None:

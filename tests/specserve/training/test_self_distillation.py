@@ -14,7 +14,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specserve.models import load_tokenizer
-from specserve.training.distill import kd_loss
 from specserve.training.features import IGNORE
 from specserve.training.generation import (
     ANSWERS,
@@ -25,6 +24,7 @@ from specserve.training.generation import (
     read_stage,
     run_stage,
 )
+from specserve.training.kd import kd_loss
 from specserve.training.prompt_set import (
     Prompt,
     base_prompts,
@@ -105,7 +105,7 @@ def test_the_prompt_set_holds_no_mtbench_question() -> None:
     # The detector can fail: a prompt quoting an MT-Bench question, reworded in case and spacing.
     import json
 
-    from specserve.bench.prompts import default_prompts_path
+    from specserve.bench.workloads import default_prompts_path
 
     first = json.loads(default_prompts_path().read_text().splitlines()[0])["turns"][0]
     assert contains_mtbench(Prompt("x", user("Please answer: " + first.upper())), turns)

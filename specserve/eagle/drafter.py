@@ -1,0 +1,162 @@
+"""EagleDrafter: a hidden-state draft reading the target's committed final hidden states.
+
+Per round (root = the newest committed token x[L]; the target holds features h[0..L-1]):
+1. sync: the draft's cache keeps the positions it already encoded from the target's features (those whose
+   next token still matches), then encodes the rest, position t reading (h[t], x[t + 1]); the last, t =
+   L - 1, reads the root and predicts the first draft token.
+2. draft a spine: the token drafted at depth d sits at position L + d and reads the draft's own output
+   at the position before it (what training's unrolled steps taught it). The stop policy and CaPE widths
+   work as for GliDe (specserve/glide/drafter.py); only the spine carries on, leaves stay leaves.
+Drafted positions are dropped next round, which re-encodes from the target's features.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specserve.core.cape import CapeSettings
+from specserve.core.protocols import DraftTree
+from specserve.core.sampling_params import GREEDY, SamplingParams
+from specserve.eagle.model import EagleDraft
+from specserve.errors import FailedPrecondition
+from specserve.runtime.batching import batched_call
+from specserve.runtime.drafter import DraftShape, WidthDrafter, common_prefix_length, spine_cap
+from specserve.runtime.kv_cache import PositionalKVCache
+
+
+class HiddenStateSource(Protocol):
+    """Read-only view of the target's committed final hidden states; `PositionalKVCache` (after
+    `keep_features`) and the draft service's feed mirror satisfy it."""
+
+    def keep_features(self) -> None:
+        """Asks for hidden states from now on (the target's cache starts storing them; the feed mirror
+        subscribes to them)."""
+        ...
+
+    def hidden_states(self) -> torch.Tensor:
+        """[1, L, H]: every committed position but the root's, as a view."""
+        ...
+
+
+@dataclass(frozen=True)
+class EagleSegment:
+    """One session's draft forward: positions start.. appended to its draft cache."""
+
+    cache: PositionalKVCache  # holds exactly the positions before `start`
+    features: torch.Tensor  # [1, n, H]
+    token_ids: Sequence[int]  # [n], the token after each feature
+    start: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class EagleBatcher:
+    """The batched form of one EagleDraft: (predicted feature [H], logits [V]) after each segment's last
+    position. The layer runs per segment (each its own cache); the LM head once over all of them."""
+
+    label = "draft"
+    priority = -1  # draft forwards run before target forwards (runtime/batching.py)
+
+    def __init__(self, model: EagleDraft) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+
+    @torch.inference_mode()
+    def forward_batch(self, segments: Sequence[EagleSegment]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        last = []
+        for segment in segments:
+            n = segment.num_tokens
+            ids = torch.tensor([list(segment.token_ids)], device=self.device)  # [1, n]
+            positions = torch.arange(segment.start, segment.start + n, device=self.device)  # [n]
+            features = segment.features.to(device=self.device, dtype=self.dtype)  # [1, n, H]
+            last.append(self.model(features, ids, positions, segment.cache)[0, -1])  # [H]
+        states = torch.stack(last)  # [B, H]
+        logits = self.model.logits(states).float()  # [B, V]
+        return list(zip(states.unbind(0), logits.unbind(0), strict=True))
+
+
+_batchers: weakref.WeakKeyDictionary[EagleDraft, EagleBatcher] = weakref.WeakKeyDictionary()
+
+
+def eagle_batcher(model: EagleDraft) -> EagleBatcher:
+    """The one batcher of `model`: drafters of the same model must share it to be batched together."""
+    batcher = _batchers.get(model)
+    if batcher is None:
+        batcher = _batchers[model] = EagleBatcher(model)
+    return batcher
+
+
+class EagleDrafter(WidthDrafter):
+    def __init__(
+        self,
+        model: EagleDraft,
+        source: HiddenStateSource,
+        capacity: int,
+        shape: DraftShape | None = None,
+        cape: CapeSettings | None = None,
+        sampling: SamplingParams = GREEDY,
+    ) -> None:
+        """shape: depth, and fixed widths for non-CaPE trees (default: a chain of 4); cape: widths by
+        confidence instead (then shape.widths must be empty)."""
+        super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
+        self.model = model
+        self.source = source
+        source.keep_features()
+        self.cache = PositionalKVCache(1, capacity + 1)  # the draft's own KV (room for the drafted spine)
+        self._cached_ids: list[int] = []  # x[t + 1] of each position the cache holds from target features
+        self._state = torch.empty(0)  # the draft's output at the newest position it encoded, [H]
+
+    @torch.inference_mode()
+    def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
+        root_position = len(token_ids) - 1
+        max_depth = spine_cap(self.shape.depth, self.stop_policy)
+        if max_depth == 0 or root_position == 0:  # nothing worth drafting, or no feature to read yet
+            return DraftTree.root_only(token_ids[-1])
+        features = self.source.hidden_states()  # [1, L, H]
+        if features.shape[1] != root_position:
+            raise FailedPrecondition(
+                f"the target holds hidden states of {features.shape[1]} positions; the draft needs the "
+                f"{root_position} committed tokens before the root"
+            )
+        logits = self._sync(token_ids, features)  # [V] after the root
+
+        def advance(spine_token: int, depth_index: int) -> torch.Tensor:
+            return self._forward(self._state[None, None], [spine_token], root_position + depth_index)
+
+        def width_at(depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
+            return self._width(depth_index, logits, num_nodes, max_depth)
+
+        return self._grow(token_ids, logits, width_at, advance, generator)
+
+    def _sync(self, token_ids: Sequence[int], features: torch.Tensor) -> torch.Tensor:
+        """Encodes the committed positions the cache lacks (always the root's pair, t = L - 1)."""
+        root_position = len(token_ids) - 1
+        nexts = token_ids[1:]  # x[t + 1] for t = 0 .. L - 1
+        keep = min(common_prefix_length(self._cached_ids, nexts), root_position - 1)
+        self.cache.truncate(keep)  # also drops last round's drafted positions
+        del self._cached_ids[keep:]
+        logits = self._forward(features[:, keep:root_position], nexts[keep:], keep)
+        self._cached_ids.extend(nexts[keep:])
+        return logits
+
+    def _forward(self, features: torch.Tensor, token_ids: Sequence[int], start: int) -> torch.Tensor:
+        """Appends positions start.. to the draft cache; keeps the last predicted feature; returns the
+        full-vocabulary logits after it, [V]."""
+        assert self.cache.length == start, "the draft cache must end right before `start`"
+        segment = EagleSegment(self.cache, features=features, token_ids=list(token_ids), start=start)
+        self._state, logits = batched_call(eagle_batcher(self.model), segment)
+        return logits
+
+    def release(self) -> None:
+        """Ends the request: the cache and the pending round go; the policy's learning stays."""
+        self.cache.truncate(0)
+        self._cached_ids.clear()
+        self._feedback.reset()

@@ -1,0 +1,128 @@
+"""Training and held-out scoring of the hidden-state draft (specserve/eagle) on distillation features.
+
+Alignment (tested against a hand computation in tests/specserve/training/test_eagle_training.py): a
+sequence's position t carries the target's normed final hidden state h[t], token x[t] and the target's
+top-k for x[t + 1]. The draft's position t reads (h[t], x[t + 1]) and predicts x[t + 2], so its label is
+the target's top-k at t + 1: every array but h drops its first position.
+
+The loss is the distillation loss of `kd.kd_loss` at each unrolled step (`EagleDraft.unrolled`:
+step j feeds the draft its own outputs j times, as when it drafts the (j + 1)-th token of a round),
+weighted decay**j, over answer positions that have a root j positions back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from specserve.eagle.model import EagleDraft
+from specserve.training.evaluate import Agreement, merge
+from specserve.training.features import IGNORE, pad_rows
+from specserve.training.kd import kd_loss
+
+if TYPE_CHECKING:
+    from torch import nn
+
+EVAL_STEPS = 5  # lags scored by eval-draft, as for GliDe's block of 5
+
+
+def shifted_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A distillation batch (FeatureSet.batch with hidden states) -> the draft's view of it, one shorter:
+    features [B, S-1, H] = h[t], input_ids [B, S-1] = x[t + 1], topk_ids / topk_probs [B, S-1, K] and
+    loss_mask [B, S-1] of position t + 1."""
+    return {
+        "features": batch["hidden"][:, :-1],
+        "input_ids": batch["input_ids"][:, 1:],
+        "topk_ids": batch["topk_ids"][:, 1:],
+        "topk_probs": batch["topk_probs"][:, 1:],
+        "loss_mask": batch["loss_mask"][:, 1:],
+    }
+
+
+def eagle_step_loss(
+    draft: EagleDraft,
+    batch: dict[str, torch.Tensor],
+    steps: int,
+    decay: float,
+    kd_weight: float,
+    ce_weight: float,
+    bf16: bool,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    view = shifted_inputs(batch)
+    index = draft.draft_index  # [V] full id -> head row, -100 outside
+    width = view["input_ids"].shape[1]
+    total = torch.zeros(())
+    metrics: dict[str, float] = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        outputs = draft.unrolled(view["features"].float(), view["input_ids"], steps)
+    for j, predicted in enumerate(outputs):
+        rooted = torch.arange(width) >= j  # [S-1]: a root j positions back exists
+        positions = view["loss_mask"] & rooted[None]  # [B, S-1]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            scores = draft.draft_logits(predicted[positions])  # [N, V_draft]
+        topk = index[view["topk_ids"][positions]]  # [N, K]
+        topk = torch.where(topk >= 0, topk, torch.full_like(topk, -1))
+        labels = index[view["topk_ids"][positions][:, 0]]  # [N]
+        loss, kl, ce = kd_loss(scores, topk, view["topk_probs"][positions], labels, kd_weight, ce_weight)
+        total = total + decay**j * loss
+        if j == 0:
+            with torch.no_grad():
+                scored = labels >= 0
+                agree = (scores.argmax(-1) == labels) & scored
+                metrics = {
+                    "kl": float(kl),
+                    "ce": float(ce),
+                    "accuracy": float(agree.sum() / scored.sum().clamp_min(1)),
+                }
+    metrics["loss"] = float(total.detach())
+    return total, metrics
+
+
+@torch.inference_mode()
+def held_out_hidden(
+    target: nn.Module,  # the frozen HF causal LM
+    sequences: Sequence[Sequence[int]],
+    answer_starts: Sequence[int],
+    pad_id: int,
+    batch_size: int = 8,
+) -> list[dict[str, torch.Tensor]]:
+    """The target's side of the evaluation, once: per batch input_ids, labels (the target's argmax,
+    IGNORE outside the answers) and hidden [B, S, H], its normed final hidden states."""
+    out = []
+    for start in range(0, len(sequences), batch_size):
+        rows = sequences[start : start + batch_size]
+        lengths = torch.tensor([len(r) for r in rows])
+        width = int(lengths.max())
+        input_ids = pad_rows(rows, width, pad_id)  # [B, S]
+        hidden = target.model(input_ids=input_ids).last_hidden_state  # type: ignore[operator]  # [B, S, H]
+        labels = target.lm_head(hidden).argmax(-1)  # type: ignore[operator]  # [B, S]
+        positions = torch.arange(width)[None]  # [1, S]
+        starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]
+        scored = (positions >= starts) & (positions < lengths[:, None])
+        labels = torch.where(scored, labels, torch.full_like(labels, IGNORE))
+        out.append({"input_ids": input_ids, "labels": labels, "hidden": hidden.half()})
+    return out
+
+
+@torch.inference_mode()
+def score_eagle(
+    draft: EagleDraft, batches: Sequence[dict[str, torch.Tensor]], steps: int = EVAL_STEPS
+) -> Agreement:
+    """Agreement at lags 1..steps: the j-th drafted token of a round, the j - 1 before it accepted (so
+    teacher-forced tokens), the draft reading its own outputs for them as when drafting."""
+    dtype = next(draft.parameters()).dtype
+    parts = []
+    for batch in batches:
+        features = batch["hidden"][:, :-1].to(dtype)  # [B, S-1, H]
+        ids, labels = batch["input_ids"][:, 1:], batch["labels"][:, 1:]  # [B, S-1]
+        width = ids.shape[1]
+        agreed, scored = [], []
+        for j, predicted in enumerate(draft.unrolled(features, ids, steps)):
+            mask = (labels != IGNORE) & (torch.arange(width) >= j)[None]  # [B, S-1]
+            guess = draft.logits(predicted).argmax(-1)  # [B, S-1]
+            agreed.append(int(((guess == labels) & mask).sum()))
+            scored.append(int(mask.sum()))
+        parts.append(Agreement(tuple(agreed), tuple(scored)))
+    return merge(parts)

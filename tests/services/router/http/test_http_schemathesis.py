@@ -1,0 +1,122 @@
+"""Schemathesis against the router's served /openapi.json: requests generated from the document itself,
+valid ones and invalid ones, sent to the real HTTP API in front of the real stack (http_router).
+
+Every response must be one the document declares (status code, content type, body schema), invalid
+requests must be refused with a 4xx, and no response may be a 5xx. Bounded for CI: MAX_EXAMPLES requests
+per operation and kind, no shrinking (a failure is reported as found), a time limit per operation, and
+valid generations held to a few tokens so that each costs well under a second.
+
+schemathesis's own pytest integration is not used (it is off in pyproject.toml's addopts): its lazy
+loader, the one that takes a schema from a running server, does not work with this pytest. Hypothesis
+runs its strategies directly instead, as schemathesis documents for tests of one's own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.checks import CHECKS
+from schemathesis.schemas import APIOperation, BaseSchema
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model]
+
+MAX_EXAMPLES = 25  # generated requests per operation and generation mode
+MAX_NEW_TOKENS = 4  # a valid generation stops here: bounded cost whatever was generated
+MIN_TIMEOUT_SECONDS = 60.0  # a valid `timeout_seconds` is raised to this: a 504 would then be the test's
+SECONDS_PER_OPERATION = 300
+# What the served document lists; a route added to the API without being added here fails the first test.
+OPERATIONS = [
+    "GET /",
+    "GET /health",
+    "GET /v1/models",
+    "GET /v1/models/{model_id}",
+    "GET /v1/methods",
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+]
+# Not positive_data_acceptance: a request the document calls valid may still be refused for what the
+# document cannot know (a method this router does not run, a token id beyond the vocabulary, a lossy
+# method at temperature > 0); test_http_openapi.py checks that the static bounds are documented.
+CHECK_NAMES = (
+    "not_a_server_error",  # no 5xx
+    "status_code_conformance",  # every status is one the operation declares
+    "content_type_conformance",  # ... with a declared content type
+    "response_schema_conformance",  # ... and a body its schema allows
+    "response_headers_conformance",
+    "negative_data_rejection",  # an invalid request (body, path, token) gets a 4xx
+)
+
+
+@pytest.fixture(scope="module")
+def auth(http_router) -> dict[str, str]:
+    return {"Authorization": f"Bearer {http_router.token}"}
+
+
+@pytest.fixture(scope="module")
+def served_schema(http_router, auth: dict[str, str]) -> BaseSchema:
+    return schemathesis.openapi.from_url(
+        f"{http_router.base_url.removesuffix('/v1')}/openapi.json", headers=auth
+    )
+
+
+def bounded(case: schemathesis.Case) -> None:
+    """Holds a generated body's valid token counts and timeout to cheap values. A value the API must
+    refuse is left as generated, so an invalid request stays invalid."""
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if type(value) is int and value > MAX_NEW_TOKENS:
+            body[key] = MAX_NEW_TOKENS
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = MAX_NEW_TOKENS
+    timeout = body.get("timeout_seconds")
+    if type(timeout) in (int, float) and 0 < timeout < MIN_TIMEOUT_SECONDS:
+        body["timeout_seconds"] = MIN_TIMEOUT_SECONDS
+
+
+def fuzz(operation: APIOperation, mode: schemathesis.GenerationMode, headers: dict[str, str]) -> Counter[int]:
+    """Sends MAX_EXAMPLES generated requests and checks each response; returns how many got each status."""
+    checks = CHECKS.get_by_names(CHECK_NAMES)
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        phases=[Phase.generate],  # no shrinking, no replay database
+        deadline=None,  # real requests: their time is bounded by the test's timeout instead
+        derandomize=True,  # the same requests every run, so a failure reproduces
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
+    def run(case: schemathesis.Case) -> None:
+        bounded(case)
+        response = case.call_and_validate(headers=headers, checks=checks, timeout=120)
+        statuses[response.status_code] += 1
+
+    statuses: Counter[int] = Counter()
+    run()
+    return statuses
+
+
+def test_every_served_operation_is_fuzzed(served_schema: BaseSchema) -> None:
+    served = [op.ok().label for op in served_schema.get_all_operations()]
+    assert sorted(served) == sorted(OPERATIONS)
+
+
+@pytest.mark.timeout(SECONDS_PER_OPERATION)
+@pytest.mark.parametrize("label", OPERATIONS)
+def test_generated_requests_get_declared_responses_and_no_5xx(
+    served_schema: BaseSchema, auth: dict[str, str], label: str
+) -> None:
+    method, path = label.split(" ", 1)
+    operation = served_schema[path][method]
+    valid = fuzz(operation, schemathesis.GenerationMode.POSITIVE, auth)
+    if method == "POST":  # the valid requests reached the model, not only the refusals
+        assert valid[200] >= MAX_EXAMPLES // 4, dict(valid)
+    if operation.body or operation.path_parameters or operation.definition.raw.get("security"):
+        # something to get wrong: the body, a path parameter, or the token (missing or malformed)
+        fuzz(operation, schemathesis.GenerationMode.NEGATIVE, auth)

@@ -1,0 +1,150 @@
+"""EagleDrafter in the speculative loop: lossless greedy and sampling, the target's hidden states kept
+exactly for committed positions, and proposals that follow the documented position convention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_llama import exact_joint_of_tokens_2_and_3, tiny_llama
+
+from specserve.core.cape import CapeSettings
+from specserve.core.finish import FinishChecker
+from specserve.core.loop import speculative_generate
+from specserve.core.sampling_params import SamplingParams
+from specserve.eagle.drafter import EagleDrafter
+from specserve.eagle.model import EagleDraft, build_eagle
+from specserve.errors import FailedPrecondition
+from specserve.runtime.drafter import DraftShape, spine_token_ids
+from specserve.runtime.runner import ModelRunner
+from specserve.runtime.target import LocalVerifier
+
+PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
+CAPACITY = 256
+GREEDY = SamplingParams()
+
+
+def _eagle(target_model, seed: int = 0, std: float = 0.3, **overrides) -> EagleDraft:
+    draft = build_eagle(target_model, seed=seed, **overrides)
+    draft.init_weights(torch.Generator().manual_seed(seed), std=std)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def target():
+    return ModelRunner(tiny_llama())
+
+
+def run(target, model, shape, cape, params, seed=0, prompt=PROMPT, max_new_tokens=40):
+    verifier = LocalVerifier(target, CAPACITY, sampling=params)
+    drafter = None
+    if model is not None:
+        drafter = EagleDrafter(model, verifier.cache, CAPACITY, shape, cape, params)
+    finish = FinishChecker(max_new_tokens, frozenset())
+    stats = speculative_generate(prompt, verifier, drafter, seed, finish)
+    return finish.generated, stats, verifier
+
+
+@pytest.mark.parametrize(
+    "shape, cape, overrides",
+    [
+        (DraftShape(depth=4), None, {"draft_vocab_size": None}),
+        (DraftShape(depth=4), CapeSettings(), {"draft_vocab_size": None}),
+        (DraftShape(depth=3), CapeSettings(max_tree_nodes=6), {"draft_vocab_size": 16}),
+    ],
+    ids=["chain", "cape", "cape-reduced-head"],
+)
+def test_greedy_output_equals_target_alone(target, shape, cape, overrides):
+    reference, _, _ = run(target, None, None, None, GREEDY)
+    generated, stats, _verifier = run(target, _eagle(target.model, **overrides), shape, cape, GREEDY)
+    assert generated == reference
+    assert stats.num_draft_tokens > 0
+
+
+def test_committed_hidden_states_equal_a_plain_forward_over_the_committed_tokens(target):
+    """After rounds of tree verification and commits, the kept states are the ones the LM head reads."""
+    verifier = LocalVerifier(target, CAPACITY)
+    drafter = EagleDrafter(
+        _eagle(target.model, draft_vocab_size=None), verifier.cache, CAPACITY, cape=CapeSettings()
+    )
+    finish = FinishChecker(24, frozenset())
+    speculative_generate(PROMPT, verifier, drafter, 0, finish)
+    committed = verifier.token_ids[:-1]
+    with torch.inference_mode():
+        expected = target.model.model(torch.tensor([committed])).last_hidden_state  # [1, L, H]
+    kept = verifier.cache.hidden_states()
+    assert kept.shape == expected.shape
+    torch.testing.assert_close(kept, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_commit_path_keeps_the_accepted_branchs_states(target):
+    verifier = LocalVerifier(target, CAPACITY)
+    cache = verifier.cache
+    cache.keep_features()
+    target.forward(cache, PROMPT)
+    start = cache.length
+    # root 8 with children 11 and 12; 12 has child 13: accept root -> 12 -> 13 (nodes 0, 2, 3)
+    target.forward(cache, [8, 11, 12, 13], [-1, 0, 0, 2])
+    cache.commit_path(start, [0, 2, 3])
+    with torch.inference_mode():
+        expected = target.model.model(torch.tensor([[*PROMPT, 8, 12, 13]])).last_hidden_state
+    torch.testing.assert_close(cache.hidden_states(), expected, atol=1e-4, rtol=1e-4)
+    cache.truncate(start + 1)
+    torch.testing.assert_close(cache.hidden_states(), expected[:, : start + 1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_round_drafts_from_h_t_and_x_t_plus_1_then_from_its_own_outputs(target):
+    """The spine by hand: position t reads (h[t], x[t + 1]); drafted position L + d reads the draft's
+    output at L + d - 1 and the token drafted before it, at RoPE position L + d."""
+    model = _eagle(target.model, draft_vocab_size=None, std=0.5)
+    verifier = LocalVerifier(target, CAPACITY)
+    drafter = EagleDrafter(model, verifier.cache, CAPACITY, DraftShape(depth=4))
+    root = verifier.prefill(PROMPT, 0)
+    token_ids = [*PROMPT, root]
+    spine = spine_token_ids(drafter.propose(token_ids, 0).tree)
+    features = verifier.cache.hidden_states()  # [1, L, H]
+    nexts = token_ids[1:]
+    expected: list[int] = []
+    with torch.inference_mode():
+        for _ in range(4):
+            y = model(features, torch.tensor([nexts]))  # [1, n, H], no cache: all positions at once
+            token = int(model.logits(y[0, -1]).argmax())
+            expected.append(token)
+            features = torch.cat([features, y[:, -1:]], dim=1)
+            nexts = [*nexts, token]
+    assert spine == expected
+
+
+def test_a_target_without_hidden_states_is_a_clear_error(target):
+    verifier = LocalVerifier(target, CAPACITY)
+    drafter = EagleDrafter(_eagle(target.model, draft_vocab_size=None), verifier.cache, CAPACITY)
+    root = verifier.prefill(PROMPT, 0)
+    verifier.cache.features = None  # as a target that never kept them
+    with pytest.raises(ValueError):
+        drafter.propose([*PROMPT, root], 0)
+    other = LocalVerifier(target, CAPACITY)
+    EagleDrafter(_eagle(target.model, draft_vocab_size=None), other.cache, CAPACITY)
+    root = other.prefill(PROMPT, 0)
+    with pytest.raises(FailedPrecondition):  # the root's position is not committed yet
+        EagleDrafter(_eagle(target.model, draft_vocab_size=None), other.cache, CAPACITY).propose(
+            [*PROMPT, root, 5], 0
+        )
+
+
+V = 4
+
+
+def test_speculative_sampling_preserves_target_distribution():
+    cape = None  # a sampled chain: the case that needs the draft's q (CaPE's fixed candidates do not)
+    small = ModelRunner(tiny_llama(vocab_size=V, hidden=16, layers=1, seed=3))
+    model = _eagle(small.model, seed=4, std=1.0, draft_vocab_size=None)
+    prompt = [1, 2, 3, 0, 1]
+    params = SamplingParams(temperature=1.0)
+    trials = 3000
+    counts = torch.zeros(V, V)
+    for seed in range(trials):
+        generated, _, _ = run(small, model, DraftShape(depth=2), cape, params, seed, prompt, 3)
+        counts[generated[1], generated[2]] += 1
+    expected = exact_joint_of_tokens_2_and_3(small.model, prompt, params, V) * trials
+    result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())
+    assert result.pvalue > 1e-3, f"p={result.pvalue:.2e}"
