@@ -38,7 +38,7 @@ class EngineSettings:
       default model, else the early-exit draft above.
     eagle_dir: a hidden-state draft saved by `specserve.eagle.save_eagle` (`python -m
       specserve.training.distill train --kind eagle`), used by the eagle methods; None means the shipped
-      a randomly initialised draft with a warning (no trained one ships yet).
+      one for the default model, else a randomly initialised draft with a warning.
     """
 
     model_dir: Path | None = None

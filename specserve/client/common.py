@@ -22,7 +22,7 @@ _FINISH = {
 # Resume may then wait up to 7 s for the dead router's Redis lease to expire (services/router/state.py):
 # 30 s covers that with room for a slower start or a second restart in its backoff.
 RETRY_SECONDS = 30.0
-RETRY_BACKOFF_SECONDS = (0.1, 0.25, 0.5, 1.0)  # the Nth retry in a row waits this long (the last after)
+RETRY_BACKOFF_SECONDS = (0.1, 0.25, 0.5, 1.0)  # before the Nth retry in a row; the last for all later ones
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the services' default limit
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -6,7 +6,8 @@ answers (`python -m specserve.training.distill`, see docs/training.md); the vani
 
 Each subdirectory is a draft saved by `specserve.glide.save_glide` or, for the hidden-state draft,
 `specserve.eagle.model.save_eagle` (config.json + model.safetensors, bf16), with training.json (the
-exact settings, data manifest and time) and training.png beside it. They are used only when the target is the default model: a draft is trained for one target.
+exact settings, data manifest and time) and training.png beside it. They are used only when the target
+is the default model: a draft is trained for one target.
 The stopper directory holds the `decision` policy's small MLP (model.safetensors + stopper.json).
 """
 

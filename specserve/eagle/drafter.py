@@ -12,7 +12,6 @@ Drafted positions are dropped next round, which re-encodes from the target's fea
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,7 +23,7 @@ from specserve.core.protocols import DraftTree
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.eagle.model import EagleDraft
 from specserve.errors import FailedPrecondition
-from specserve.runtime.batching import batched_call
+from specserve.runtime.batching import batched_call, shared_batcher
 from specserve.runtime.drafter import DraftShape, WidthDrafter, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
 
@@ -83,15 +82,9 @@ class EagleBatcher:
         return list(zip(states.unbind(0), logits.unbind(0), strict=True))
 
 
-_batchers: weakref.WeakKeyDictionary[EagleDraft, EagleBatcher] = weakref.WeakKeyDictionary()
-
-
 def eagle_batcher(model: EagleDraft) -> EagleBatcher:
-    """The one batcher of `model`: drafters of the same model must share it to be batched together."""
-    batcher = _batchers.get(model)
-    if batcher is None:
-        batcher = _batchers[model] = EagleBatcher(model)
-    return batcher
+    """The one batcher of `model` (runtime/batching.py `shared_batcher`)."""
+    return shared_batcher(model, EagleBatcher)
 
 
 class EagleDrafter(WidthDrafter):

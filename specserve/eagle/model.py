@@ -36,6 +36,7 @@ from specserve.glide.model import (
     _merge_heads,
     _split_heads,
     apply_rope,
+    init_draft_weights,
     register_draft_vocab,
     rope_cos_sin,
     scatter_to_vocab,
@@ -161,14 +162,8 @@ class EagleDraft(nn.Module):
             return scores
         return scatter_to_vocab(scores, self.draft_token_ids, self.config.vocab_size)
 
-    @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
-        """Normal(0, std) for every trainable matrix, ones for norms; deterministic given `generator`."""
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        init_draft_weights(self, generator, std)
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -192,13 +187,14 @@ def build_eagle(
     target = cast("PreTrainedModel", target_model)
     config = EagleConfig.from_target(target.config, **overrides)
     model = _new_draft(config, target, draft_token_ids)
-    model.init_weights(make_generator(seed))
+    model.init_weights(make_generator(seed))  # on the CPU: the same draft whatever the target's device
+    model = _for_inference(model, target)  # then the target's rows are copied where they already are
     with torch.no_grad():
         head_weight = cast(torch.Tensor, target.get_output_embeddings().weight)  # [V, H]
         model.lm_head.weight.copy_(head_weight[model.draft_token_ids])
         final_norm = cast(nn.Module, cast(nn.Module, target.model).norm)
         model.norm.weight.copy_(cast(torch.Tensor, final_norm.weight))
-    return _for_inference(model, target)
+    return model
 
 
 def save_eagle(model: EagleDraft, directory: Path, dtype: torch.dtype | None = None) -> Path:

@@ -7,13 +7,13 @@ attends its own cache and its own target K/V. The LM head, the largest matrix of
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from specserve.glide.model import GlideDraft, TargetKV
+from specserve.runtime.batching import shared_batcher
 from specserve.runtime.kv_cache import PositionalKVCache
 
 
@@ -55,12 +55,6 @@ class GlideBatcher:
         return list(logits.unbind(0))
 
 
-_batchers: weakref.WeakKeyDictionary[GlideDraft, GlideBatcher] = weakref.WeakKeyDictionary()
-
-
 def glide_batcher(model: GlideDraft) -> GlideBatcher:
-    """The one batcher of `model`: drafters of the same model must share it to be batched together."""
-    batcher = _batchers.get(model)
-    if batcher is None:
-        batcher = _batchers[model] = GlideBatcher(model)
-    return batcher
+    """The one batcher of `model` (runtime/batching.py `shared_batcher`)."""
+    return shared_batcher(model, GlideBatcher)

@@ -301,14 +301,18 @@ class GlideDraft(nn.Module):
             labels = torch.where(labels >= 0, self.draft_index[labels.clamp_min(0)], labels)  # [B, S]
         return F.cross_entropy(scores.flatten(0, 1), labels.flatten(), ignore_index=-100)
 
-    @torch.no_grad()
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
-        """Normal(0, std) for every trainable matrix, ones for norms; deterministic given `generator`."""
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        init_draft_weights(self, generator, std)
+
+
+@torch.no_grad()
+def init_draft_weights(model: nn.Module, generator: torch.Generator, std: float = 0.02) -> None:
+    """Normal(0, std) for every trainable matrix, ones for norms; deterministic given `generator`."""
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
 # --- a reduced LM head: the draft scores its most frequent tokens only ----------------------------

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import greenlet
 
@@ -33,6 +34,8 @@ from specserve.errors import Cancelled, ResourceExhausted
 S = TypeVar("S")  # a model's segment type
 R = TypeVar("R")  # its per-segment result
 S_contra = TypeVar("S_contra", contravariant=True)  # S, as a protocol parameter (only taken, never given)
+ModelT = TypeVar("ModelT")  # a draft model a batcher runs
+BatcherT = TypeVar("BatcherT")
 
 
 class BatchedModel(Protocol[S_contra, R]):
@@ -374,3 +377,15 @@ class SchedulerThread:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
+
+
+_shared_batchers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def shared_batcher(model: ModelT, make: Callable[[ModelT], BatcherT]) -> BatcherT:
+    """The one batcher of `model`, made by `make` on first use: drafters of the same model must share it
+    to be batched together (a batcher each would run every session's forward alone)."""
+    batcher = _shared_batchers.get(model)
+    if batcher is None:
+        batcher = _shared_batchers[model] = make(model)
+    return cast(BatcherT, batcher)

@@ -4,7 +4,8 @@ A sync gRPC server with: bounded concurrency (`maximum_concurrent_rpcs`: the ove
 RESOURCE_EXHAUSTED at once, there is no unbounded queue), message size limits both ways, the error
 interceptor, trace propagation, grpc.health.v1 and reflection, Prometheus on its own port, and a
 graceful drain on SIGTERM/SIGINT (health turns NOT_SERVING, new RPCs are refused, running ones get
-`drain_seconds` to finish).
+`drain_seconds` to finish). A service that holds sessions (the target, the draft) also releases those
+whose lease lapsed or that sat idle, and serves SessionLeaseService (serving/expiry.py).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def plot_budget(runs: Sequence[BudgetRun], out_png: Path) -> None:
     fig, (first, chain) = plt.subplots(1, 2, figsize=(10, 3.8))
     for run in runs:
         passes = [p.token_passes / 1e6 for p in run.points]
-        label = f"{run.name} ({run.kind})"
+        label = run.name if run.name == run.kind else f"{run.name} ({run.kind})"
         first.plot(passes, [p.first_token for p in run.points], "o-", label=label, markersize=3)
         chain.plot(passes, [p.chain_of_4 for p in run.points], "o-", label=label, markersize=3)
     first.set(xlabel="training token passes (millions)", ylabel="held-out agreement, first draft token")

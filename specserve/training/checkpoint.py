@@ -67,12 +67,16 @@ def latest_checkpoint(root: Path) -> Path | None:
 def load_checkpoint(
     path: Path, model: GlideDraft | EagleDraft, optimizer: torch.optim.Optimizer
 ) -> dict[str, Any]:
-    """Restores weights and optimizer moments in place; returns the saved state (step, epoch, ...)."""
+    """Restores weights and optimizer moments in place, on the device the model is on now (a checkpoint
+    holds CPU copies, so a run may resume on another device); returns the saved state (step, epoch, ...)."""
     from safetensors.torch import load_file
 
-    weights = load_file(str(Path(path) / "model.safetensors"))
+    device = next(model.parameters()).device
+    weights = load_file(str(Path(path) / "model.safetensors"), device=str(device))
     model.load_state_dict(weights, strict=True)
     state = json.loads((Path(path) / STATE).read_text())
+    # Loaded on the CPU: `Optimizer.load_state_dict` moves each moment to its parameter's device and keeps
+    # AdamW's step counter on the CPU, both where a run that never stopped keeps them.
     moments = load_file(str(Path(path) / OPTIMIZER))
     per_param: dict[int, dict[str, Any]] = {}
     for key, value in moments.items():

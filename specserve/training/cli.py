@@ -94,7 +94,9 @@ def add_eval_draft_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentP
         "eval-draft",
         help="a draft's agreement with the target per draft position, on held-out answers (MT-Bench)",
     )
-    p.add_argument("--draft", type=Path, help="a draft directory (default: the shipped GliDe draft)")
+    p.add_argument(
+        "--draft", type=Path, help="a GliDe or hidden-state draft directory (default: the shipped GliDe one)"
+    )
     p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--per-category", type=int, default=5, help="MT-Bench first turns per category")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's answers")
@@ -108,9 +110,11 @@ def run_eval_draft_command(args: argparse.Namespace) -> int:
 
     from specserve.bench.prompts import load_prompts, per_category
     from specserve.drafts import DraftKind, shipped_draft_dir
+    from specserve.eagle.model import is_eagle_dir, load_eagle
     from specserve.errors import InvalidArgument, NotFound
     from specserve.glide.model import load_glide
     from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
+    from specserve.training.eagle import held_out_hidden, score_eagle
     from specserve.training.evaluate import evaluate_draft, held_out_answers
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.batch_size < 1:
@@ -124,12 +128,16 @@ def run_eval_draft_command(args: argparse.Namespace) -> int:
         raise NotFound(f"{draft_dir} holds no draft (model.safetensors)")
     target = load_causal_lm(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    draft = load_glide(draft_dir, target)
     prompts = [p.text for p in per_category(load_prompts(), args.per_category)]
     cache = engine.cache_dir / f"eval-answers-{model_dir.name}-{len(prompts)}x{args.max_new_tokens}.json"
     sequences, starts = held_out_answers(target, tokenizer, prompts, args.max_new_tokens, cache)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    result = evaluate_draft(target, draft, sequences, starts, pad_id, args.batch_size)
+    if is_eagle_dir(draft_dir):  # the same answers and metric; the draft reads the target's hidden states
+        hidden = held_out_hidden(target, sequences, starts, pad_id, args.batch_size)
+        result = score_eagle(load_eagle(draft_dir, target), hidden)
+    else:
+        glide = load_glide(draft_dir, target)
+        result = evaluate_draft(target, glide, sequences, starts, pad_id, args.batch_size)
     print(f"{draft_dir}: agreement {result.overall:.3f} over {sum(result.scored)} answer positions")
     for lag, (rate, n) in enumerate(zip(result.by_lag, result.scored, strict=True), start=1):
         print(

@@ -36,6 +36,7 @@ from specserve.glide.model import (
     frequency_ranked_ids,
     save_glide,
 )
+from specserve.training.device import bf16_autocast, device_record, parse_device, to_device, usable_device
 from specserve.training.eagle import eagle_step_loss
 from specserve.training.features import pad_rows, teacher_forced
 from specserve.training.generation import ANSWERS, INSTRUCT, Rows
@@ -67,14 +68,20 @@ def sequence_features(
     after its last norm (what its LM head reads), the input of a hidden-state draft (specserve/eagle).
 
     One right-padded batch through `features.teacher_forced` (every real position's values are those of
-    an unpadded run). Logits are formed a chunk of positions at a time (never [B, S, V]).
+    an unpadded run), on the target's device. Logits are formed a chunk of positions at a time (never
+    [B, S, V]). Each array comes back to the CPU once, already fp16, for numpy.
     """
     lengths = [len(s) for s in sequences]
     width = max(lengths)
-    passed = teacher_forced(target, pad_rows(sequences, width, pad_id=0), layers)
+    device = next(target.parameters()).device
+    input_ids = pad_rows(sequences, width, pad_id=0).to(device, non_blocking=True)  # [B, S]
+    passed = teacher_forced(target, input_ids, layers)
     hidden = passed.hidden  # [B, S, H]
-    # target layer (from 0) -> keys, values [B, S, Hkv, D]
-    kv = {layer: (k.transpose(1, 2), v.transpose(1, 2)) for layer, (k, v) in passed.kv.items()}
+    # target layer (from 0) -> keys, values [B, S, Hkv, D], fp16 on the CPU
+    kv = {
+        layer: (k.transpose(1, 2).to(torch.float16).cpu(), v.transpose(1, 2).to(torch.float16).cpu())
+        for layer, (k, v) in passed.kv.items()
+    }
     flat = hidden.reshape(-1, hidden.shape[-1])  # [B*S, H]
     ids, probs = [], []
     for start in range(0, flat.shape[0], chunk):
@@ -82,16 +89,17 @@ def sequence_features(
         top = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
         ids.append(top.indices)
         probs.append(top.values)
-    topk_ids = torch.cat(ids).view(len(sequences), width, top_k)
-    topk_probs = torch.cat(probs).view(len(sequences), width, top_k)
+    topk_ids = torch.cat(ids).view(len(sequences), width, top_k).cpu()
+    topk_probs = torch.cat(probs).view(len(sequences), width, top_k).cpu()
+    hidden_fp16 = hidden.to(torch.float16).cpu() if hidden_states else None
     result = []
     for i, n in enumerate(lengths):
         row = {}
         for layer, (keys, values) in kv.items():
-            row[f"k.{layer}"] = keys[i, :n].to(torch.float16).numpy()
-            row[f"v.{layer}"] = values[i, :n].to(torch.float16).numpy()
-        if hidden_states:
-            row["hidden"] = hidden[i, :n].to(torch.float16).numpy()
+            row[f"k.{layer}"] = keys[i, :n].numpy()
+            row[f"v.{layer}"] = values[i, :n].numpy()
+        if hidden_fp16 is not None:
+            row["hidden"] = hidden_fp16[i, :n].numpy()
         result.append(
             {
                 **row,
@@ -326,7 +334,12 @@ class DistillSettings:
     unroll_steps: int = 3  # eagle: training-time test, steps of the draft reading its own outputs
     step_decay: float = 0.8  # eagle: weight of step j's loss is step_decay**j
     train_head: bool = False  # eagle: also train the reduced head (else it stays the target's rows)
+    # "cpu", "cuda" or "cuda:N": where the target, the draft and every batch live (bf16 autocast on either)
+    device: str = "cpu"
     extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parse_device(self.device)  # the name only: whether this machine has the GPU is `train`'s check
 
 
 def block_layers(settings: DistillSettings, num_target_layers: int) -> tuple[int, ...]:
@@ -354,7 +367,8 @@ def new_draft(settings: DistillSettings, target: PreTrainedModel, data: FeatureS
             block_target_layers=block_layers(settings, target.config.num_hidden_layers),
         )
         with torch.no_grad():
-            draft.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
+            head = target.get_output_embeddings().weight  # [V, H] on the target's device
+            draft.lm_head.weight.copy_(head[ids.to(head.device)])
             draft.norm.weight.copy_(target.model.norm.weight)
     return draft.float().train().requires_grad_(True)
 
@@ -378,13 +392,16 @@ def new_eagle_draft(settings: DistillSettings, target: PreTrainedModel, data: Fe
 
 def step_loss(
     draft: GlideDraft, batch: dict[str, torch.Tensor], settings: DistillSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-> (loss, metrics). `batch` is on the draft's device; the metrics are 0-d tensors there, read
+    only when a log line is written, so a GPU is not made to wait for them every step."""
     dtype = torch.float32
+    device = batch["input_ids"].device
     width = batch["input_ids"].shape[1]
-    cross = blockwise_cross_mask(width, draft.config.block_size)
+    cross = blockwise_cross_mask(width, draft.config.block_size).to(device)  # [S, S]
     blocks = range(draft.config.num_layers)
     kv = [(batch[f"target_k.{i}"].to(dtype), batch[f"target_v.{i}"].to(dtype)) for i in blocks]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+    with bf16_autocast(device, settings.bf16):
         hidden = draft(batch["input_ids"], kv, cross)  # [B, S, H]
         positions = batch["loss_mask"]  # [B, S]
         scores = draft.draft_logits(hidden[positions])  # [N, V_draft]
@@ -398,8 +415,8 @@ def step_loss(
     with torch.no_grad():
         scored = labels >= 0
         agree = (scores.argmax(-1) == labels) & scored
-        accuracy = float(agree.sum() / scored.sum().clamp_min(1))
-    return loss, {"loss": float(loss.detach()), "kl": float(kl), "ce": float(ce), "accuracy": accuracy}
+        accuracy = agree.sum() / scored.sum().clamp_min(1)
+    return loss, {"loss": loss.detach(), "kl": kl, "ce": ce, "accuracy": accuracy}
 
 
 def held_out_eval(
@@ -469,11 +486,14 @@ def train(
     from specserve.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from specserve.training.trainer import make_scheduler
 
+    device = usable_device(settings.device)  # before anything is loaded or written
+    # On a GPU the threads only build batches; on the CPU they run the whole step.
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     torch.manual_seed(settings.seed)
     out = Path(settings.out_dir)
     (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-    target = load_causal_lm(model_dir)
+    # native: a new draft copies the target's dense head rows (and on CUDA every kernel is cuBLAS's)
+    target = load_causal_lm(model_dir, device=settings.device, linear_kernel="native")
     tokenizer = load_tokenizer(model_dir)
     eagle = settings.kind == "eagle"
     if eagle:
@@ -496,6 +516,7 @@ def train(
         "steps": settings.steps,
         "sequences": len(data),
         "answer_tokens": data.answer_tokens,
+        **device_record(device),
     }
     (out / RUN).write_text(json.dumps(run_info, indent=2) + "\n")
     draft: GlideDraft | EagleDraft
@@ -523,7 +544,9 @@ def train(
     window_start, window_tokens = time.monotonic(), 0
     while state["step"] < settings.steps:
         indices = batch_indices(len(data), settings.batch_size, state["step"], settings.seed)
-        batch = data.batch(indices, layers_of_blocks)
+        host_batch = data.batch(indices, layers_of_blocks)  # built from numpy on the CPU
+        window_tokens += int(host_batch["loss_mask"].sum())  # counted here: no wait for the device
+        batch = to_device(host_batch, device)
         if isinstance(draft, EagleDraft):
             loss, metrics = eagle_step_loss(
                 draft,
@@ -544,12 +567,11 @@ def train(
         state["step"] += 1
         step = state["step"]
         window.append(metrics)
-        window_tokens += int(batch["loss_mask"].sum())
         if step % settings.log_every == 0 or step == settings.steps:
             now = time.monotonic()
             record = {
                 "step": step,
-                **{k: sum(m[k] for m in window) / len(window) for k in window[0]},
+                **{k: sum(float(m[k]) for m in window) / len(window) for k in window[0]},
                 "lr": scheduler.get_last_lr()[0],
                 "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
                 "elapsed_s": now - started,
@@ -577,6 +599,7 @@ def train(
         save_glide(draft.eval(), out, dtype=torch.bfloat16)
     summary = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        **device_record(device),
         "sequences": len(data),
         "answer_tokens": data.answer_tokens,
         "seconds_last_run": round(time.monotonic() - started, 1),
@@ -701,6 +724,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="target layers whose K/V is kept (-1 = the last); default: those a default draft reads",
     )
     f.add_argument("--max-len", type=int, default=512)
+    f.add_argument(
+        "--batch-tokens", type=int, default=4096, help="padded tokens per target forward (larger on a GPU)"
+    )
     f.add_argument("--follow", action="store_true", help="keep extracting new shards as they appear")
     f.add_argument("--threads", type=int)
     t = sub.add_parser("train", help="distil a GliDe draft (resumes from --out)")
@@ -733,6 +759,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--train-head", action="store_true", help="eagle: train the reduced head too (default: frozen)"
     )
     t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument(
+        "--eval-per-category",
+        type=int,
+        default=DistillSettings.eval_per_category,
+        help="held-out MT-Bench first turns per category",
+    )
+    t.add_argument("--eval-max-new-tokens", type=int, default=DistillSettings.eval_max_new_tokens)
     t.add_argument("--checkpoint-every", type=int, default=100)
     t.add_argument("--threads", type=int)
     t.add_argument("--seed", type=int, default=0)
@@ -741,6 +774,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     c.add_argument("--png", type=Path, required=True)
     for sp in (f, t):
         sp.add_argument("--model-dir", type=Path)
+        sp.add_argument(
+            "--device",
+            default=DistillSettings.device,
+            help="cpu, cuda or cuda:N: where the target (and the draft) run",
+        )
     args = p.parse_args(argv)
     if args.command == "curve":
         for point in scaling_curve(args.runs, args.png):
@@ -749,11 +787,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from specserve.models import load_causal_lm, resolve_model_dir
     from specserve.settings import EngineSettings
 
+    usable_device(args.device)  # before a model is looked for, loaded or written
     engine = EngineSettings.from_env(model_dir=args.model_dir)
     model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
     if args.command == "features":
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
-        target = load_causal_lm(model_dir, linear_kernel="auto")  # features only: no weight is read
+        # auto: oneDNN-packed weights on a CPU, cuBLAS on CUDA (nothing here reads a weight directly).
+        # float32, with torch's default of no TF32 on CUDA: the features are the float32 target's.
+        target = load_causal_lm(model_dir, device=args.device, linear_kernel="auto")
         extract_features(
             target,
             args.data,
@@ -761,6 +802,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             layers=args.layers,
             top_k=args.top_k,
             max_len=args.max_len,
+            batch_tokens=args.batch_tokens,
             follow=args.follow,
             log=lambda m: print(m, flush=True),
         )
@@ -779,12 +821,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         num_layers=args.num_layers,
         block_target_layers=None if args.block_target_layers is None else tuple(args.block_target_layers),
         eval_every=args.eval_every,
+        eval_per_category=args.eval_per_category,
+        eval_max_new_tokens=args.eval_max_new_tokens,
         checkpoint_every=args.checkpoint_every,
         threads=args.threads,
         seed=args.seed,
         kind=args.kind,
         unroll_steps=args.unroll_steps,
         train_head=args.train_head,
+        device=args.device,
     )
     train(settings, model_dir, engine.cache_dir, log=lambda m: print(m, flush=True))
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specserve.eagle.model import EagleDraft
+from specserve.training.device import bf16_autocast
 from specserve.training.evaluate import Agreement, merge
 from specserve.training.features import IGNORE, pad_rows
 from specserve.training.kd import kd_loss
@@ -49,18 +50,21 @@ def eagle_step_loss(
     kd_weight: float,
     ce_weight: float,
     bf16: bool,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-> (loss, metrics). `batch` is on the draft's device; the metrics are 0-d tensors there, read
+    only when a log line is written, so a GPU is not made to wait for them every step."""
     view = shifted_inputs(batch)
+    device = view["input_ids"].device
     index = draft.draft_index  # [V] full id -> head row, -100 outside
     width = view["input_ids"].shape[1]
-    total = torch.zeros(())
-    metrics: dict[str, float] = {}
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    total = torch.zeros((), device=device)
+    metrics: dict[str, torch.Tensor] = {}
+    with bf16_autocast(device, bf16):
         outputs = draft.unrolled(view["features"].float(), view["input_ids"], steps)
     for j, predicted in enumerate(outputs):
-        rooted = torch.arange(width) >= j  # [S-1]: a root j positions back exists
+        rooted = torch.arange(width, device=device) >= j  # [S-1]: a root j positions back exists
         positions = view["loss_mask"] & rooted[None]  # [B, S-1]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with bf16_autocast(device, bf16):
             scores = draft.draft_logits(predicted[positions])  # [N, V_draft]
         topk = index[view["topk_ids"][positions]]  # [N, K]
         topk = torch.where(topk >= 0, topk, torch.full_like(topk, -1))
@@ -71,12 +75,8 @@ def eagle_step_loss(
             with torch.no_grad():
                 scored = labels >= 0
                 agree = (scores.argmax(-1) == labels) & scored
-                metrics = {
-                    "kl": float(kl),
-                    "ce": float(ce),
-                    "accuracy": float(agree.sum() / scored.sum().clamp_min(1)),
-                }
-    metrics["loss"] = float(total.detach())
+                metrics = {"kl": kl, "ce": ce, "accuracy": agree.sum() / scored.sum().clamp_min(1)}
+    metrics["loss"] = total.detach()
     return total, metrics
 
 
@@ -89,20 +89,23 @@ def held_out_hidden(
     batch_size: int = 8,
 ) -> list[dict[str, torch.Tensor]]:
     """The target's side of the evaluation, once: per batch input_ids, labels (the target's argmax,
-    IGNORE outside the answers) and hidden [B, S, H], its normed final hidden states."""
+    IGNORE outside the answers) and hidden [B, S, H], its normed final hidden states. The target runs on
+    its device; the batches come back on the CPU (cached on disk, moved to a draft's device to score)."""
+    device = next(target.parameters()).device
     out = []
     for start in range(0, len(sequences), batch_size):
         rows = sequences[start : start + batch_size]
         lengths = torch.tensor([len(r) for r in rows])
         width = int(lengths.max())
         input_ids = pad_rows(rows, width, pad_id)  # [B, S]
-        hidden = target.model(input_ids=input_ids).last_hidden_state  # type: ignore[operator]  # [B, S, H]
-        labels = target.lm_head(hidden).argmax(-1)  # type: ignore[operator]  # [B, S]
+        passed = target.model(input_ids=input_ids.to(device, non_blocking=True))  # type: ignore[operator]
+        hidden = passed.last_hidden_state  # [B, S, H]
+        labels = target.lm_head(hidden).argmax(-1).cpu()  # type: ignore[operator]  # [B, S]
         positions = torch.arange(width)[None]  # [1, S]
         starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]
         scored = (positions >= starts) & (positions < lengths[:, None])
         labels = torch.where(scored, labels, torch.full_like(labels, IGNORE))
-        out.append({"input_ids": input_ids, "labels": labels, "hidden": hidden.half()})
+        out.append({"input_ids": input_ids, "labels": labels, "hidden": hidden.half().cpu()})
     return out
 
 
@@ -112,15 +115,17 @@ def score_eagle(
 ) -> Agreement:
     """Agreement at lags 1..steps: the j-th drafted token of a round, the j - 1 before it accepted (so
     teacher-forced tokens), the draft reading its own outputs for them as when drafting."""
-    dtype = next(draft.parameters()).dtype
+    parameter = next(draft.parameters())
+    dtype, device = parameter.dtype, parameter.device
     parts = []
     for batch in batches:
-        features = batch["hidden"][:, :-1].to(dtype)  # [B, S-1, H]
-        ids, labels = batch["input_ids"][:, 1:], batch["labels"][:, 1:]  # [B, S-1]
+        features = batch["hidden"][:, :-1].to(device, dtype, non_blocking=True)  # [B, S-1, H]
+        ids = batch["input_ids"][:, 1:].to(device, non_blocking=True)  # [B, S-1]
+        labels = batch["labels"][:, 1:].to(device, non_blocking=True)  # [B, S-1]
         width = ids.shape[1]
         agreed, scored = [], []
         for j, predicted in enumerate(draft.unrolled(features, ids, steps)):
-            mask = (labels != IGNORE) & (torch.arange(width) >= j)[None]  # [B, S-1]
+            mask = (labels != IGNORE) & (torch.arange(width, device=device) >= j)[None]  # [B, S-1]
             guess = draft.logits(predicted).argmax(-1)  # [B, S-1]
             agreed.append(int(((guess == labels) & mask).sum()))
             scored.append(int(mask.sum()))

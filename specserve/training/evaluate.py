@@ -23,6 +23,7 @@ from torch import nn
 
 from specserve.core.cost import expected_tokens
 from specserve.glide.model import GlideDraft, blockwise_cross_mask, trained_cross_lengths
+from specserve.training.device import to_device
 from specserve.training.features import IGNORE, pad_rows, target_features
 
 if TYPE_CHECKING:
@@ -119,9 +120,11 @@ def held_out_features(
 ) -> list[dict[str, torch.Tensor]]:
     """The target's side of the evaluation, once: per batch input_ids, labels (IGNORE outside the
     answers) and the K/V of each of `layers` (k.<layer> / v.<layer>, numbered as given); `score_draft`
-    then scores any draft that reads those layers."""
+    then scores any draft that reads those layers. The target runs on its device; the batches come back
+    on the CPU (cached on disk, moved to a draft's device to score)."""
     from tqdm import tqdm
 
+    device = next(target.parameters()).device
     out = []
     batches = range(0, len(sequences), batch_size)
     for start in tqdm(batches, desc="eval-draft", unit="batch", disable=not progress):
@@ -129,7 +132,8 @@ def held_out_features(
         lengths = [len(r) for r in rows]
         width = max(lengths)
         input_ids = pad_rows(rows, width, pad_id)  # [B, S]
-        features = target_features(target, input_ids, lengths, layers[0], layers[1:])
+        on_device = input_ids.to(device, non_blocking=True)
+        features = target_features(target, on_device, lengths, layers[0], layers[1:])  # on the CPU
         labels = features["labels"].long()  # [B, S]
         positions = torch.arange(width)[None]  # [1, S]
         starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]
@@ -143,14 +147,18 @@ def held_out_features(
 
 @torch.inference_mode()
 def score_draft(draft: GlideDraft, batches: Sequence[dict[str, torch.Tensor]], block_size: int) -> Agreement:
-    dtype = next(draft.parameters()).dtype
+    """Agreement of `draft` on `held_out_features`' batches (on the CPU), run on the draft's device."""
+    parameter = next(draft.parameters())
+    dtype, device = parameter.dtype, parameter.device
     parts = []
     for batch in batches:
         width = batch["input_ids"].shape[1]
         layers = draft.config.layers_read
-        kv = [(batch[f"k.{layer}"].to(dtype), batch[f"v.{layer}"].to(dtype)) for layer in layers]
-        hidden = draft(batch["input_ids"], kv, blockwise_cross_mask(width, block_size))  # [B, S, H]
-        predicted = draft.logits(hidden).argmax(-1)  # [B, S] full ids
+        moved = to_device(batch, device)  # K/V still fp16: half the bytes to a GPU
+        kv = [(moved[f"k.{layer}"].to(dtype), moved[f"v.{layer}"].to(dtype)) for layer in layers]
+        cross = blockwise_cross_mask(width, block_size).to(device)  # [S, S]
+        hidden = draft(moved["input_ids"], kv, cross)  # [B, S, H]
+        predicted = draft.logits(hidden).argmax(-1).cpu()  # [B, S] full ids, beside the labels
         parts.append(count_agreement(predicted, batch["labels"], block_size))
     return merge(parts)
 

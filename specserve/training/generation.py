@@ -12,8 +12,8 @@ Every batch's decoding is a pure function of (seed, shard, batch): greedy or sam
 from `TEMPERATURES`, with a torch seed derived from its global index. So a killed run resumes at the
 next unfinished batch, and the rows it writes are the ones an uninterrupted run writes.
 
-Shards are independent: `--workers N` hands them to N Ray actors (each a copy of the target); the
-default runs them in this process.
+Shards are independent: `--workers N` hands them to N Ray actors (each a copy of the target, on a GPU
+of its own with `--device cuda`); the default runs them in this process, on `--device` (cpu by default).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from specserve.errors import InvalidArgument
+from specserve.training.device import parse_device, usable_device
 from specserve.training.prompt_set import Prompt
 
 # Decoding of batch g: TEMPERATURES[g % len]; 0 = greedy. Half greedy, half sampled at T in 0.7..1.0.
@@ -49,6 +51,12 @@ class GenerationSettings:
     dtype: str = "bfloat16"  # only the text is kept
     static_cache: bool = True
     seed: int = 0
+    # "cpu", "cuda" or "cuda:N". A batch's rows are a function of (seed, shard, batch) on one device; a
+    # GPU samples from its own generator and rounds differently, so it writes other (equally valid) text.
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        parse_device(self.device)  # the name only: whether this machine has the GPU is checked at load
 
 
 @dataclass(frozen=True)
@@ -150,22 +158,24 @@ def generate_batch(
     seed: int,
     static_cache: bool = False,
 ) -> tuple[list[list[int]], list[bool]]:
-    """-> (answer ids per prompt, ending with the eos when there is one; truncated flags)."""
+    """-> (answer ids per prompt, ending with the eos when there is one; truncated flags). Runs on the
+    model's device."""
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, W], left-padded
     attention_mask = torch.zeros_like(input_ids)
     for i, ids in enumerate(prompts):
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention_mask[i, width - len(ids) :] = 1
+    device = next(model.parameters()).device
     kwargs: dict[str, Any] = {"do_sample": False}
     if temperature > 0:
         kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     if static_cache:
         kwargs["cache_implementation"] = "static"
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # every device's generator, a GPU's included
     out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
+        input_ids=input_ids.to(device, non_blocking=True),
+        attention_mask=attention_mask.to(device, non_blocking=True),
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
@@ -351,9 +361,13 @@ class GenerationWorker:
     def __init__(self, model_dir: str, settings: GenerationSettings, threads: int) -> None:
         from specserve.models import load_causal_lm, load_tokenizer
 
+        usable_device(settings.device)
         torch.set_num_threads(threads)
         self.settings = settings
-        self.model = load_causal_lm(Path(model_dir), dtype=settings.dtype, linear_kernel="auto")
+        # auto: oneDNN-packed weights on a CPU, cuBLAS on CUDA (runtime/kernels.py)
+        self.model = load_causal_lm(
+            Path(model_dir), device=settings.device, dtype=settings.dtype, linear_kernel="auto"
+        )
         self.tokenizer = load_tokenizer(Path(model_dir))
 
     def run(self, stage_dir: str, worker: tuple[int, int], max_shards: int | None = None) -> None:
@@ -377,10 +391,6 @@ def run_generation(args: argparse.Namespace) -> None:
         user,
     )
 
-    threads = args.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    engine = EngineSettings.from_env(model_dir=args.model_dir)
-    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
     settings = GenerationSettings(
         shard_size=args.shard_size,
         batch_size=args.batch_size,
@@ -388,7 +398,17 @@ def run_generation(args: argparse.Namespace) -> None:
         dtype=args.dtype,
         static_cache=not args.dynamic_cache,
         seed=args.seed,
+        device=args.device,
     )
+    if not args.workers:
+        usable_device(settings.device)  # before a model is looked for, loaded or written
+    elif parse_device(settings.device).index is not None:
+        # Ray shows each worker only the GPU it gave that worker, as cuda:0
+        raise InvalidArgument("with --workers, Ray gives each worker its own GPU: use --device cuda")
+    threads = args.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    engine = EngineSettings.from_env(model_dir=args.model_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "settings.json").write_text(
@@ -419,7 +439,8 @@ def run_generation(args: argparse.Namespace) -> None:
     from specserve.training.data import init_ray
 
     init_ray()
-    actor = ray.remote(num_cpus=1)(GenerationWorker)
+    gpus = 1 if parse_device(settings.device).type == "cuda" else 0
+    actor = ray.remote(num_cpus=1, num_gpus=gpus)(GenerationWorker)
     # Any: ray types an actor method's `.remote` only under @ray.method, and ray is imported lazily.
     workers: list[Any] = [actor.remote(str(model_dir), settings, threads) for _ in range(args.workers)]
     for stage_dir, make_prompts, max_shards in stages:
@@ -448,6 +469,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--threads", type=int, help="torch threads per copy of the target")
     p.add_argument("--workers", type=int, default=0, help="Ray actors (0 = generate in this process)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device",
+        default=GenerationSettings.device,
+        help="cpu, cuda or cuda:N: where the target generates (with --workers, each worker gets a GPU)",
+    )
     run_generation(p.parse_args(argv))
 
 

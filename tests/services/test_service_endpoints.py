@@ -20,6 +20,11 @@ SERVICES = {
     "router": ("specserve.v1.RouterService", {"Generate", "Resume", "Cancel", "ListMethods"}),
 }
 ROLES = list(SERVICES)
+# Served beside their own API by the services that hold sessions: the router renews its sessions' leases.
+SESSION_SERVICES = {
+    "target": {"specserve.v1.SessionLeaseService"},
+    "draft": {"specserve.v1.SessionLeaseService"},
+}
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -42,6 +47,7 @@ def test_reflection_lists_and_describes_the_service(channels, role):
         service_name,
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
+        *SESSION_SERVICES.get(role, ()),
     }
     described = DescriptorPool(database).FindServiceByName(service_name)
     assert {m.name for m in described.methods} == methods

@@ -47,12 +47,15 @@ def engine() -> Engine:
     return Engine(EngineSettings.from_env(model_dir=None, glide_dir=None, vanilla_dir=None, draft_dir=None))
 
 
-def test_both_drafts_ship_with_their_training_record() -> None:
+def test_every_draft_ships_with_its_training_record() -> None:
     for kind in DraftKind:
         directory = shipped_draft_dir(kind)
         assert directory is not None, kind
         record = json.loads((directory / "training.json").read_text())
-        assert record["settings"]["cross_attention"] is (kind is DraftKind.GLIDE)
+        if kind is DraftKind.EAGLE:
+            assert record["settings"]["kind"] == "eagle"
+        else:
+            assert record["settings"]["cross_attention"] is (kind is DraftKind.GLIDE)
         assert (directory / "model.safetensors").stat().st_size < 25_000_000  # small enough for the repo
 
 

@@ -7,8 +7,10 @@ its children.
   bound to its creator (Resume and Cancel with another token get PERMISSION_DENIED);
 - peers: the target refuses plaintext and certificates of the wrong name; StreamKV is the draft's alone;
 - faults: SIGKILL of Redis, the router and the target mid-generation: each is restarted by the stack
-  (with its log line) while the others keep serving, and the output is token-identical;
-- idle timeouts: target and draft sessions nobody drives are released.
+  (with its log line) while the others keep serving, and the SDK with its default retries finishes with
+  token-identical output;
+- leases: target and draft sessions nobody renews (a router that died, and no client resumed them)
+  are released within seconds, long before the idle timeout.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +34,7 @@ import pytest
 import redis
 
 from specserve.client import Client
-from specserve.errors import PermissionDenied, Unauthenticated
+from specserve.errors import PermissionDenied, Unauthenticated, Unavailable
 from specserve.serving import tls
 from specserve.serving.stack import free_port
 from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
@@ -39,7 +42,7 @@ from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(600)]
 
 TOKENS = ("token-alice", "token-bob")
-IDLE_SECONDS = 4
+LEASE_SECONDS = 4  # the idle timeout stays at its default (600 s): only a lease releases within the tests
 PROMPT = "Count from one to thirty in words, separated by commas."
 NEW_TOKENS = 32
 OFFSETS = {"router": 0, "target": 1, "draft": 2, "redis": 3}  # --base-port layout
@@ -51,6 +54,7 @@ class Stack:
     base_port: int
     tls_dir: Path
     lines: list[str] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def address(self, role: str) -> str:
         return f"localhost:{self.base_port + OFFSETS[role]}"
@@ -69,6 +73,12 @@ class Stack:
                     found.append(int(pid))
         (pid,) = found
         return pid
+
+    def gauge(self, role: str, name: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_ports[role]}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        (value,) = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+        return value
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match:
         deadline = time.monotonic() + timeout
@@ -95,14 +105,17 @@ def stack() -> Iterator[Stack]:
     command = [sys.executable, "-m", "specserve.cli", "stack", "--base-port", str(base), "--tls"]
     command += [arg for token in TOKENS for arg in ("--token", token)]
     command += ["--max-new-tokens", "4", "Name a prime number."]
+    metrics_ports = {"target": free_port(), "draft": free_port()}
     env = os.environ | {
-        "SPECSERVE_TARGET_SESSION_IDLE_SECONDS": str(IDLE_SECONDS),
-        "SPECSERVE_DRAFT_SESSION_IDLE_SECONDS": str(IDLE_SECONDS),
+        "SPECSERVE_TARGET_SESSION_LEASE_SECONDS": str(LEASE_SECONDS),
+        "SPECSERVE_DRAFT_SESSION_LEASE_SECONDS": str(LEASE_SECONDS),
+        "SPECSERVE_TARGET_METRICS_PORT": str(metrics_ports["target"]),
+        "SPECSERVE_DRAFT_METRICS_PORT": str(metrics_ports["draft"]),
         "SPECSERVE_ROUTER_REDIS_RETRY_SECONDS": "30",
         "SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS": "120",  # rides out the target's restart (model load)
     }
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    running = Stack(process, base, Path())
+    running = Stack(process, base, Path(), metrics_ports=metrics_ports)
     reader = threading.Thread(target=lambda: running.lines.extend(process.stdout), daemon=True)
     reader.start()
     try:
@@ -116,9 +129,10 @@ def stack() -> Iterator[Stack]:
         reader.join(10)
 
 
-def client(stack: Stack, token: str | None = TOKENS[0]) -> Client:
-    # Retries enough to outlast a router restart (the supervisor's backoff plus the router's start).
-    return Client(stack.address("router"), token=token, tls_ca_file=str(stack.tls_dir / "ca.crt"), retries=12)
+def client(stack: Stack, token: str | None = TOKENS[0], **options: float) -> Client:
+    """The SDK as a user makes it: its default retries outlast a router restart (the supervisor's backoff,
+    the router's start, the dead router's Redis lease)."""
+    return Client(stack.address("router"), token=token, tls_ca_file=str(stack.tls_dir / "ca.crt"), **options)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +210,7 @@ def test_internal_services_accept_only_the_peers_they_trust(stack, reference) ->
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_idle_target_and_draft_sessions_are_released(stack, reference) -> None:
+def test_target_and_draft_sessions_nobody_renews_are_released(stack, reference) -> None:
     router_files = stack.files(tls.ROUTER_NAME)
     with (
         secure_channel(stack, router_files, "target") as target_channel,
@@ -204,6 +218,7 @@ def test_idle_target_and_draft_sessions_are_released(stack, reference) -> None:
     ):
         target = target_pb2_grpc.TargetServiceStub(target_channel)
         draft = draft_pb2_grpc.DraftServiceStub(draft_channel)
+        # Opened as a router does, which then dies: no call and no renewal follows.
         prefill = target_pb2.PrefillRequest(session_id="idle-one", token_ids=[1, 2, 3], capacity=128)
         target.Prefill(prefill, timeout=60)
         draft_prefill = draft_pb2.DraftPrefillRequest(
@@ -214,9 +229,35 @@ def test_idle_target_and_draft_sessions_are_released(stack, reference) -> None:
             capacity=128,
         )
         draft.Prefill(draft_prefill, timeout=60)
-        time.sleep(IDLE_SECONDS * 2.5)
+        time.sleep(LEASE_SECONDS * 2.5)
         assert not target.Release(target_pb2.ReleaseRequest(session_id="idle-one"), timeout=10).released
         assert not draft.Release(draft_pb2.DraftReleaseRequest(session_id="idle-one"), timeout=10).released
+
+
+def established_peers(port: int) -> set[str]:
+    """The remote ends of the TCP connections established to this machine's `port`."""
+    peers = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                peers.add(remote)
+    return peers
+
+
+def test_generations_reuse_the_tls_connections(stack, reference) -> None:
+    """A TLS handshake costs a few milliseconds where a call on an open connection costs none more than
+    plaintext: every hop (SDK to router, router to target and draft, the draft's KV feed) opens its
+    connection once and keeps it, whatever the number of calls, rounds and generations."""
+    ports = {role: stack.base_port + OFFSETS[role] for role in ("router", "target", "draft")}
+    with client(stack) as c:
+        c.generate(PROMPT, max_new_tokens=8, method="glide", timeout=300)
+        before = {role: established_peers(port) for role, port in ports.items()}
+        for _ in range(2):
+            c.generate(PROMPT, max_new_tokens=8, method="glide", timeout=300)
+        after = {role: established_peers(port) for role, port in ports.items()}
+    assert all(before.values()), before
+    assert after == before
 
 
 def generate_while(stack: Stack, fault: Callable[[], None]) -> list[int]:
@@ -246,3 +287,28 @@ def test_a_child_killed_mid_generation_is_restarted_and_the_output_is_unchanged(
     if role == "redis":  # it came back with its password
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=stack.base_port + OFFSETS["redis"]).get("anything")
+
+
+def test_a_dead_routers_sessions_are_released_by_their_lease(stack, reference) -> None:
+    """A router killed mid-generation whose client does not resume: its target and draft sessions go
+    once their lease lapses (seconds), not after the idle timeout (600 s here)."""
+    tokens: list[int] = []
+    router, killed = stack.child("router"), False
+    with client(stack, retries=0) as c, pytest.raises(Unavailable):
+        for chunk in c.stream(
+            PROMPT, max_new_tokens=NEW_TOKENS, ignore_eos=True, method="glide", timeout=300
+        ):
+            tokens += chunk.token_ids
+            if len(tokens) >= 4 and not killed:  # a few rounds in: the draft holds the session too
+                os.kill(router, signal.SIGKILL)  # the stream then breaks: no retry resumes it
+                killed = True
+    assert stack.gauge("target", "specserve:target_sessions") >= 1  # abandoned, not released
+    assert stack.gauge("draft", "specserve:draft_sessions") >= 1
+    deadline = time.monotonic() + LEASE_SECONDS * 4
+    while stack.gauge("target", "specserve:target_sessions") or stack.gauge(
+        "draft", "specserve:draft_sessions"
+    ):
+        assert time.monotonic() < deadline, "the dead router's sessions are still held"
+        time.sleep(0.5)
+    stack.wait_for(rf"stack: router \(pid {router}\) exited with code -9", 30)
+    stack.wait_for(r"stack: router is serving again", 240)
