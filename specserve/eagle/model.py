@@ -39,6 +39,7 @@ from specserve.glide.model import (
     init_draft_weights,
     register_draft_vocab,
     rope_cos_sin,
+    save_draft,
     scatter_to_vocab,
 )
 from specserve.runtime.kv_cache import PositionalKVCache
@@ -199,16 +200,7 @@ def build_eagle(
 
 def save_eagle(model: EagleDraft, directory: Path, dtype: torch.dtype | None = None) -> Path:
     """config.json + model.safetensors (never pickle); the borrowed target embedding is not stored."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.config.save(directory / CONFIG_FILE)
-    tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
-    if dtype is not None:
-        tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    return directory
+    return save_draft(model, model.config, directory, dtype)
 
 
 def is_eagle_dir(directory: Path) -> bool:

@@ -405,11 +405,23 @@ def save_glide(model: GlideDraft, directory: Path, dtype: torch.dtype | None = N
 
     dtype: store floating weights in it (bf16 halves a shipped draft); loading casts to the target's.
     """
+    return save_draft(model, model.config, directory, dtype)
+
+
+class DraftConfig(Protocol):
+    def save(self, path: Path) -> None: ...
+
+
+def save_draft(
+    model: nn.Module, config: DraftConfig, directory: Path, dtype: torch.dtype | None = None
+) -> Path:
+    """config.json (`config.save`) + model.safetensors (never pickle) of any draft: its state dict, so a
+    buffer of ids is stored and a borrowed, unregistered target embedding is not."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.config.save(directory / CONFIG_FILE)
+    config.save(directory / CONFIG_FILE)
     tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
     if dtype is not None:
         tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}

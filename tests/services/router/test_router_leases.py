@@ -4,10 +4,10 @@ with sessions and nothing else, the router's own channel code, and its paced ren
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
+from session_only_target import SessionOnlyTarget
 
 from services.router.leases import LeaseRenewer
 from services.router.placement import HeldReplica, ReplicaSet
@@ -19,26 +19,9 @@ from specserve.v1 import target_pb2, target_pb2_grpc
 LEASE_SECONDS = 3.0
 
 
-class Sessions(target_pb2_grpc.TargetServiceServicer):
-    def __init__(self) -> None:
-        self.open: set[str] = set()
-        self.lock = threading.Lock()
-
-    def Prefill(self, request, context):
-        with self.lock:
-            self.open.add(request.session_id)
-        return target_pb2.PrefillResponse()
-
-    def Release(self, request, context):
-        with self.lock:
-            released = request.session_id in self.open
-            self.open.discard(request.session_id)
-        return target_pb2.ReleaseResponse(released=released)
-
-
 @pytest.mark.timeout(60)
 def test_held_sessions_outlive_a_gap_longer_than_the_lease_and_released_ones_expire() -> None:
-    sessions = Sessions()
+    sessions = SessionOnlyTarget()
     settings = TargetServiceSettings(
         host="127.0.0.1", port=0, metrics_port=0, session_lease_seconds=LEASE_SECONDS
     )

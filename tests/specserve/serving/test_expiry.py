@@ -4,11 +4,11 @@ gRPC (no model): calls and Renew keep a session, Release forgets it, the reaper 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
 import pytest
+from session_only_target import SessionOnlyTarget
 
 from specserve.serving.expiry import SessionExpiry
 from specserve.serving.server import start_server
@@ -68,28 +68,9 @@ def test_a_session_with_a_call_in_flight_is_never_released() -> None:
     assert expiry.reap() == ["long-prefill"]
 
 
-class Sessions(target_pb2_grpc.TargetServiceServicer):
-    """A target with sessions and nothing else: Prefill opens one, Release closes it."""
-
-    def __init__(self) -> None:
-        self.open: set[str] = set()
-        self.lock = threading.Lock()
-
-    def Prefill(self, request, context):
-        with self.lock:
-            self.open.add(request.session_id)
-        return target_pb2.PrefillResponse()
-
-    def Release(self, request, context):
-        with self.lock:
-            released = request.session_id in self.open
-            self.open.discard(request.session_id)
-        return target_pb2.ReleaseResponse(released=released)
-
-
 @pytest.mark.timeout(60)
 def test_over_grpc_renewed_sessions_stay_and_abandoned_ones_are_released() -> None:
-    sessions = Sessions()
+    sessions = SessionOnlyTarget()
     lease = 3.0
     settings = TargetServiceSettings(
         host="127.0.0.1", port=0, metrics_port=0, session_lease_seconds=lease, session_idle_seconds=600
