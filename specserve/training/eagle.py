@@ -20,7 +20,7 @@ import torch
 from specserve.eagle.model import EagleDraft
 from specserve.training.device import bf16_autocast
 from specserve.training.evaluate import Agreement, merge
-from specserve.training.features import IGNORE, pad_rows
+from specserve.training.features import IGNORE, pad_rows, teacher_forced
 from specserve.training.kd import kd_loss
 
 if TYPE_CHECKING:
@@ -98,8 +98,7 @@ def held_out_hidden(
         lengths = torch.tensor([len(r) for r in rows])
         width = int(lengths.max())
         input_ids = pad_rows(rows, width, pad_id)  # [B, S]
-        passed = target.model(input_ids=input_ids.to(device, non_blocking=True))  # type: ignore[operator]
-        hidden = passed.last_hidden_state  # [B, S, H]
+        hidden = teacher_forced(target, input_ids.to(device, non_blocking=True), []).hidden  # [B, S, H]
         labels = target.lm_head(hidden).argmax(-1).cpu()  # type: ignore[operator]  # [B, S]
         positions = torch.arange(width)[None]  # [1, S]
         starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]

@@ -109,24 +109,30 @@ def test_unrolled_training_raises_agreement_on_what_it_saw(tiny, features) -> No
     assert all(int((b["labels"] != IGNORE).sum()) > 0 for b in batches)
 
 
-def test_a_distillation_run_trains_evaluates_and_saves_a_hidden_state_draft(
-    tiny, tiny_target_dir, features, tmp_path
-) -> None:
-    from specserve.training.distill import LOG, DistillSettings, train
+def tiny_run(features: Path, tmp_path: Path, **overrides: object):
+    """A hidden-state distillation run small enough for a unit test, into tmp_path / "draft"."""
+    from specserve.training.distill import DistillSettings
 
-    model, _ = tiny
-    settings = DistillSettings(
+    return DistillSettings(
         features=features / "features",
         out_dir=tmp_path / "draft",
         kind="eagle",
-        steps=2,
-        log_every=1,
         batch_size=2,
         draft_vocab_size=64,
         bf16=False,
         eval_per_category=1,
         eval_max_new_tokens=4,
+        **overrides,  # type: ignore[arg-type]
     )
+
+
+def test_a_distillation_run_trains_evaluates_and_saves_a_hidden_state_draft(
+    tiny, tiny_target_dir, features, tmp_path
+) -> None:
+    from specserve.training.distill import LOG, train
+
+    model, _ = tiny
+    settings = tiny_run(features, tmp_path, steps=2, log_every=1)
     train(settings, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
     assert is_eagle_dir(tmp_path / "draft")
     records = [json.loads(line) for line in (tmp_path / "draft" / LOG).read_text().splitlines()]
@@ -144,20 +150,9 @@ def test_a_stopped_run_resumes_to_the_same_weights(tiny_target_dir, features, tm
     stopped: the batch of a step, the optimizer's moments and the schedule all come back."""
     from safetensors.torch import load_file
 
-    from specserve.training.distill import CHECKPOINTS, DistillSettings, train
+    from specserve.training.distill import CHECKPOINTS, train
 
-    settings = DistillSettings(
-        features=features / "features",
-        out_dir=tmp_path / "draft",
-        kind="eagle",
-        steps=4,
-        checkpoint_every=2,
-        batch_size=2,
-        draft_vocab_size=64,
-        bf16=False,
-        eval_per_category=1,
-        eval_max_new_tokens=4,
-    )
+    settings = tiny_run(features, tmp_path, steps=4, checkpoint_every=2)
     checkpoints = tmp_path / "draft" / CHECKPOINTS
     train(settings, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
     straight = load_file(str(checkpoints / "step-000004" / "model.safetensors"))
