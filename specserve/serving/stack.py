@@ -19,6 +19,7 @@ prompts in it, and the keys).
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -46,10 +47,37 @@ TLS_NAMES = {"router": tls.ROUTER_NAME, "target": tls.TARGET_NAME, "draft": tls.
 TOKEN_FILE_NAME = "api-tokens"  # in the stack's directory: the router's accepted tokens, one per line
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS = range(20000, 32768)  # below Linux's default ephemeral range (32768-60999)
+
+
 def free_port() -> int:
+    """A port free now, for a server started a moment later.
+
+    Asking the kernel for port 0 returns one from its ephemeral range, the range outgoing connections take
+    their local ports from: a client connecting between this call and the server's bind could take it
+    ("Address already in use"). So the port comes from below that range, where no outgoing connection
+    lands; the kernel's choice is the fallback where the range leaves no room.
+    """
+    candidates = _listen_ports()
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listen_ports() -> list[int]:
+    try:
+        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = LISTEN_PORTS.stop
+    return [p for p in LISTEN_PORTS if p < low]
 
 
 def redis_server_binary() -> str:

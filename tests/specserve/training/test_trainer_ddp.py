@@ -9,7 +9,6 @@ wraps it (DistributedDataParallel).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from specserve.serving.stack import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,12 +59,6 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_workers_on_different_data_keep_identical_weights(tiny_target_dir, tmp_path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -76,7 +71,7 @@ def test_two_workers_on_different_data_keep_identical_weights(tiny_target_dir, t
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(script),
         str(tiny_target_dir),
         str(tmp_path),
