@@ -13,6 +13,9 @@ class Method(StrEnum):
     HF_PLD = "hf-pld"  # transformers `generate` with prompt lookup decoding: the training-free peer
     VANILLA = "vanilla"  # a separate small causal LM drafting a chain
     VANILLA_TREE = "vanilla-tree"  # the same draft, top-2 leaves at the first two depths
+    VANILLA_CAPE_COST = "vanilla-cape-cost"  # the same draft, CaPE trees sized for expected tokens/s
+    VANILLA_CAPE_SUFFIX = "vanilla-cape-suffix"  # suffix candidates merged with vanilla-cape-cost's tree
+    HF_ASSISTED = "hf-assisted"  # transformers `generate` with the vanilla draft as `assistant_model`
     GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
     GLIDE_CAPE = "glide-cape"  # the same draft, CaPE: top-k leaves by the draft's confidence
     GLIDE_CAPE_1 = "glide-cape-1"  # ... fixed depth 1 and 2: with glide-cape (4), the fixed-length sweep
@@ -77,8 +80,25 @@ CATALOG: dict[Method, MethodInfo] = {
             drafts=False,
             remote=False,
         ),
+        MethodInfo(
+            Method.HF_ASSISTED,
+            "transformers generate, the vanilla draft model as assistant_model (the peer of vanilla)",
+            uses_hf_generate=True,
+            drafts=False,
+            remote=False,
+        ),
         MethodInfo(Method.VANILLA, "separate draft model, chain of 4"),
         MethodInfo(Method.VANILLA_TREE, "separate draft model, chain of 4 with top-2 leaves at depths 1-2"),
+        MethodInfo(
+            Method.VANILLA_CAPE_COST,
+            f"separate draft model + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s",
+        ),
+        MethodInfo(
+            Method.VANILLA_CAPE_SUFFIX,
+            "suffix candidates merged with vanilla-cape-cost's tree; suffix-only rounds skip the draft",
+            suffix=True,
+            model_method=Method.VANILLA_CAPE_COST,
+        ),
         MethodInfo(Method.GLIDE, "GliDe draft glimpsing the target's KV cache, chain of 4"),
         MethodInfo(
             Method.GLIDE_CAPE,

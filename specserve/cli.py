@@ -1,4 +1,4 @@
-"""`specserve` command line: generate, bench, calibrate, train-draft, train-stopper, eval-draft.
+"""`specserve` command line: generate, bench, calibrate, models, train-draft, train-stopper, eval-draft.
 
 Errors print one line and exit non-zero.
 """
@@ -6,25 +6,40 @@ Errors print one line and exit non-zero.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specserve.catalog import DEFAULT_METHOD
 from specserve.core.request import GenerationRequest
 from specserve.errors import SpecserveError
 from specserve.settings import EngineSettings
 
+if TYPE_CHECKING:
+    from specserve.models.profiles import ModelProfile
+
 EXIT_USAGE = 2
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    from specserve.app.model_args import add_model_option
+
     group = parser.add_argument_group("engine (defaults from SPECSERVE_* variables)")
-    group.add_argument("--model-dir", type=Path, help="local Hugging Face model directory (default: SmolLM2)")
+    add_model_option(group)
+    group.add_argument(
+        "--model-dir", type=Path, help="local Hugging Face model directory (overrides --model)"
+    )
     group.add_argument("--draft-dir", type=Path, help="draft model directory for the vanilla methods")
+    group.add_argument(
+        "--draft-dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="that draft model's dtype (default: the profile's for its own draft, else --dtype)",
+    )
     group.add_argument("--device", help="torch device, e.g. cpu or cuda")
     group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     group.add_argument(
@@ -46,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument(
         "--method",
-        default=DEFAULT_METHOD,
-        help=f"draft method (default {DEFAULT_METHOD}; see `specserve methods`)",
+        help=f"draft method (default: the model's own, {DEFAULT_METHOD} for the default model; with "
+        "--remote, the router's; see `specserve methods`)",
     )
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -61,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(gen)
 
     sub.add_parser("methods", help="list the draft methods")
+    _add_models_parser(sub)
 
     calibrate = sub.add_parser("calibrate", help="measure target verify and draft step costs (cost policy)")
     calibrate.add_argument("--out", type=Path, help="json path (default: the engine's calibration_path)")
@@ -85,10 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_models_parser(sub: argparse._SubParsersAction) -> None:
+    models = sub.add_parser("models", help="list or install model profiles (--model NAME selects one)")
+    actions = models.add_subparsers(dest="models_command", required=True)
+    actions.add_parser("list", help="every profile: installed or not, size, the default marked")
+    install = actions.add_parser(
+        "install",
+        help="pip-install a profile's hash-pinned wheels (and its draft's), check and convert its GGUF once",
+    )
+    install.add_argument("name", help="a profile name (`specserve models list`)")
+
+
 def _settings(args: argparse.Namespace) -> EngineSettings:
     return EngineSettings.from_env(
+        model=getattr(args, "model", None),
         model_dir=getattr(args, "model_dir", None),
         draft_dir=getattr(args, "draft_dir", None),
+        draft_dtype=getattr(args, "draft_dtype", None),
         device=getattr(args, "device", None),
         dtype=getattr(args, "dtype", None),
         linear_kernel=getattr(args, "linear_kernel", None),
@@ -100,10 +129,16 @@ def _run_generate(args: argparse.Namespace) -> int:
     from specserve.core.request import RequestLimits
 
     if args.remote:  # the router checks the model's bounds too
-        return _run_remote_generate(args, request_from_args(args, RequestLimits()))
+        request = request_from_args(args, RequestLimits())
+        if args.method is None:  # "" asks for the router's default method
+            request = dataclasses.replace(request, method="")
+        return _run_remote_generate(args, request)
     from specserve.engine import Engine, request_limits
+    from specserve.models.profiles import model_profile
 
     settings = _settings(args)
+    if args.method is None:
+        args.method = model_profile(settings.model).default_method
     request = request_from_args(args, request_limits(settings))  # fails before any model loads
     engine = Engine(settings)
     if args.json:
@@ -231,15 +266,47 @@ def _curve_label(kernel: str, forward: str, verify_s: dict[int, float]) -> str:
 
 
 def _run_methods() -> int:
-    from specserve.catalog import DEFAULT_METHOD
     from specserve.methods import METHODS
+    from specserve.models.profiles import model_profile
 
+    default = model_profile(EngineSettings.from_env().model).default_method  # SPECSERVE_MODEL's
     for spec in METHODS.values():
         label = "" if spec.lossless else "  [LOSSY: opt-in]"
-        if spec.method.value == DEFAULT_METHOD:
+        if spec.method.value == default:
             label += "  (default)"
         print(f"{spec.method.value:18s} {spec.description}{label}")
     return 0
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from specserve.models.install import install_profile
+    from specserve.models.profiles import PROFILES, model_profile
+
+    cache_dir = EngineSettings.from_env().cache_dir
+    if args.models_command == "install":
+        install_profile(model_profile(args.name), cache_dir)
+        return 0
+    print(f"{'NAME':30s} {'INSTALLED':9s} {'SIZE':>9s}  NOTES")
+    for profile in PROFILES.values():
+        print(_profile_row(profile, cache_dir))
+    return 0
+
+
+def _profile_row(profile: ModelProfile, cache_dir: Path) -> str:
+    """One `models list` line: the size on disk once installed, else the GGUF file's (what pip fetches)."""
+    from specserve.models.install import installed_dir, is_installed
+    from specserve.models.profiles import DEFAULT_PROFILE
+
+    installed = is_installed(profile, cache_dir)
+    directory = installed_dir(profile, cache_dir)
+    size = (
+        sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) if installed else profile.gguf_size
+    )
+    notes = [] if installed else ["size of the GGUF file", f"install: {profile.install_command}"]
+    notes += [f"draft {profile.draft} ({profile.draft_dtype or 'same dtype'})"] if profile.draft else []
+    notes += ["default"] if profile.name == DEFAULT_PROFILE else []
+    row = f"{profile.name:30s} {'yes' if installed else 'no':9s} {size / 1e9:6.2f} GB  {'; '.join(notes)}"
+    return row.rstrip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -250,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_generate(args)
         if args.command == "methods":
             return _run_methods()
+        if args.command == "models":
+            return _run_models(args)
         if args.command == "calibrate":
             return _run_calibrate(args)
         if args.command in ("serve", "stack"):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from transformers import GenerationConfig
@@ -22,12 +23,15 @@ from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.eagle.drafter import EagleDrafter
 from specserve.eagle.model import EagleDraft, build_eagle, load_eagle
 from specserve.errors import InvalidArgument
+from specserve.glide.drafter import GlideDrafter
 from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.methods import method_spec
 from specserve.models import encode_chat, load_causal_lm, load_tokenizer, resolve_model_dir
+from specserve.models.install import profile_dir
+from specserve.models.profiles import ModelProfile, model_profile
 from specserve.results import GenerationResult, GenerationStats
 from specserve.runtime.batching import Scheduler
-from specserve.runtime.drafter import DraftShape, PolicyDrafter
+from specserve.runtime.drafter import DraftShape, ModelDrafter, PolicyDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel, apply_linear_kernel, resolve_kernel
 from specserve.runtime.kv_cache import PositionalKVCache
@@ -80,8 +84,36 @@ class Engine:
 
     # Models load lazily so that `specserve generate --method target` never loads a draft.
     @functools.cached_property
+    def profile(self) -> ModelProfile:
+        return model_profile(self.settings.model)
+
+    @functools.cached_property
     def model_dir(self):
-        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir)
+        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir, self.settings.model)
+
+    @functools.cached_property
+    def draft_model_dir(self) -> Path | None:
+        """The separate draft model of the vanilla methods: --draft-dir, else the profile's draft profile
+        when the target is the profile's own checkpoint; None when there is none."""
+        if self.settings.draft_dir is not None:
+            return resolve_model_dir(self.settings.draft_dir, self.settings.cache_dir)
+        if self.settings.model_dir is None and self.profile.draft is not None:
+            return profile_dir(model_profile(self.profile.draft), self.settings.cache_dir)
+        return None
+
+    @property
+    def draft_dtype(self) -> str:
+        """The separate draft model's dtype: set, else the profile's for its own draft, else the target's."""
+        if self.settings.draft_dtype is not None:
+            return self.settings.draft_dtype
+        own_draft = self.settings.draft_dir is None and self.settings.model_dir is None
+        return (own_draft and self.profile.draft_dtype) or self.settings.dtype
+
+    @functools.cached_property
+    def target_vocab_size(self) -> int:
+        """From the target's config.json: a draft service checks its draft against it without loading
+        the target's weights."""
+        return int(json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"])
 
     @functools.cached_property
     def tokenizer(self):
@@ -110,29 +142,35 @@ class Engine:
         return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
 
     @functools.cached_property
+    def assistant_model(self) -> CausalLM:
+        """The `hf-assisted` method's `assistant_model`, run by transformers as users run it (torch's own
+        linear kernel): the separate draft model of the vanilla methods, else the reference model's first
+        `draft_layers` layers (transformers cannot run a trained one-block draft)."""
+        if self.draft_model_dir is None:
+            return cast("CausalLM", early_exit_draft(self.reference_model, self.settings.draft_layers))
+        return load_causal_lm(self.draft_model_dir, self.settings.device, self.draft_dtype)
+
+    @functools.cached_property
     def target_runner(self) -> ModelRunner:
         return ModelRunner(self.target_model, label="target")
 
     @functools.cached_property
     def vanilla_glide_draft(self) -> GlideDraft | None:
         """The trained one-layer draft without cross-attention, if there is one for this target."""
-        if self.settings.draft_dir is not None:
-            return None  # an explicit causal-LM draft wins
+        if self.draft_model_dir is not None:
+            return None  # a separate causal-LM draft wins
         directory = self.settings.vanilla_dir or self._shipped(DraftKind.VANILLA)
         return None if directory is None else self._for_serving(load_glide(directory, self.target_model))
 
     @functools.cached_property
     def vanilla_draft_runner(self) -> ModelRunner:
-        if self.settings.draft_dir is None:
+        if self.draft_model_dir is None:
             draft = early_exit_draft(self.target_model, self.settings.draft_layers)
         else:
             draft = load_causal_lm(
-                resolve_model_dir(self.settings.draft_dir, self.settings.cache_dir),
-                self.settings.device,
-                self.settings.dtype,
-                self.settings.linear_kernel,
+                self.draft_model_dir, self.settings.device, self.draft_dtype, self.settings.linear_kernel
             )
-        if draft.config.vocab_size != self.target_model.config.vocab_size:
+        if draft.config.vocab_size != self.target_vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")
         return ModelRunner(draft, label="draft")
 
@@ -188,7 +226,6 @@ class Engine:
 
     def calibrate(self, repeats: int = 3) -> CostModel:
         """Measures this engine's target verify curve and its drafts' step costs (GliDe, hidden-state)."""
-        from specserve.glide.drafter import GlideDrafter
         from specserve.runtime.calibrate import PROMPT_TOKENS, measure_batch_verify_s, measure_verify_s
 
         runner = self.target_runner
@@ -202,19 +239,30 @@ class Engine:
         eagle_step_s, eagle_overhead_s = self._draft_costs(
             prompt, repeats, lambda cache, shape: EagleDrafter(self.eagle_draft, cache, capacity, shape)
         )
-        cost = CostModel(
-            verify_points, draft_step_s, draft_overhead_s, (("eagle", eagle_step_s, eagle_overhead_s),)
+        vanilla_step_s, vanilla_overhead_s = self._draft_costs(
+            prompt, repeats, lambda cache, shape: self._vanilla_drafter(cache, capacity, shape)
         )
+        others = (("eagle", eagle_step_s, eagle_overhead_s), ("vanilla", vanilla_step_s, vanilla_overhead_s))
+        cost = CostModel(verify_points, draft_step_s, draft_overhead_s, others)
         logger.info(
             "calibrated: verify %s s, GliDe draft step %.4f s (overhead %.4f s), hidden-state draft step "
-            "%.4f s (overhead %.4f s)",
+            "%.4f s (overhead %.4f s), vanilla draft step %.4f s (overhead %.4f s)",
             dict(verify_points),
             draft_step_s,
             draft_overhead_s,
             eagle_step_s,
             eagle_overhead_s,
+            vanilla_step_s,
+            vanilla_overhead_s,
         )
         return cost
+
+    def _vanilla_drafter(self, cache: PositionalKVCache, capacity: int, shape: DraftShape) -> PolicyDrafter:
+        """The vanilla methods' drafter: the trained block without cross-attention, else the causal LM."""
+        trained = self.vanilla_glide_draft
+        if trained is not None:
+            return GlideDrafter(trained, cache, capacity, shape)
+        return ModelDrafter(self.vanilla_draft_runner, capacity, shape)
 
     def _draft_costs(
         self,
@@ -258,8 +306,8 @@ class Engine:
         }
 
     def _shipped(self, kind: DraftKind) -> Path | None:
-        """Shipped drafts were trained for the default target only."""
-        return shipped_draft_dir(kind) if self.settings.model_dir is None else None
+        """A shipped draft was trained for its profile's own checkpoint, not for a --model-dir."""
+        return shipped_draft_dir(kind, self.settings.model) if self.settings.model_dir is None else None
 
     @functools.cached_property
     def eos_token_ids(self) -> frozenset[int]:
@@ -355,6 +403,8 @@ class Engine:
         )
         if request.method == Method.HF_PLD:
             config.prompt_lookup_num_tokens = HF_PROMPT_LOOKUP_TOKENS
+        # transformers' default schedule for its assistant (None: plain decoding)
+        assistant = self.assistant_model if request.method == Method.HF_ASSISTED else None
         input_ids = torch.tensor([prompt_ids], device=self.target_runner.device)
         start = time.perf_counter()
         if sampling:
@@ -363,7 +413,10 @@ class Engine:
         with torch.inference_mode():
             # ignore: transformers types generate's `self` as a Protocol mypy finds no model meets.
             output = self.reference_model.generate(  # type: ignore[misc]
-                input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=config,
+                assistant_model=assistant,
             )
         elapsed = time.perf_counter() - start
         new_tokens = output[0, len(prompt_ids) :].tolist()

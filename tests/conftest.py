@@ -6,6 +6,10 @@
   target 2 layers x 64 wide, draft 1 layer x 32 wide, different seeds.
 - tiny_vocab_target_dir: a random-init Llama with vocab 16 and no tokenizer, for statistical tests
   (the whole next-token distribution is small enough to check exactly).
+- tiny_qwen2_target_dir: tiny_target_dir's Qwen2 counterpart (q/k/v biases, head_dim 32 with hidden 64
+  and 4 heads, RoPE theta 1e6, tied head; specserve/models/tiny.py), same tokenizer.
+- architecture: Llama, unless a test runs on each architecture (tiny_llama.EACH_ARCHITECTURE);
+  architecture_target_dir: the tiny target of that architecture.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 
 from specserve.models import default_model_dir as _default_model_dir
 from specserve.models import make_tiny_llama
+from specserve.models.tiny import Architecture, make_tiny_model
 from specserve.settings import EngineSettings
 
 
@@ -41,6 +46,32 @@ def tiny_draft_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
         intermediate_size=64,
         seed=2,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_target_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("tiny_qwen2_target")
+    return make_tiny_model(
+        out,
+        architecture=Architecture.QWEN2,
+        tokenizer_dir=default_model_dir,
+        hidden_size=64,
+        num_layers=2,
+        seed=1,
+    )
+
+
+@pytest.fixture(scope="session")
+def architecture() -> Architecture:
+    """The tiny models' architecture; tests marked tiny_llama.EACH_ARCHITECTURE get each in turn."""
+    return Architecture.LLAMA
+
+
+@pytest.fixture(scope="module")
+def architecture_target_dir(architecture: Architecture, request: pytest.FixtureRequest) -> Path:
+    """tiny_target_dir or tiny_qwen2_target_dir, by `architecture`."""
+    name = {Architecture.LLAMA: "tiny_target_dir", Architecture.QWEN2: "tiny_qwen2_target_dir"}[architecture]
+    return request.getfixturevalue(name)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,19 @@
-"""In-memory tiny random Llamas for unit tests (no tokenizer, no files)."""
+"""In-memory tiny random models for unit tests (no tokenizer, no files): Llamas, and the Qwen2 variant
+(specserve/models/tiny.py) for the tests that run on every served architecture."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from specserve.models.tiny import Architecture, build_tiny_model, tiny_config
+
+# Runs a test (and the module-scoped fixtures it takes that take `architecture`) once per served
+# architecture; tests without it get the default `architecture` fixture (tests/conftest.py): Llama.
+EACH_ARCHITECTURE = pytest.mark.parametrize("architecture", list(Architecture), ids=str, scope="module")
 
 
 def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0) -> LlamaForCausalLM:
@@ -24,10 +32,33 @@ def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: in
     return LlamaForCausalLM(config).eval().requires_grad_(False)
 
 
-def noisy_copy(model: LlamaForCausalLM, scale: float, seed: int = 1) -> LlamaForCausalLM:
+def tiny_qwen2(vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0) -> PreTrainedModel:
+    """The Qwen2 counterpart of `tiny_llama`: q/k/v biases, heads of 2 * hidden / 4, RoPE theta 1e6 and a
+    tied head (`tiny_config`), peaked logits (`build_tiny_model`)."""
+    config = tiny_config(
+        Architecture.QWEN2,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_layers=layers,
+        initializer_range=0.3,
+    )
+    config._attn_implementation = "sdpa"
+    # logits of std 2, about tiny_llama's (its head's std 0.3 times sqrt(32))
+    return build_tiny_model(config, seed=seed, logit_std=2.0).requires_grad_(False)
+
+
+def tiny_model(architecture: Architecture, **kwargs: int) -> PreTrainedModel:
+    """`tiny_llama` or `tiny_qwen2` with the same arguments."""
+    return (tiny_llama if architecture is Architecture.LLAMA else tiny_qwen2)(**kwargs)
+
+
+def noisy_copy(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrainedModel:
     """A draft that agrees with `model` often but not always: its LM head is perturbed."""
     draft = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
+    if draft.config.tie_word_embeddings:  # perturb the head alone, not the input embedding it is
+        draft.lm_head.weight = torch.nn.Parameter(draft.lm_head.weight.detach().clone(), requires_grad=False)
     head = draft.lm_head.weight
     head.data += torch.randn(head.shape, generator=g) * head.std() * scale
     return draft

@@ -27,7 +27,7 @@ def request_from_args(args: argparse.Namespace, limits: RequestLimits) -> Genera
     """The validated request of a command line; options a command does not have keep their defaults.
     `bench` runs several methods: its request names the target, and each run names its own method."""
     return GenerationRequest.build(
-        method=getattr(args, "method", Method.TARGET),
+        method=getattr(args, "method", None) or Method.TARGET,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,

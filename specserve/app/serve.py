@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specserve.app.model_args import add_model_option
 from specserve.catalog import DEFAULT_METHOD
 from specserve.serving.auth import read_token_file
 from specserve.serving.private_files import readable_by_others
@@ -43,6 +44,7 @@ def add_serve_parsers(subparsers: Any) -> None:
         "flags override them. Tracing follows the standard OTEL_* variables.",
     )
     serve.add_argument("role", choices=ROLES)
+    add_model_option(serve)  # target and draft; the router loads no model
     serve.add_argument("--port", type=int, help="gRPC port")
     serve.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off)")
     serve.add_argument("--target-addresses", help="router: comma-separated target host:port list")
@@ -65,7 +67,10 @@ def add_serve_parsers(subparsers: Any) -> None:
     stack.add_argument(
         "prompt", nargs="?", default="Explain in three sentences what speculative decoding is."
     )
-    stack.add_argument("--method", default=DEFAULT_METHOD)
+    stack.add_argument(
+        "--method", help=f"the demo's method (default: the model's own; {DEFAULT_METHOD} for the default)"
+    )
+    add_model_option(stack)
     stack.add_argument("--max-new-tokens", type=int, default=128)
     stack.add_argument("--once", action="store_true", help="stop the stack after the generation")
     stack.add_argument(
@@ -138,7 +143,7 @@ def run_serve(args: argparse.Namespace) -> int:
         else:
             from specserve.settings import EngineSettings
 
-            engine_settings = EngineSettings.from_env()
+            engine_settings = EngineSettings.from_env(model=args.model)
             if args.role == "target":
                 from services.target.main import start_target
 
@@ -230,10 +235,29 @@ def _env_prefix(**variables: str) -> str:
     return "".join(f"{name}={value} " for name, value in variables.items() if value)
 
 
+def stack_model_env(model: str | None) -> dict[str, str]:
+    """The services' SPECSERVE_MODEL for --model; the profile (and its draft) is checked here, so that a
+    missing install fails before any process starts rather than in the target's log."""
+    from specserve.models.install import require_installed
+    from specserve.models.profiles import model_profile
+    from specserve.settings import EngineSettings
+
+    settings = EngineSettings.from_env(model=model)  # --model, else SPECSERVE_MODEL
+    profile = model_profile(settings.model)
+    if settings.model_dir is None:
+        for name in filter(None, (profile.name, profile.draft)):
+            require_installed(model_profile(name), settings.cache_dir)
+    # The router serves the model's own default method to requests that name none (unless told).
+    default_method = os.environ.get("SPECSERVE_ROUTER_DEFAULT_METHOD") or profile.default_method
+    env = {"SPECSERVE_ROUTER_DEFAULT_METHOD": default_method}
+    return env if model is None else {**env, "SPECSERVE_MODEL": model}
+
+
 def run_stack(args: argparse.Namespace) -> int:
     from specserve.serving.stack import LocalStack, stream_demo
 
     security = stack_security(args, os.environ)
+    model_env = stack_model_env(args.model)
     # `kill`, a container runtime or a CI timeout sends SIGTERM: stop the children as Ctrl-C does instead
     # of leaving Redis and three services orphaned on their ports.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -243,12 +267,12 @@ def run_stack(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         tls=security.tls,
         auth_tokens=security.tokens,
+        env=model_env,
     ) as stack:
         if stack.http_url:
             print(f"OpenAI-compatible API at {stack.http_url}, playground at {stack.playground_url}")
-        stream_demo(
-            stack.router_address, args.prompt, args.method, args.max_new_tokens, **stack.client_options()
-        )
+        method = args.method or ""  # "": the router's default, the model's own
+        stream_demo(stack.router_address, args.prompt, method, args.max_new_tokens, **stack.client_options())
         if stack.client_tls is not None:
             print(f"\nTLS: clients verify the router with {stack.client_tls.ca_file}", flush=True)
         if not args.once:

@@ -19,12 +19,12 @@ from specserve.bench.machine import machine_info
 from specserve.bench.prompts import Prompt
 from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
+from specserve.models.profiles import DEFAULT_PROFILE, model_profile
 from specserve.results import GenerationResult, OnTokens
 from specserve.settings import EngineSettings
 
 TARGET = "target"  # plain decoding with the target model: the baseline every speedup is against
 WARMUP_TOKENS = 8
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # what EngineSettings(model_dir=None) loads
 
 
 class EngineLike(Protocol):
@@ -252,12 +252,17 @@ def _config(
         "limit": limit,
         "num_prompts": num_prompts,
         "prompts_file": portable_path(prompts_file) if prompts_file is not None else None,
-        "model": Path(model_dir).name if model_dir else DEFAULT_MODEL_NAME,
+        "model": Path(model_dir).name if model_dir else _profile_model_name(settings),
         "model_dir": portable_path(model_dir) if model_dir else None,
         "settings": _jsonable(asdict(settings)) if settings else None,
         "warmup_tokens": WARMUP_TOKENS,
         "order": "interleaved: all methods on each prompt before the next prompt",
     }
+
+
+def _profile_model_name(settings: EngineSettings | None) -> str:
+    """The checkpoint's name when no --model-dir is set: the profile's (the default without settings)."""
+    return model_profile(settings.model if settings else DEFAULT_PROFILE).cache_name
 
 
 def portable_path(path: Path | str) -> str:

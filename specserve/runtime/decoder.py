@@ -43,6 +43,9 @@ def supports_native_forward(model: nn.Module) -> bool:
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and any(kind != "full_attention" for kind in layer_types):
         return False
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) != 1.0:
+        return False  # the rotary below turns whole heads
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     return all(hasattr(inner, name) for name in needed) and hasattr(model, "lm_head")
 
@@ -75,8 +78,9 @@ class NativeDecoder:
         self.lm_head: nn.Module = model.lm_head
         self.num_heads: int = config.num_attention_heads
         self.num_kv_heads: int = config.num_key_value_heads
+        # head_dim may differ from hidden / heads (the tiny Qwen2's does); the attention's scale is its own.
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.scaling = self.head_dim**-0.5
+        self.scaling: float = float(getattr(self.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.qkv = [
             _projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
             for layer in self.layers

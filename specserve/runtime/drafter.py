@@ -174,23 +174,39 @@ class WidthDrafter(SpineDrafter):
         return min(width, self.head_size)
 
 
-class ModelDrafter(SpineDrafter):
+class ModelDrafter(WidthDrafter):
+    """A separate causal LM (a smaller sibling of the target) drafting a spine with fixed widths, or
+    CaPE's widths by its confidence."""
+
     def __init__(
-        self, runner: ModelRunner, capacity: int, shape: DraftShape, sampling: SamplingParams = GREEDY
+        self,
+        runner: ModelRunner,
+        capacity: int,
+        shape: DraftShape,
+        sampling: SamplingParams = GREEDY,
+        cape: CapeSettings | None = None,
     ) -> None:
-        super().__init__(shape, sampling, shape.sampled_kind)
+        super().__init__(shape, cape, sampling, runner.vocab_size)
         self.runner = runner
         self.cache: PositionalKVCache = runner.new_cache(capacity)
         self._cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
 
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
+        max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
+        if max_depth == 0:
+            # Nothing is worth drafting (the batch-aware cost policy under load): no draft forward; the
+            # cache catches up on the next round that drafts.
+            return DraftTree.root_only(token_ids[-1])
         logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids)  # [V] after the root
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:
             self._cached_ids.append(spine_token)
             return self.runner.forward(self.cache, [spine_token], last_only=True)
 
-        return self._grow(token_ids, logits, lambda d, _logits, _n: self.shape.width(d), advance, generator)
+        def width_at(depth_index: int, logits: torch.Tensor, num_nodes: int) -> int:
+            return self._width(depth_index, logits, num_nodes, max_depth)
+
+        return self._grow(token_ids, logits, width_at, advance, generator)
 
     def release(self) -> None:
         """Ends the request: the cache and the pending round go; the policy's learning stays with the

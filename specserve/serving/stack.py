@@ -385,7 +385,7 @@ def stream_demo(
         s = last.stats
         bytes_per_round = int(s["rpc_bytes"] / max(1, s["num_target_forwards"]))
         print(
-            f"\n\n[{method} via router] {int(s['num_generated_tokens'])} tokens, "
+            f"\n\n[{method or 'default method'} via router] {int(s['num_generated_tokens'])} tokens, "
             f"{s['tokens_per_second']:.1f} tok/s, {s['mean_accepted_length']:.2f} tokens/round, "
             f"{bytes_per_round} bytes/round, finish: {last.finish_reason}",
             flush=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specserve.app.model_args import add_model_option
 from specserve.settings import EngineSettings
 from specserve.training.corpus import Source
 
@@ -29,7 +30,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         default="glide",
         help="vanilla = the same block without cross-attention (ablation)",
     )
-    p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
+    add_model_option(p)
+    p.add_argument("--model-dir", type=Path, help="the target's directory (default: the --model profile's)")
     data = p.add_argument_group("data")
     data.add_argument(
         "--sources",
@@ -75,7 +77,8 @@ def add_train_stopper_parser(sub: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument(
         "--out", type=Path, default=STOPPER_DIR, help="where model.safetensors and stopper.json go"
     )
-    p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
+    add_model_option(p)
+    p.add_argument("--model-dir", type=Path, help="the target's directory (default: the --model profile's)")
     p.add_argument("--glide-dir", type=Path, help="the GliDe draft (default: the shipped one)")
     p.add_argument("--prompts", type=int, default=60, help="written prompts to log (never benchmark ones)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -97,7 +100,8 @@ def add_eval_draft_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentP
     p.add_argument(
         "--draft", type=Path, help="a GliDe or hidden-state draft directory (default: the shipped GliDe one)"
     )
-    p.add_argument("--model-dir", type=Path, help="the target (default: SmolLM2-135M-Instruct)")
+    add_model_option(p)
+    p.add_argument("--model-dir", type=Path, help="the target's directory (default: the --model profile's)")
     p.add_argument("--per-category", type=int, default=5, help="MT-Bench first turns per category")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's answers")
     p.add_argument("--batch-size", type=int, default=4)
@@ -119,9 +123,9 @@ def run_eval_draft_command(args: argparse.Namespace) -> int:
 
     if args.per_category < 1 or args.max_new_tokens < 1 or args.batch_size < 1:
         raise InvalidArgument("--per-category, --max-new-tokens and --batch-size must be positive")
-    engine = EngineSettings.from_env(model_dir=args.model_dir)
-    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
-    draft_dir = args.draft or shipped_draft_dir(DraftKind.GLIDE)
+    engine = EngineSettings.from_env(model=args.model, model_dir=args.model_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir, engine.model)
+    draft_dir = args.draft or shipped_draft_dir(DraftKind.GLIDE, engine.model)
     if draft_dir is None:
         raise NotFound("no draft given and this build ships none: pass --draft")
     if not (draft_dir / "model.safetensors").is_file():  # before the slow part: loading the target
@@ -156,8 +160,8 @@ def run_train_command(args: argparse.Namespace) -> int:
     from specserve.training.data import build_training_data
     from specserve.training.settings import DataSettings
 
-    engine = EngineSettings.from_env(model_dir=args.model_dir)
-    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
+    engine = EngineSettings.from_env(model=args.model, model_dir=args.model_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir, engine.model)
     try:
         sources = tuple(Source(s.strip()) for s in args.sources.split(",") if s.strip())
     except ValueError as e:

@@ -789,7 +789,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     usable_device(args.device)  # before a model is looked for, loaded or written
     engine = EngineSettings.from_env(model_dir=args.model_dir)
-    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir, engine.model)
     if args.command == "features":
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
         # auto: oneDNN-packed weights on a CPU, cuBLAS on CUDA (nothing here reads a weight directly).

@@ -408,7 +408,7 @@ def run_generation(args: argparse.Namespace) -> None:
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     engine = EngineSettings.from_env(model_dir=args.model_dir)
-    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir)
+    model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir, engine.model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "settings.json").write_text(

@@ -158,7 +158,8 @@ def run_train_stopper_command(args) -> int:
     from specserve.engine import Engine
     from specserve.settings import EngineSettings
 
-    engine = Engine(EngineSettings.from_env(model_dir=args.model_dir, glide_dir=args.glide_dir))
+    settings = EngineSettings.from_env(model=args.model, model_dir=args.model_dir, glide_dir=args.glide_dir)
+    engine = Engine(settings)
     record = train_stopper(
         engine,
         args.out,

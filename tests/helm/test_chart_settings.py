@@ -8,6 +8,7 @@ services' own `from_env` parsers.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from chart_support import CHART_DIR, container, deployment_for, env_of, render
 
+from specserve.models.profiles import PROFILES
 from specserve.serving.settings import (
     DraftServiceSettings,
     RouterServiceSettings,
@@ -102,6 +104,8 @@ SPECIAL = {
     "health_port": 40003,
     "http_port": 40003,
     "dtype": "bfloat16",
+    "draft_dtype": "float16",
+    "model": "qwen2.5-coder-1.5b-instruct",
     "linear_kernel": "native",
     "device": "cuda:1",
     "max_context": 8192,
@@ -184,3 +188,9 @@ def test_null_settings_are_not_rendered_so_the_service_defaults_apply() -> None:
                     continue  # the mounted certificates: tls.enabled, on by default (secure defaults)
                 assert cls.ENV_PREFIX + f.name.upper() not in env
                 assert getattr(loaded, f.name) == getattr(cls(), f.name)
+
+
+def test_the_model_choices_are_the_profile_registry() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    choices = schema["properties"]["engine"]["properties"]["model"]["enum"]
+    assert choices == [*PROFILES, None]

@@ -26,6 +26,7 @@ SCHEMA_REJECTS = {
         ["/router/settings", "'redisUrl'"],
     ),
     "dtype enum": (["engine.dtype=int8"], ["/engine/dtype"]),
+    "unknown model profile": (["engine.model=llama-70b"], ["/engine/model"]),
     "redis mode enum": (["redis.mode=cluster"], ["/redis/mode"]),
     "traces exporter enum": (["otel.tracesExporter=jaeger"], ["/otel/tracesExporter"]),
     "router service type enum": (["router.service.type=Ingress"], ["/router/service/type"]),

@@ -4,6 +4,7 @@ everything when a client leaves.
 One stack (real Redis, target, draft and router processes) for the module. Greedy output through it
 must equal the in-process output; then tests kill or restart processes and check the output still
 does, and that cancelled or timed-out sessions leave nothing behind in Redis, the target or the draft.
+A second, short-lived stack serves the tiny Qwen2 target: the same equality on another architecture.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import redis
 from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
 from specserve.core.request import GenerationRequest
+from specserve.engine import Engine
 from specserve.errors import DeadlineExceeded, SpecserveError
 from specserve.serving.stack import LocalStack, free_port
+from specserve.settings import EngineSettings
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
 
@@ -79,6 +82,28 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
     # vLLM-named speculation counters: one draft per round, per-position acceptance counted.
     assert metric(stack, "router", "specserve:spec_decode_num_drafts_total") - drafts_before == rounds
     assert metric(stack, "router", "specserve:spec_decode_num_accepted_tokens_per_pos_total") > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_qwen2_stack_equals_in_process(tiny_qwen2_target_dir, tmp_path):
+    """Over the tiny Qwen2 target (biased q/k/v, 2 KV heads of 32 on the feed, RoPE theta 1e6, tied head)
+    the GliDe draft service mirrors the target's K/V and the output is the in-process engine's."""
+    settings = {
+        "model_dir": tiny_qwen2_target_dir,
+        "draft_layers": 1,
+        "calibration_path": tmp_path / "costs.json",
+    }
+    env = {f"SPECSERVE_{name.upper()}": str(value) for name, value in settings.items()}
+    engine = Engine(EngineSettings.from_env(**settings))
+    request = GenerationRequest.build(method="glide-cape", max_new_tokens=24)
+    with (
+        LocalStack(log_dir=tmp_path / "logs", env=env) as qwen2_stack,
+        Client(qwen2_stack.router_address) as client,
+    ):
+        for prompt in EQUALITY_PROMPTS[:2]:
+            remote = client.generate(prompt, method="glide-cape", max_new_tokens=24)
+            assert remote.token_ids == engine.generate(prompt, request).token_ids, prompt
+            assert remote.stats["num_draft_fallbacks"] == 0  # the draft really took part
 
 
 @pytest.mark.timeout(300)

@@ -1,12 +1,13 @@
 """EagleDrafter in the speculative loop: lossless greedy and sampling, the target's hidden states kept
-exactly for committed positions, and proposals that follow the documented position convention."""
+exactly for committed positions, and proposals that follow the documented position convention; greedy,
+sampling and the kept states also on the Qwen2 tiny target."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_llama import exact_joint_of_tokens_2_and_3, tiny_llama
+from tiny_llama import EACH_ARCHITECTURE, exact_joint_of_tokens_2_and_3, tiny_model
 
 from specserve.core.cape import CapeSettings
 from specserve.core.finish import FinishChecker
@@ -15,6 +16,7 @@ from specserve.core.sampling_params import SamplingParams
 from specserve.eagle.drafter import EagleDrafter
 from specserve.eagle.model import EagleDraft, build_eagle
 from specserve.errors import FailedPrecondition
+from specserve.models.tiny import Architecture
 from specserve.runtime.drafter import DraftShape, spine_token_ids
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
@@ -31,8 +33,8 @@ def _eagle(target_model, seed: int = 0, std: float = 0.3, **overrides) -> EagleD
 
 
 @pytest.fixture(scope="module")
-def target():
-    return ModelRunner(tiny_llama())
+def target(architecture):
+    return ModelRunner(tiny_model(architecture))
 
 
 def run(target, model, shape, cape, params, seed=0, prompt=PROMPT, max_new_tokens=40):
@@ -45,22 +47,24 @@ def run(target, model, shape, cape, params, seed=0, prompt=PROMPT, max_new_token
     return finish.generated, stats, verifier
 
 
-@pytest.mark.parametrize(
-    "shape, cape, overrides",
-    [
-        (DraftShape(depth=4), None, {"draft_vocab_size": None}),
-        (DraftShape(depth=4), CapeSettings(), {"draft_vocab_size": None}),
-        (DraftShape(depth=3), CapeSettings(max_tree_nodes=6), {"draft_vocab_size": 16}),
-    ],
-    ids=["chain", "cape", "cape-reduced-head"],
-)
-def test_greedy_output_equals_target_alone(target, shape, cape, overrides):
+CASES = {
+    "chain": (DraftShape(depth=4), None, {"draft_vocab_size": None}),
+    "cape": (DraftShape(depth=4), CapeSettings(), {"draft_vocab_size": None}),
+    "cape-reduced-head": (DraftShape(depth=3), CapeSettings(max_tree_nodes=6), {"draft_vocab_size": 16}),
+}
+GREEDY_CASES = [(Architecture.LLAMA, case) for case in CASES] + [(Architecture.QWEN2, "cape")]
+
+
+@pytest.mark.parametrize(("architecture", "case"), GREEDY_CASES, ids=str, scope="module")
+def test_greedy_output_equals_target_alone(target, case):
+    shape, cape, overrides = CASES[case]
     reference, _, _ = run(target, None, None, None, GREEDY)
     generated, stats, _verifier = run(target, _eagle(target.model, **overrides), shape, cape, GREEDY)
     assert generated == reference
     assert stats.num_draft_tokens > 0
 
 
+@EACH_ARCHITECTURE
 def test_committed_hidden_states_equal_a_plain_forward_over_the_committed_tokens(target):
     """After rounds of tree verification and commits, the kept states are the ones the LM head reads."""
     verifier = LocalVerifier(target, CAPACITY)
@@ -134,9 +138,11 @@ def test_a_target_without_hidden_states_is_a_clear_error(target):
 V = 4
 
 
-def test_speculative_sampling_preserves_target_distribution():
+# Llama only (CI time): on Qwen2 the seeded batched-sampling tests prove the same rule's output.
+@pytest.mark.parametrize("architecture", [Architecture.LLAMA], ids=str)
+def test_speculative_sampling_preserves_target_distribution(architecture):
     cape = None  # a sampled chain: the case that needs the draft's q (CaPE's fixed candidates do not)
-    small = ModelRunner(tiny_llama(vocab_size=V, hidden=16, layers=1, seed=3))
+    small = ModelRunner(tiny_model(architecture, vocab_size=V, hidden=16, layers=1, seed=3))
     model = _eagle(small.model, seed=4, std=1.0, draft_vocab_size=None)
     prompt = [1, 2, 3, 0, 1]
     params = SamplingParams(temperature=1.0)

@@ -1,21 +1,26 @@
-"""The hidden-state draft: its unrolled training forward equals drafting one token at a time."""
+"""The hidden-state draft: its unrolled training forward equals drafting one token at a time; it starts
+from the target's head and final norm, untied (Llama) or tied (Qwen2)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tiny_llama import EACH_ARCHITECTURE
 
 from specserve.eagle.config import EagleConfig
 from specserve.eagle.model import build_eagle, is_eagle_dir, load_eagle, save_eagle
 from specserve.errors import InvalidArgument, NotFound
+from specserve.glide.config import GlideConfig
 from specserve.models import load_causal_lm
-from specserve.models.tiny import make_tiny_llama
+from specserve.models.tiny import Architecture, make_tiny_model, tiny_config
 from specserve.runtime.kv_cache import PositionalKVCache
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    directory = make_tiny_llama(tmp_path_factory.mktemp("tiny"), vocab_size=96, num_heads=4, num_kv_heads=2)
+def target(tmp_path_factory, architecture):
+    directory = make_tiny_model(
+        tmp_path_factory.mktemp("tiny"), architecture=architecture, vocab_size=96, num_heads=4, num_kv_heads=2
+    )
     return load_causal_lm(directory)
 
 
@@ -27,9 +32,11 @@ def draft(target):
     return model
 
 
+@EACH_ARCHITECTURE
 def test_config_follows_the_target(target) -> None:
     config = EagleConfig.from_target(target.config, draft_vocab_size=32)
     assert (config.hidden_size, config.num_heads, config.num_kv_heads) == (64, 4, 2)
+    assert config.rope_theta == target.config.rope_parameters["rope_theta"]  # 1e4 (Llama), 1e6 (Qwen2)
     assert config.head_vocab_size == 32
     with pytest.raises(InvalidArgument):
         EagleConfig.from_target(target.config, draft_vocab_size=97)
@@ -37,6 +44,24 @@ def test_config_follows_the_target(target) -> None:
         EagleConfig.from_json('{"kind": "glide"}')
 
 
+def test_a_target_with_scaled_rope_still_gets_a_draft() -> None:
+    """The draft's attention reads its own keys only, so the target's RoPE scaling (Llama 3's here) does
+    not bind it; GliDe, whose queries meet the target's keys, refuses such a target."""
+    config = tiny_config(Architecture.LLAMA, vocab_size=96)
+    config.rope_parameters = {
+        "rope_type": "llama3",
+        "rope_theta": 5e5,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    assert EagleConfig.from_target(config).rope_theta == 5e5
+    with pytest.raises(InvalidArgument, match="default RoPE only"):
+        GlideConfig.from_target(config)
+
+
+@EACH_ARCHITECTURE
 def test_head_and_norm_start_as_the_targets(target) -> None:
     draft = build_eagle(target, draft_vocab_size=16)
     ids = draft.draft_token_ids

@@ -1,4 +1,5 @@
-"""The GliDe draft model: forward against a plain reference, masks, reduced vocab, checkpoints, training."""
+"""The GliDe draft model: forward against a plain reference, masks, reduced vocab, checkpoints, training;
+fitted to a Llama or a Qwen2 target, it rotates its queries exactly as the target rotated its keys."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import pytest
 import torch
-from tiny_llama import tiny_llama
+from tiny_llama import EACH_ARCHITECTURE, tiny_llama, tiny_model, tiny_qwen2
 
 from specserve.core.sampling import logits_to_probs
 from specserve.core.sampling_params import SamplingParams
@@ -22,7 +23,7 @@ from specserve.glide import (
     save_glide,
 )
 from specserve.glide.config import spread_target_layers
-from specserve.glide.model import cross_mask_from_lengths, trained_cross_lengths
+from specserve.glide.model import cross_mask_from_lengths, rope_cos_sin, trained_cross_lengths
 from specserve.runtime.kv_cache import PositionalKVCache
 
 # Target geometry differs from the draft's so that a mix-up of the two cannot pass.
@@ -196,6 +197,29 @@ def test_config_json_round_trip_and_from_target():
         GlideConfig.from_json('{"vocab_size": 3, "colour": "blue"}')
     with pytest.raises(InvalidArgument):
         GlideConfig.from_target(target.config, num_kv_heads=3)
+
+
+def test_from_target_reads_the_targets_head_dim_and_rope_theta():
+    """Qwen2's heads are wider than hidden / heads (16 with hidden 32 and 4 heads), its theta 1e6."""
+    target = tiny_qwen2()
+    config = GlideConfig.from_target(target.config)
+    assert (config.target_head_dim, config.head_dim, config.rope_theta) == (16, 8, 1e6)
+    config.check_target(target.config)
+    with pytest.raises(InvalidArgument):  # cached keys of another shape and theta
+        config.check_target(tiny_llama().config)
+
+
+@EACH_ARCHITECTURE
+def test_the_draft_query_turns_as_the_target_turned_its_keys(architecture):
+    """Cross-attention scores a rotated query against keys the target rotated: the same frequencies."""
+    target = tiny_model(architecture)
+    config = GlideConfig.from_target(target.config)
+    positions = torch.arange(0, 4000, 37)  # [S]
+    cos, sin = rope_cos_sin(positions, config.target_head_dim, config.rope_theta, torch.float32)  # [S, Dt]
+    with torch.no_grad():
+        target_cos, target_sin = target.model.rotary_emb(torch.zeros(1, 1), positions[None])  # [1, S, Dt]
+    torch.testing.assert_close(cos, target_cos[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(sin, target_sin[0], atol=1e-5, rtol=0)
 
 
 def _assert_same_forward(a: GlideDraft, b: GlideDraft) -> None:

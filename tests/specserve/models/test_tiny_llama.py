@@ -1,4 +1,5 @@
-"""Tiny random Llamas: deterministic, the right shape, and with usable next-token distributions."""
+"""Tiny random checkpoints (Llama, Qwen2): deterministic, the right shape, what sets each architecture
+apart, and usable next-token distributions."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 
 from specserve.errors import InvalidArgument
 from specserve.models import load_causal_lm, load_tokenizer, make_tiny_llama
+from specserve.models.tiny import Architecture, make_tiny_model
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -39,6 +41,28 @@ def test_config_follows_the_tokenizer(tiny_target_dir: Path, tiny_draft_dir: Pat
     assert load_tokenizer(tiny_draft_dir).eos_token_id == 2
 
 
+def test_the_qwen2_variant_has_what_a_llama_lacks(tiny_qwen2_target_dir: Path) -> None:
+    model = load_causal_lm(tiny_qwen2_target_dir)
+    c = model.config
+    assert c.model_type == Architecture.QWEN2 and type(model).__name__ == "Qwen2ForCausalLM"
+    assert (c.vocab_size, c.bos_token_id, c.eos_token_id, c.pad_token_id) == (49152, 1, 2, 2)
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (64, 4, 2, 32)
+    assert c.rope_parameters["rope_theta"] == 1e6
+    assert c.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    attention = model.model.layers[0].self_attn
+    assert all(p.bias.abs().min() > 0 for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+    assert attention.o_proj.bias is None
+
+
+def test_architectures_are_deterministic_and_differ(tmp_path: Path) -> None:
+    a = _weights(make_tiny_model(tmp_path / "a", architecture="qwen2", vocab_size=16, seed=7))
+    b = _weights(make_tiny_model(tmp_path / "b", architecture="qwen2", vocab_size=16, seed=7))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    llama = _weights(make_tiny_model(tmp_path / "c", architecture="llama", vocab_size=16, seed=7))
+    assert "lm_head.weight" in llama and "lm_head.weight" not in a  # a tied head is stored once
+    assert not any(name.endswith(".bias") for name in llama)
+
+
 def test_no_tokenizer_means_no_special_ids(tiny_vocab_target_dir: Path) -> None:
     c = load_causal_lm(tiny_vocab_target_dir).config
     assert (c.vocab_size, c.bos_token_id, c.eos_token_id, c.pad_token_id) == (16, None, None, None)
@@ -52,7 +76,7 @@ def test_vocab_arguments_are_checked(tmp_path: Path, default_model_dir: Path) ->
         make_tiny_llama(tmp_path / "y", tokenizer_dir=default_model_dir, vocab_size=100)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_target_dir", "tiny_vocab_target_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_target_dir", "tiny_vocab_target_dir", "tiny_qwen2_target_dir"])
 def test_distributions_are_peaked_and_context_dependent(fixture: str, request: pytest.FixtureRequest) -> None:
     model = load_causal_lm(request.getfixturevalue(fixture))
     vocab = model.config.vocab_size

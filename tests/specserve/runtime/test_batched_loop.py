@@ -1,12 +1,13 @@
 """Sessions run concurrently (their forwards batched) produce exactly what each produces alone: greedy
-output token for token, seeded sampling the same tokens, and sampling the target's distribution."""
+output token for token, seeded sampling the same tokens, and sampling the target's distribution. Greedy
+and seeded sampling on each architecture's tiny target (Llama, Qwen2)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_llama import exact_joint_of_tokens_2_and_3, noisy_copy, tiny_llama
+from tiny_llama import EACH_ARCHITECTURE, exact_joint_of_tokens_2_and_3, noisy_copy, tiny_llama
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
@@ -33,6 +34,7 @@ def session(target, draft, shape, prompt, params, seed, prefill_chunk=256, max_n
     return run
 
 
+@EACH_ARCHITECTURE
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_greedy_batched_equals_each_session_alone(target, draft, shape):
     params = SamplingParams()
@@ -47,6 +49,7 @@ def test_greedy_batched_equals_each_session_alone(target, draft, shape):
     assert scheduler.stats.segments > 1.5 * scheduler.stats.forwards  # forwards were shared
 
 
+@EACH_ARCHITECTURE
 def test_seeded_sampling_batched_equals_alone(target, draft):
     params = SamplingParams(temperature=0.9)
     shape = DraftShape(depth=3, widths=(2, 2))

@@ -1,13 +1,18 @@
-"""The lean Llama-family forward equals transformers' own, per architecture, packed or not."""
+"""The lean Llama-family forward equals transformers' own, per architecture, packed or not. The Qwen2
+tiny model has what a Llama lacks: q/k/v biases, heads wider than hidden / heads, RoPE theta 1e6 and a
+tied head; a forward that ignored any of them would fail here."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from tiny_llama import tiny_llama
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from tiny_llama import tiny_llama, tiny_model, tiny_qwen2
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from specserve.core.tree_mask import tree_attention_mask
+from specserve.models.tiny import Architecture
 from specserve.runtime.decoder import supports_native_forward
 from specserve.runtime.kernels import apply_linear_kernel
 from specserve.runtime.ragged import Segment, causal_attend, forward_ragged
@@ -16,28 +21,8 @@ from specserve.runtime.runner import ModelRunner
 ATOL = 1e-4
 
 
-def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.3,
-        tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
-    with torch.no_grad():  # Qwen2's q/k/v biases start at zero: make them count
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0.0, 0.3)
-    return model
-
-
-ARCHITECTURES = {"llama": lambda: tiny_llama(layers=3), "qwen2": tiny_qwen2}
+def tiny(architecture: Architecture):
+    return tiny_model(architecture, layers=3)
 
 
 def reference_logits(model, sequence: list[int]) -> torch.Tensor:
@@ -46,10 +31,9 @@ def reference_logits(model, sequence: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["native-kernel", "packed"])
-@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("architecture", list(Architecture), ids=str)
 def test_ragged_chains_and_trees_equal_transformers(architecture, packed):
-    model = ARCHITECTURES[architecture]()
-    reference = ARCHITECTURES[architecture]()
+    model, reference = tiny(architecture), tiny(architecture)
     if packed:
         apply_linear_kernel(model, "auto")
     runner = ModelRunner(model)
@@ -92,9 +76,9 @@ def test_ragged_chains_and_trees_equal_transformers(architecture, packed):
     )
 
 
-@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("architecture", list(Architecture), ids=str)
 def test_the_native_forward_matches_the_transformers_path_of_the_runner(architecture):
-    model = ARCHITECTURES[architecture]()
+    model = tiny(architecture)
     apply_linear_kernel(model, "auto")
     native = ModelRunner(model)
     plain = ModelRunner(model)
@@ -111,6 +95,24 @@ def test_the_native_forward_matches_the_transformers_path_of_the_runner(architec
             forward_ragged(runner.model, [Segment(cache, [9], torch.tensor([4]))], runner.native)[0]
         )
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=0)
+
+
+def test_the_qwen2_model_exercises_what_a_llama_lacks():
+    """Biases that count, heads not hidden / heads wide, theta 1e6, a tied head: the cases above prove
+    the lean forward on these only if dropping any of them changes the logits."""
+    model = tiny_qwen2()
+    config = model.config
+    assert config.head_dim * config.num_attention_heads != config.hidden_size
+    assert config.rope_parameters["rope_theta"] == 1e6 and config.tie_word_embeddings
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    unbiased = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in unbiased.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.zero_()
+    sequence = [1, 2, 3, 4, 5, 6, 7]
+    difference = reference_logits(model, sequence) - reference_logits(unbiased, sequence)
+    assert difference.abs().max() > 1000 * ATOL
 
 
 def test_architectures_without_a_native_forward_keep_transformers():

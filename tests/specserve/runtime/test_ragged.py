@@ -1,10 +1,11 @@
-"""One ragged forward over many sessions equals each session's own forward (float32 tolerance)."""
+"""One ragged forward over many sessions equals each session's own forward (float32 tolerance), through
+transformers' module forward (the lean one: test_decoder.py); chains and trees on each architecture."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tiny_llama import tiny_llama
+from tiny_llama import EACH_ARCHITECTURE, tiny_model
 
 from specserve.errors import ResourceExhausted
 from specserve.runtime.kv_cache import MIN_ALLOCATION
@@ -15,8 +16,8 @@ ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def runner() -> ModelRunner:
-    return ModelRunner(tiny_llama(layers=3))
+def runner(architecture) -> ModelRunner:
+    return ModelRunner(tiny_model(architecture, layers=3))
 
 
 def reference_logits(runner: ModelRunner, sequence: list[int]) -> torch.Tensor:
@@ -25,6 +26,7 @@ def reference_logits(runner: ModelRunner, sequence: list[int]) -> torch.Tensor:
         return runner.model(input_ids=torch.tensor([sequence])).logits[0]
 
 
+@EACH_ARCHITECTURE
 def test_chains_and_prefill_chunks_of_different_lengths(runner):
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
     caches = [runner.new_cache(64) for _ in prompts]
@@ -48,6 +50,7 @@ def test_chains_and_prefill_chunks_of_different_lengths(runner):
         torch.testing.assert_close(torch.cat([a, b]), reference_logits(runner, prompt), atol=ATOL, rtol=0)
 
 
+@EACH_ARCHITECTURE
 def test_trees_beside_chains_equal_their_paths(runner):
     """A tree's node sees its prefix and ancestors only: its logits equal the path run as a sequence."""
     tree_cache, chain_cache, single_cache = (runner.new_cache(64) for _ in range(3))

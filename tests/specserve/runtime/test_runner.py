@@ -1,6 +1,9 @@
+"""ModelRunner over a positional KV cache: chains, trees and commits equal plain forwards, on each
+architecture's tiny model (Llama; Qwen2 with biased q/k/v and heads wider than hidden / heads)."""
+
 import pytest
 import torch
-from tiny_llama import tiny_llama
+from tiny_llama import EACH_ARCHITECTURE, tiny_model
 from tree_paths import path_to_node
 
 from specserve.errors import ResourceExhausted
@@ -10,8 +13,8 @@ PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_llama()
+def model(architecture):
+    return tiny_model(architecture)
 
 
 def _reference_logits(model, token_ids):
@@ -19,6 +22,7 @@ def _reference_logits(model, token_ids):
         return model(torch.tensor([token_ids])).logits[0]  # [n, V]
 
 
+@EACH_ARCHITECTURE
 def test_chain_logits_match_plain_forward(model):
     runner = ModelRunner(model)
     cache = runner.new_cache(32)
@@ -31,6 +35,7 @@ def test_chain_logits_match_plain_forward(model):
     assert cache.length == len(PROMPT)
 
 
+@EACH_ARCHITECTURE
 def test_tree_node_logits_match_their_path_run_as_a_chain(model):
     runner = ModelRunner(model)
     cache = runner.new_cache(32)
@@ -43,6 +48,7 @@ def test_tree_node_logits_match_their_path_run_as_a_chain(model):
         torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4)
 
 
+@EACH_ARCHITECTURE
 def test_commit_compacts_the_accepted_path(model):
     runner = ModelRunner(model)
     cache = runner.new_cache(32)
