@@ -1,6 +1,6 @@
 """`specserve serve target` and `specserve serve draft`: the two model services' one start-up path.
 
-Each loads its engine on its model thread (where every later tensor operation runs, see
+Each loads its models on its model thread (where every later tensor operation runs, see
 specserve/serving/model_thread.py), warms up what its first request would wait for, then serves its
 servicer with its metrics, idle-session release and a clean close. The gRPC service's name, its
 registration function and its Release request come from the role's generated modules.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from specserve.engine import Engine
+from specserve.runtime.models import ServedModels
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import RunningServer, start_server
 from specserve.serving.settings import ServerSettings
@@ -25,9 +25,9 @@ class ModelService:
     role: str  # "target" or "draft": names the model thread
     pb2: ModuleType  # the generated messages (one service per proto file)
     pb2_grpc: ModuleType  # the generated registration glue
-    servicer: Callable[..., Any]  # (engine, settings, metrics, model thread) -> the servicer
+    servicer: Callable[..., Any]  # (models, settings, metrics, model thread) -> the servicer
     metrics: Callable[[], Any]  # -> the role's metrics (with a .registry)
-    warm_up: Callable[[Engine], object]  # loads, before SERVING, what the first request would wait for
+    warm_up: Callable[[ServedModels], object]  # loads, before SERVING, what the first request would wait for
 
 
 def start_model_service(
@@ -37,9 +37,9 @@ def start_model_service(
     add_to_server = getattr(service.pb2_grpc, f"add_{descriptor.name}Servicer_to_server")
     release_request = getattr(service.pb2, descriptor.methods_by_name["Release"].input_type.name)
     model = ModelThread.for_settings(f"{service.role}-model", settings)
-    engine = model.run(_load, engine_settings, service.warm_up)
+    models = model.run(_load, engine_settings, service.warm_up)
     metrics = service.metrics()
-    servicer = service.servicer(engine, settings, metrics, model)
+    servicer = service.servicer(models, settings, metrics, model)
     return start_server(
         settings,
         lambda server: add_to_server(servicer, server),
@@ -50,7 +50,7 @@ def start_model_service(
     )
 
 
-def _load(engine_settings: EngineSettings, warm_up: Callable[[Engine], object]) -> Engine:
-    engine = Engine(engine_settings)
-    warm_up(engine)
-    return engine
+def _load(engine_settings: EngineSettings, warm_up: Callable[[ServedModels], object]) -> ServedModels:
+    models = ServedModels(engine_settings)
+    warm_up(models)
+    return models

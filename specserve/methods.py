@@ -16,7 +16,7 @@ from specserve.catalog import ADAPTIVE_DEPTH, CATALOG, Method
 from specserve.core.cape import CapeSettings
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.protocols import Drafter
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import StopPolicyName, StopSettings
 from specserve.core.suffix_drafter import SuffixDrafter
 from specserve.eagle.drafter import EagleDrafter, HiddenStateSource
@@ -25,23 +25,29 @@ from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft
 from specserve.runtime.batching import other_sessions
-from specserve.runtime.drafter import DraftShape, ModelDrafter
+from specserve.runtime.drafter import DraftShape
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
 from specserve.runtime.runner import ModelRunner
 from specserve.settings import EngineSettings
 
 
 class DraftSources(Protocol):
-    """What the drafter factories read: the loaded drafts and the costs. specserve.engine.Engine is one
-    (the engine imports this module, never the other way round)."""
+    """What the drafter factories read: the loaded drafts and the costs. specserve.runtime.models.ServedModels
+    is one (the engine and the draft service pass theirs; this module imports neither)."""
 
     settings: EngineSettings
 
     @property
     def glide_draft(self) -> GlideDraft: ...
 
-    @property
-    def vanilla_glide_draft(self) -> GlideDraft | None: ...
+    def vanilla_drafter(
+        self,
+        target_kv: TargetKVSource,
+        capacity: int,
+        shape: DraftShape,
+        cape: CapeSettings | None = None,
+        sampling: SamplingParams = GREEDY,
+    ) -> Drafter: ...
 
     @property
     def vanilla_draft_runner(self) -> ModelRunner: ...
@@ -83,10 +89,7 @@ def _vanilla(shape: DraftShape, cape: bool = False) -> DrafterFactory:
         engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
         settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
-        trained = engine.vanilla_glide_draft  # one layer, no cross-attention: reads no target KV
-        if trained is not None:
-            return GlideDrafter(trained, target_kv, capacity, shape, settings, sampling)
-        return ModelDrafter(engine.vanilla_draft_runner, capacity, shape, sampling, settings)
+        return engine.vanilla_drafter(target_kv, capacity, shape, settings, sampling)
 
     return make
 

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("specserve", "services")
 ROUTER = "services.router"
 NO_TORCH = ("torch",)
+ENGINE = "specserve.engine"
 
 # Cycles kept on purpose: the set of modules in the cycle -> why it is harmless. Prefer breaking a cycle
 # (move the shared piece into the module that owns it, or into a small module of its own).
@@ -241,6 +242,16 @@ def test_nothing_the_router_reaches_imports_torch(graph: ImportGraph) -> None:
                     reached, step = step[0], came_from[step[0]]
                 problems.append("\n    ".join(reversed(steps)))
     assert not problems, "the router must not import torch:\n    " + "\n\n    ".join(problems)
+
+
+def test_the_services_build_on_the_runtime_not_the_in_process_engine(graph: ImportGraph) -> None:
+    """The target and draft services load their models through runtime/models.py; the in-process engine
+    (the speculative loop over both) is the CLI's and the benchmark's, never a service's."""
+    services = [m for m in graph.edges if m.startswith("services.")]
+    assert "services.target.servicer" in services and "services.draft.servicer" in services
+    came_from = graph.reachable(services)
+    assert "specserve.runtime.models" in came_from
+    assert ENGINE not in came_from, f"{ENGINE} is reached from {came_from.get(ENGINE)}"
 
 
 def test_the_walk_sees_function_imports_and_skips_type_checking(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.draft.servicer import DraftServicer
 from services.model_service import ModelService, start_model_service
-from specserve.engine import Engine
+from specserve.runtime.models import ServedModels
 from specserve.serving.metrics import DraftMetrics
 from specserve.serving.server import RunningServer
 from specserve.serving.settings import DraftServiceSettings
@@ -12,11 +12,11 @@ from specserve.settings import EngineSettings
 from specserve.v1 import draft_pb2, draft_pb2_grpc
 
 
-def _warm_up(engine: Engine) -> None:
-    engine.glide_draft  # load the target's embedding and the draft before reporting SERVING  # noqa: B018
+def _warm_up(models: ServedModels) -> None:
+    models.glide_draft  # load the target's embedding and the draft before reporting SERVING  # noqa: B018
     # The default method's cost policy needs the machine's costs: load them, or measure them once (~30 s
     # on 2 CPU cores, cached on disk) now rather than inside the first request.
-    engine.cost_model  # noqa: B018
+    models.cost_model  # noqa: B018
 
 
 def start_draft(settings: DraftServiceSettings, engine_settings: EngineSettings) -> RunningServer:

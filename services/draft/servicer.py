@@ -33,10 +33,10 @@ from services.draft.sessions import DraftSession, DraftSessionStore, Proposal, c
 from specserve.catalog import CATALOG
 from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
-from specserve.engine import Engine
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
 from specserve.runtime.batching import other_sessions
+from specserve.runtime.models import ServedModels
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
@@ -55,12 +55,12 @@ logger = logging.getLogger(__name__)
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(
         self,
-        engine: Engine,
+        models: ServedModels,
         settings: DraftServiceSettings,
         metrics: DraftMetrics,
-        model: ModelThread | None = None,  # the thread that loaded the engine (serving/model_thread.py)
+        model: ModelThread | None = None,  # the thread that loaded the models (serving/model_thread.py)
     ) -> None:
-        self.engine = engine
+        self.models = models
         self.settings = settings
         self.metrics = metrics
         self.model = model or ModelThread.for_settings("draft-model", settings)  # forwards batched
@@ -89,25 +89,25 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     ) -> draft_pb2.DraftPrefillResponse:
         check_session_id(request.session_id)
         spec = method_spec(request.method)
-        limits = self.engine.settings
+        limits = self.models.settings
         if not request.token_ids:
             raise InvalidArgument("token_ids is empty")
         if not request.target_address:
             raise InvalidArgument("target_address is empty")
         check_target_address(request.target_address, self.settings.target_addresses)
-        check_token_ids(request.token_ids, self.engine.target_model.config.vocab_size)
+        check_token_ids(request.token_ids, self.models.target_model.config.vocab_size)
         if not len(request.token_ids) < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
         # A hidden-state draft reads no K/V: its drafter asks the mirror for hidden states instead.
         reads_kv = not CATALOG[spec.method].hidden_states
         mirror = KVMirror(
-            self.engine.glide_draft.config.feed_layers if reads_kv else [],
-            self.engine.target_model.config.num_hidden_layers,
+            self.models.glide_draft.config.feed_layers if reads_kv else [],
+            self.models.target_model.config.num_hidden_layers,
             request.capacity,
-            self.engine.target_runner.device,
+            self.models.target_runner.device,
         )
         sampling = sampling_from_pb(request.sampling)  # the session's, for every Propose
-        drafter = self.model.run(spec.make_drafter, self.engine, request.capacity, mirror, sampling)
+        drafter = self.model.run(spec.make_drafter, self.models, request.capacity, mirror, sampling)
         if drafter is None:
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
         self.priors.seed(request.method, drafter)
@@ -147,7 +147,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.recent.touch(request.session_id, request.batch_sessions)
         if not math.isfinite(request.overhead_seconds) or request.overhead_seconds < 0:
             raise InvalidArgument("overhead_seconds must be a finite number >= 0")
-        check_token_ids(request.new_token_ids, self.engine.target_model.config.vocab_size)
+        check_token_ids(request.new_token_ids, self.models.target_model.config.vocab_size)
         if request.target_address:
             check_target_address(request.target_address, self.settings.target_addresses)
         session = self.store.get(request.session_id)
@@ -159,7 +159,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         token_ids = [*session.token_ids[: request.from_position], *request.new_token_ids]
         if (
             not token_ids
-            or len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity
+            or len(token_ids) + self.models.settings.max_tree_nodes + 1 > session.mirror.capacity
         ):
             raise InvalidArgument("the session's tokens do not fit its capacity")
         session.token_ids = token_ids
@@ -246,7 +246,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if start > len(known) or session.mirror.length != start + chunk.num_positions:
             return  # a resync in progress: let Propose handle it
         token_ids = (*known[:start], *chunk.token_ids, chunk.root_token)
-        if len(token_ids) + self.engine.settings.max_tree_nodes + 1 > session.mirror.capacity:
+        if len(token_ids) + self.models.settings.max_tree_nodes + 1 > session.mirror.capacity:
             return
         # Exactly the seed the router's loop will send for this round (core/rng.py).
         round_seed = draft_round_seed(session.request_seed, len(token_ids))

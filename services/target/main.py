@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.model_service import ModelService, start_model_service
 from services.target.servicer import TargetServicer
-from specserve.engine import Engine
+from specserve.runtime.models import ServedModels
 from specserve.serving.metrics import TargetMetrics
 from specserve.serving.server import RunningServer
 from specserve.serving.settings import TargetServiceSettings
@@ -12,8 +12,8 @@ from specserve.settings import EngineSettings
 from specserve.v1 import target_pb2, target_pb2_grpc
 
 
-def _warm_up(engine: Engine) -> None:
-    engine.target_runner  # load the model before reporting SERVING  # noqa: B018
+def _warm_up(models: ServedModels) -> None:
+    models.target_runner  # load the model before reporting SERVING  # noqa: B018
 
 
 def start_target(settings: TargetServiceSettings, engine_settings: EngineSettings) -> RunningServer:

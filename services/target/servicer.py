@@ -14,9 +14,9 @@ from services.target.sessions import SessionStore, TargetSession
 from specserve.core.logprobs import path_logprobs, token_logprobs
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.request import MAX_TOP_LOGPROBS
-from specserve.engine import Engine
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
 from specserve.results import TokenLogprob
+from specserve.runtime.models import ServedModels
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, logprobs_to_pb, sampling_from_pb, tree_from_pb
 from specserve.serving.metrics import TargetMetrics
@@ -33,20 +33,20 @@ R = TypeVar("R")
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def __init__(
         self,
-        engine: Engine,
+        models: ServedModels,
         settings: TargetServiceSettings,
         metrics: TargetMetrics,
-        model: ModelThread | None = None,  # the thread that loaded the engine (serving/model_thread.py)
+        model: ModelThread | None = None,  # the thread that loaded the models (serving/model_thread.py)
     ) -> None:
-        self.engine = engine
+        self.models = models
         self.settings = settings
         self.metrics = metrics
         self.store = SessionStore(
-            engine.target_runner,
+            models.target_runner,
             settings.max_sessions,
             settings.kv_budget_tokens,
             on_evict=metrics.evictions.inc,
-            reserve=engine.settings.max_tree_nodes + 1,
+            reserve=models.settings.max_tree_nodes + 1,
             prefill_chunk=settings.prefill_chunk_tokens,
         )
         self.model = model or ModelThread.for_settings("target-model", settings)
@@ -57,11 +57,11 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def GetModelInfo(
         self, request: target_pb2.GetModelInfoRequest, context: grpc.ServicerContext
     ) -> target_pb2.ModelInfo:
-        tokenizer, limits = self.engine.tokenizer, self.engine.settings
+        tokenizer, limits = self.models.tokenizer, self.models.settings
         return target_pb2.ModelInfo(
-            model_name=Path(self.engine.model_dir).name,
-            vocab_size=self.engine.target_model.config.vocab_size,
-            eos_token_ids=sorted(self.engine.eos_token_ids),
+            model_name=Path(self.models.model_dir).name,
+            vocab_size=self.models.target_model.config.vocab_size,
+            eos_token_ids=sorted(self.models.eos_token_ids),
             tokenizer_json=tokenizer.backend_tokenizer.to_str(),
             chat_template=tokenizer.chat_template or "",
             max_context=limits.max_context,
@@ -69,7 +69,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             max_new_tokens_limit=limits.max_new_tokens_limit,
             max_tree_nodes=limits.max_tree_nodes,
             supports_logprobs=True,
-            num_layers=self.engine.target_model.config.num_hidden_layers,
+            num_layers=self.models.target_model.config.num_hidden_layers,
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
         )
@@ -78,14 +78,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self, request: target_pb2.PrefillRequest, context: grpc.ServicerContext
     ) -> target_pb2.PrefillResponse:
         check_session_id(request.session_id)
-        limits = self.engine.settings
+        limits = self.models.settings
         if not request.token_ids:
             raise InvalidArgument("token_ids is empty")
         if not 0 < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in [1, {limits.max_context}], got {request.capacity}")
         if len(request.token_ids) + 1 + limits.max_tree_nodes > request.capacity:
             raise InvalidArgument("capacity is too small for token_ids plus one draft tree")
-        vocab = self.engine.target_model.config.vocab_size
+        vocab = self.models.target_model.config.vocab_size
         check_token_ids(request.token_ids, vocab)
         if request.HasField("root_token"):
             held = self.store.peek(request.session_id)
@@ -153,9 +153,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self, request: target_pb2.VerifyRequest, context: grpc.ServicerContext
     ) -> target_pb2.VerifyResponse:
         check_session_id(request.session_id)
-        limits = self.engine.settings
+        limits = self.models.settings
         draft = tree_from_pb(request.tree, limits.max_tree_nodes + 1)
-        check_token_ids(draft.tree.token_ids, self.engine.target_model.config.vocab_size, "tree token ids")
+        check_token_ids(draft.tree.token_ids, self.models.target_model.config.vocab_size, "tree token ids")
         num_top = _top_logprobs(request.logprobs, request.top_logprobs)
         start = time.perf_counter()
         with self.store.lock:
@@ -225,9 +225,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     ) -> tuple[VerifyOutcome, list[TokenLogprob]]:
         """On the model thread: the message's sparse probabilities become dense rows there too; the
         committed tokens' log-probabilities come from the same forward's logits when asked."""
-        engine = self.engine
+        models = self.models
         dense = with_dense_probs(
-            draft, message, engine.target_model.config.vocab_size, engine.target_runner.device
+            draft, message, models.target_model.config.vocab_size, models.target_runner.device
         )
         verifier = session.verifier
         verifier.keep_logits = num_top is not None

@@ -1,6 +1,6 @@
 """Layers without back-arrows, read from the source (every import, also those inside functions):
 
-    specserve.cli, specserve.app  ->  services  ->  specserve.engine, specserve.methods
+    specserve.cli, specserve.app  ->  services, specserve.engine  ->  specserve.methods
         ->  specserve.runtime, specserve.glide  ->  specserve.core
 
 core/ is pure: no I/O modules and nothing above it; only the application layer imports `services`; and
