@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from transformers import GenerationConfig
@@ -140,8 +141,8 @@ class Engine(ServedModels):
             assert request.seed is not None  # generate_ids fixed it
             torch.manual_seed(request.seed)
         with torch.inference_mode():
-            # ignore: transformers types generate's `self` as a Protocol mypy finds no model meets.
-            output = self.reference_model.generate(  # type: ignore[misc]
+            # Any: some transformers releases type generate's `self` as a Protocol no model meets.
+            output = cast(Any, self.reference_model).generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=config,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -34,8 +34,8 @@ def generate_answers(
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention_mask[i, width - len(ids) :] = 1
     device = next(model.parameters()).device
-    # ignore: transformers types generate's `self` as a Protocol that mypy finds none of its models meet.
-    out = model.generate(  # type: ignore[misc]
+    # Any: some transformers releases type generate's `self` as a Protocol no model meets under mypy.
+    out = cast(Any, model).generate(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         max_new_tokens=max_new_tokens,
