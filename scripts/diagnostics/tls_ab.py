@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -72,8 +73,15 @@ class Arm:
     def scrape(self) -> dict[tuple[str, str], float]:
         """(role, metric) -> value, for the histograms' _sum and _count."""
         found = {}
+        context = None
+        if self.name != "plaintext":  # with TLS the metrics ports ask for the stack's client certificate
+            tls_dir = self.dir / "tls"
+            context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+            context.load_cert_chain(tls_dir / "specserve-client.crt", tls_dir / "specserve-client.key")
+        scheme = "http" if context is None else "https"
         for role, port in self.metrics.items():
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            url = f"{scheme}://127.0.0.1:{port}/metrics"
+            text = urllib.request.urlopen(url, timeout=5, context=context).read().decode()
             for line in text.splitlines():
                 name, _, value = line.partition(" ")
                 if name.startswith("specserve:") and name.endswith(("_sum", "_count")):

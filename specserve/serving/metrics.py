@@ -1,4 +1,10 @@
-"""Prometheus metrics of each service, on its own registry and HTTP port (/metrics).
+"""Prometheus metrics of each service, on its own registry and port (/metrics).
+
+Who may read them: with TLS (a certificate, key and CA in the service's settings) the port serves HTTPS
+with the service's own certificate and asks every scraper for a client certificate signed by that CA,
+whatever `tls_client_auth` says (that setting is about the gRPC API's callers; the router's are
+public). Without a CA to check scrapers against, the port listens on loopback unless `metrics_host`
+opens it wider, which is logged as a warning.
 
 Names follow vLLM's (`<prefix>:spec_decode_num_drafts`, ...) with the prefix `specserve:` so existing
 dashboards carry over; the ones nobody else exposes (draft RPC latency, KV-feed lag and bytes, bytes on
@@ -7,9 +13,21 @@ the wire per round) are added under the same prefix.
 
 from __future__ import annotations
 
+import logging
+import socket
+import ssl
+import threading
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from specserve.serving import tls
+from specserve.serving.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "specserve:"
 MAX_TRACKED_POSITION = 16  # per-position acceptance counts stop here (labels stay bounded)
@@ -69,10 +87,103 @@ class BatchMetrics:
         model_thread.on_queue = self.queue_wait.observe  # type: ignore[attr-defined]
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
-    """Serves /metrics on a daemon thread; port 0 = off."""
-    if port:
-        start_http_server(port, addr=host, registry=registry)
+# A connection must finish its TLS handshake and send its request within this long (Prometheus's
+# default scrape timeout); one that stalls is closed, and holds only its own thread meanwhile.
+CONNECTION_TIMEOUT_SECONDS = 10.0
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_SECONDS  # StreamRequestHandler.setup puts it on the connection
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()  # here, on the connection's thread, under the timeout
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a line per scrape would drown the service's log
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection. The TLS handshake runs on that thread, not in `accept`: prometheus_client's
+    own server wraps the listening socket, so one connection that never handshakes stalls every scrape."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext | None) -> None:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        self.address_family = family  # read by TCPServer.__init__ when it makes the socket (IPv4 or 6)
+        self.context = context
+        super().__init__((str(address[0]), port), _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = self.socket.accept()
+        if self.context is not None:
+            connection = self.context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+        return connection, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper without a valid certificate, a plaintext request, a stalled connection: refused,
+        # and not worth a traceback each.
+        logger.debug("metrics connection from %s failed", client_address, exc_info=True)
+
+
+@dataclass
+class MetricsServer:
+    server: _Server
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def metrics_tls(settings: ServerSettings) -> ssl.SSLContext | None:
+    """HTTPS with the service's certificate when it has one; scrapers must then present a certificate
+    signed by the service's CA (when it has one: without, they cannot be checked)."""
+    if not tls.tls_enabled(settings):
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_ca_file:
+        context.load_verify_locations(settings.tls_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def scrapers_authenticated(settings: ServerSettings) -> bool:
+    return tls.tls_enabled(settings) and bool(settings.tls_ca_file)
+
+
+def metrics_host(settings: ServerSettings) -> str:
+    """`metrics_host` when set; else the service's own host when scrapers must show a certificate, and
+    loopback when anyone who reaches the port could read it."""
+    if settings.metrics_host:
+        return settings.metrics_host
+    return settings.host if scrapers_authenticated(settings) else "127.0.0.1"
+
+
+def serve_metrics(registry: CollectorRegistry, settings: ServerSettings) -> MetricsServer | None:
+    """Serves /metrics on a daemon thread; None when `metrics_port` is 0 (off)."""
+    if not settings.metrics_port:
+        return None
+    host = metrics_host(settings)
+    context = metrics_tls(settings)
+    try:
+        server = _Server(host, settings.metrics_port, context)
+    except OSError as e:
+        raise OSError(f"cannot bind the metrics port {host}:{settings.metrics_port}: {e.strerror}") from None
+    server.set_app(make_wsgi_app(registry))
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    if not scrapers_authenticated(settings) and not tls.is_loopback(host):
+        logger.warning(
+            "serving /metrics on %s:%d to anyone who reaches it (no CA to check scrapers' certificates); "
+            "set tls_cert_file, tls_key_file and tls_ca_file, or keep metrics_host on loopback "
+            "(docs/security.md)",
+            host,
+            settings.metrics_port,
+        )
+    return MetricsServer(server)
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 A sync gRPC server with: bounded concurrency (`maximum_concurrent_rpcs`: the overflow gets
 RESOURCE_EXHAUSTED at once, there is no unbounded queue), message size limits both ways, the error
-interceptor, trace propagation, grpc.health.v1 and reflection, Prometheus on its own port, and a
-graceful drain on SIGTERM/SIGINT (health turns NOT_SERVING, new RPCs are refused, running ones get
-`drain_seconds` to finish). A service that holds sessions (the target, the draft) also releases those
-whose lease lapsed or that sat idle, and serves SessionLeaseService (serving/expiry.py).
+interceptor, trace propagation, grpc.health.v1 and reflection, Prometheus on its own port (HTTPS with
+the service's TLS, serving/metrics.py), and a graceful drain on SIGTERM/SIGINT (health turns
+NOT_SERVING, new RPCs are refused, running ones get `drain_seconds` to finish). A service that holds
+sessions (the target, the draft) also releases those whose lease lapsed or that sat idle, and serves
+SessionLeaseService (serving/expiry.py).
 """
 
 from __future__ import annotations
@@ -165,7 +166,15 @@ def start_server(
     for name in ("", *service_names):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if registry is not None:
-        serve_metrics(registry, settings.metrics_port, settings.host)
+        metrics = serve_metrics(registry, settings)
+        if metrics is not None:
+            before_metrics = on_stop
+
+            def on_stop() -> None:
+                metrics.close()
+                if before_metrics is not None:
+                    before_metrics()
+
     logger.info("serving %s on port %d", ", ".join(service_names), port)
     return RunningServer(server, port, health_servicer, service_names, settings.drain_seconds, on_stop)
 

@@ -26,7 +26,11 @@ class ServerSettings:
 
     host: str = "0.0.0.0"
     port: int = 0
-    metrics_port: int = 0  # Prometheus /metrics over HTTP; 0 = off
+    metrics_port: int = 0  # Prometheus /metrics (serving/metrics.py); 0 = off
+    # Where /metrics listens. "" = the service's host when TLS with a CA guards it (HTTPS, scrapers
+    # show a certificate the CA signed), else loopback: without a CA, anyone who reached the port could
+    # read it. Set it (e.g. 0.0.0.0) to open it wider; without TLS that is logged as a warning.
+    metrics_host: str = ""
     max_concurrent_rpcs: int = 64  # beyond this, new RPCs get RESOURCE_EXHAUSTED (no unbounded queue)
     max_message_bytes: int = 16 * 1024 * 1024  # both directions
     drain_seconds: float = 20.0  # SIGTERM: stop accepting, let running RPCs finish for this long

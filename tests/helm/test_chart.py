@@ -18,6 +18,7 @@ from chart_support import (
     GRPC_SERVICE,
     KUBE_VERSION,
     NAMESPACE,
+    RELEASE,
     ROLES,
     by_kind,
     component,
@@ -27,6 +28,7 @@ from chart_support import (
     iter_pod_specs,
     pod_labels,
     render,
+    render_result,
     run_helm,
     selects,
     validate_manifest,
@@ -268,18 +270,74 @@ def test_service_monitor_scrapes_every_role_metrics_port(rendered) -> None:
     if not values["serviceMonitor"]["enabled"]:
         assert not monitors
         return
-    (monitor,) = monitors.values()
-    selector = monitor["spec"]["selector"]
-    (expression,) = selector["matchExpressions"]
-    scraped = [
-        s
-        for s in by_kind(docs, "Service").values()
-        if selects(selector["matchLabels"], s["metadata"]["labels"]) and component(s) in expression["values"]
+    services = by_kind(docs, "Service").values()
+    assert sorted(component(m) for m in monitors.values()) == sorted(ROLES)
+    for monitor in monitors.values():
+        (scraped,) = [
+            s
+            for s in services
+            if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]
+        assert component(scraped) == component(monitor)
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] in {p["name"] for p in scraped["spec"]["ports"]}
+
+
+def test_metrics_listen_on_every_interface_for_scraping_by_pod_ip(rendered) -> None:
+    docs, _ = rendered
+    for role in ROLES:
+        prefix = f"SPECSERVE_{role.upper()}_"
+        assert env_of(deployment_for(docs, role))[prefix + "METRICS_HOST"] == "0.0.0.0"
+
+
+def monitors_by_role(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each role's ServiceMonitor endpoint."""
+    return {component(m): m["spec"]["endpoints"][0] for m in by_kind(docs, "ServiceMonitor").values()}
+
+
+def test_with_tls_prometheus_scrapes_https_with_a_client_certificate_from_the_tls_secret() -> None:
+    docs = render(set_values=["serviceMonitor.enabled=true"])
+    (secret,) = [
+        s for s in by_kind(docs, "Secret").values() if s["metadata"]["name"] == f"{RELEASE}-specserve-tls"
     ]
-    assert sorted(component(s) for s in scraped) == sorted(ROLES)
-    (endpoint,) = monitor["spec"]["endpoints"]
-    for service in scraped:
-        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    for role, endpoint in monitors_by_role(docs).items():
+        assert endpoint["scheme"] == "https"
+        config = endpoint["tlsConfig"]
+        # Pods are scraped by IP: their certificates are checked against their Service's name.
+        assert config["serverName"] == f"{RELEASE}-specserve-{role}.{NAMESPACE}.svc.cluster.local"
+        references = [config["ca"]["secret"], config["cert"]["secret"], config["keySecret"]]
+        assert {r["name"] for r in references} == {secret["metadata"]["name"]}
+        # A certificate of its own: not a service's, which would let Prometheus call the services.
+        assert [r["key"] for r in references] == ["ca.crt", "metrics.crt", "metrics.key"]
+        assert all(r["key"] in secret["data"] for r in references)
+    for service in by_kind(docs, "Service").values():
+        if component(service) in ROLES:
+            (port,) = [p for p in service["spec"]["ports"] if p["name"] == "metrics"]
+            assert port["appProtocol"] == "https"
+
+
+def test_with_your_own_certificates_prometheus_needs_a_secret_of_its_own() -> None:
+    own = [f"tls.secrets.{role}={role}-tls" for role in ROLES] + ["serviceMonitor.enabled=true"]
+    refused = render_result(set_values=own)
+    assert refused.returncode != 0
+    assert "serviceMonitor.tlsSecret" in refused.stderr
+    docs = render(set_values=[*own, "serviceMonitor.tlsSecret=prometheus-client-tls"])
+    for monitor in by_kind(docs, "ServiceMonitor").values():
+        validate_manifest(monitor)
+    for endpoint in monitors_by_role(docs).values():
+        config = endpoint["tlsConfig"]
+        assert (config["ca"]["secret"], config["cert"]["secret"], config["keySecret"]) == (
+            {"name": "prometheus-client-tls", "key": "ca.crt"},
+            {"name": "prometheus-client-tls", "key": "tls.crt"},
+            {"name": "prometheus-client-tls", "key": "tls.key"},
+        )
+
+
+def test_without_tls_prometheus_scrapes_plain_http() -> None:
+    docs = render(set_values=["serviceMonitor.enabled=true", "tls.enabled=false"])
+    for endpoint in monitors_by_role(docs).values():
+        assert endpoint["scheme"] == "http"
+        assert "tlsConfig" not in endpoint
 
 
 def test_external_redis_url_from_a_secret() -> None:

@@ -4,15 +4,20 @@ Tokens: without `auth.existingSecret` the chart generates the token Secret (one 
 upgrades), so a default install is never an open API. TLS: without `tls.secrets` the chart generates a CA
 and a certificate per role (Helm's genCA / genSignedCert) into one Secret, and each pod mounts its own
 role's files. The generated certificates are checked the way the services will use them: the rendered
-env read back through the settings objects, the Secret's files where the pods' volumes put them, and
-mutual TLS between real gRPC servers and channels built by specserve's own TLS code.
+env read back through the settings objects, the Secret's files where the pods' volumes put them,
+mutual TLS between real gRPC servers and channels built by specserve's own TLS code, and the metrics
+ports scraped as the ServiceMonitors tell Prometheus to (with the chart's metrics client certificate).
 `tls.enabled: false` is the insecure opt-out, and NOTES.txt says so.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
+import socket
+import ssl
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,7 @@ import pytest
 from chart_support import CHART_DIR, ROLES, by_kind, container, deployment_for, env_of, render, run_helm
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from prometheus_client import CollectorRegistry, Counter
 
 from specserve.serving import tls
 from specserve.serving.server import RunningServer, start_server
@@ -30,6 +36,7 @@ from specserve.serving.settings import (
     ServerSettings,
     TargetServiceSettings,
 )
+from specserve.serving.stack import free_port
 from specserve.v1 import draft_pb2, draft_pb2_grpc, router_pb2, router_pb2_grpc, target_pb2, target_pb2_grpc
 
 SETTINGS: dict[str, type[ServerSettings]] = {
@@ -101,7 +108,7 @@ def test_your_own_secret_or_auth_off_generates_none() -> None:
 
 def test_the_default_render_generates_tls_and_wires_it_into_every_service(default_docs) -> None:
     (secret,) = secrets_named(default_docs, TLS_SECRET)
-    assert set(secret["data"]) == {"ca.crt", "ca.key"} | {
+    assert set(secret["data"]) == {"ca.crt", "ca.key", "metrics.crt", "metrics.key"} | {
         f"{r}.{ext}" for r in ROLES for ext in ("crt", "key")
     }
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -221,9 +228,9 @@ def mounted_settings(docs: list[dict], role: str, root: Path) -> ServerSettings:
     return SETTINGS[role].from_env(env, host="127.0.0.1", port=0, health_port=0, metrics_port=0)
 
 
-def serve(settings: ServerSettings, role: str) -> RunningServer:
+def serve(settings: ServerSettings, role: str, registry: CollectorRegistry | None = None) -> RunningServer:
     """A real server with the role's security (TLS, peer names); its API answers UNIMPLEMENTED (no model),
-    so any other status comes from the security layer."""
+    so any other status comes from the security layer. With a registry, it serves /metrics too."""
     add = {
         "target": lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(
             target_pb2_grpc.TargetServiceServicer(), s
@@ -235,7 +242,7 @@ def serve(settings: ServerSettings, role: str) -> RunningServer:
             router_pb2_grpc.RouterServiceServicer(), s
         ),
     }[role]
-    return start_server(settings, add, ())
+    return start_server(settings, add, (), registry=registry)
 
 
 def status_of(call: Any, request: Any) -> grpc.StatusCode:
@@ -308,3 +315,61 @@ def test_generated_certificates_give_mutual_tls_between_the_services(default_doc
     finally:
         for server in servers.values():
             server.stop(0)
+
+
+def test_prometheus_scrapes_every_role_with_what_its_service_monitor_names(tmp_path: Path) -> None:
+    """Each role's metrics, served with the role's mounted certificate, read the way the ServiceMonitor
+    tells Prometheus to: HTTPS to the pod's address, the certificate checked against serverName, the
+    chart's metrics certificate presented. Without that certificate nothing is served."""
+    docs = render(set_values=["serviceMonitor.enabled=true"])
+    (secret,) = secrets_named(docs, TLS_SECRET)
+    monitors = {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m
+        for m in by_kind(docs, "ServiceMonitor").values()
+    }
+    for role in ROLES:
+        settings = dataclasses.replace(
+            mounted_settings(docs, role, tmp_path), metrics_port=free_port(), metrics_host="127.0.0.1"
+        )
+        (endpoint,) = monitors[role]["spec"]["endpoints"]
+        config = endpoint["tlsConfig"]
+        scraper = tmp_path / f"{role}-scraper"
+        scraper.mkdir()
+        for name, reference in (
+            ("ca", config["ca"]["secret"]),
+            ("cert", config["cert"]["secret"]),
+            ("key", config["keySecret"]),
+        ):
+            assert reference["name"] == TLS_SECRET
+            (scraper / name).write_bytes(base64.b64decode(secret["data"][reference["key"]]))
+        context = ssl.create_default_context(cafile=str(scraper / "ca"))
+        anonymous = ssl.create_default_context(cafile=str(scraper / "ca"))
+        context.load_cert_chain(scraper / "cert", scraper / "key")
+        registry = CollectorRegistry()
+        Counter("scraped", "A sample to find in the scrape", ["role"], registry=registry).labels(role).inc()
+        server = serve(settings, role, registry)
+        try:
+            url = f"{endpoint['scheme']}://127.0.0.1:{settings.metrics_port}{endpoint['path']}"
+            assert f'scraped_total{{role="{role}"}} 1.0' in scrape(url, context, config["serverName"])
+            with pytest.raises(OSError) as refused:
+                scrape(url, anonymous, config["serverName"])
+            assert not isinstance(refused.value, ssl.SSLCertVerificationError)  # the server refused
+        finally:
+            server.stop(0)
+
+
+def scrape(url: str, context: ssl.SSLContext, server_name: str) -> str:
+    """GET `url` over TLS, verifying the server's certificate against `server_name` (not the URL's host)."""
+    parsed = urllib.parse.urlsplit(url)
+    assert parsed.hostname is not None and parsed.port is not None
+    with (
+        socket.create_connection((parsed.hostname, parsed.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as connection,
+    ):
+        connection.sendall(f"GET {parsed.path} HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
+        response = b""
+        while chunk := connection.recv(65536):
+            response += chunk
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200"), head
+    return body.decode()

@@ -34,7 +34,10 @@ ROLE_SETTINGS: dict[str, type[ServerSettings]] = {
 # Settings the chart sets from another values block, not from `<role>.settings`.
 SET_ELSEWHERE = {"router": {"redis_url": "redis.*"}}
 # Chart defaults that deliberately differ from the Python default (with the reason).
-CHART_OWN_DEFAULTS = {("engine", "cache_dir"): "a writable emptyDir is mounted there"}
+CHART_OWN_DEFAULTS = {
+    ("engine", "cache_dir"): "a writable emptyDir is mounted there",
+    **{(role, "metrics_host"): "Prometheus scrapes pods by IP" for role in ("target", "draft", "router")},
+}
 EXTERNAL_REDIS_URL = "redis://sessions.example.com:6390/3"
 # Settings the chart fills in from `tls` while they are null (test_chart_secure_defaults.py checks them).
 TLS_DERIVED = {

@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -75,8 +76,12 @@ class Stack:
         return pid
 
     def gauge(self, role: str, name: str) -> float:
-        url = f"http://127.0.0.1:{self.metrics_ports[role]}/metrics"
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        # With TLS the metrics ports ask for a client certificate from the stack's CA.
+        client = self.files(tls.CLIENT_NAME)
+        context = ssl.create_default_context(cafile=client.ca_file)
+        context.load_cert_chain(client.cert_file, client.key_file)
+        url = f"https://127.0.0.1:{self.metrics_ports[role]}/metrics"
+        text = urllib.request.urlopen(url, timeout=5, context=context).read().decode()
         (value,) = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
         return value
 
