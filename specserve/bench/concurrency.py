@@ -89,6 +89,8 @@ def _run_in_process(engine: Any, prompts: Sequence[str], request: GenerationRequ
         "num_rounds": sum(r.stats.num_target_forwards for r in results),
         "target_forwards": target[0],
         "target_tokens_per_forward": target[1] / target[0] if target[0] else None,
+        # Seconds inside each model's forwards (label -> s); the rest of wall_s is everything else.
+        "forward_seconds": dict(stats.seconds_per_model),
     }
 
 
@@ -208,6 +210,7 @@ def _figures(out: dict, batch: Sequence[str], alone: dict[str, list[int]], level
     if "target_tokens_per_forward" in out:
         figures["target_forwards"] = out["target_forwards"]
         figures["target_tokens_per_forward"] = out["target_tokens_per_forward"]
+        figures["forward_seconds"] = {k: round(v, 3) for k, v in out["forward_seconds"].items()}
     if "errors" in out:
         figures["errors"] = len(out["errors"])
         figures["error_examples"] = sorted(set(out["errors"]))[:3]

@@ -120,6 +120,9 @@ class BatchStats:
     forwards: int = 0
     segments: int = 0
     per_model: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> (forwards, tokens)
+    # label -> seconds inside that model's forwards: the rest of a run's wall time is everything else
+    # (drafting bookkeeping, sampling, scheduling), which is how a slow round is taken apart.
+    seconds_per_model: dict[str, float] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -214,6 +217,7 @@ class Scheduler:
             model = group[0][1].model
             segments = [request.segment for _, request in group]
             scope = self.batch_scope([job.trace for job, _ in group]) if self.batch_scope else nullcontext()
+            started = time.perf_counter()
             try:
                 with scope:
                     results = model.forward_batch(segments)
@@ -221,12 +225,14 @@ class Scheduler:
                 for job, _ in group:
                     self._resume(job, None, exc)
                 continue
+            elapsed = time.perf_counter() - started
             self.stats.forwards += 1
             self.stats.segments += len(segments)
             batch_tokens = sum(segment_tokens(s) for s in segments)
             label = str(getattr(model, "label", type(model).__name__))
             forwards, model_tokens = self.stats.per_model.get(label, (0, 0))
             self.stats.per_model[label] = (forwards + 1, model_tokens + batch_tokens)
+            self.stats.seconds_per_model[label] = self.stats.seconds_per_model.get(label, 0.0) + elapsed
             if self.on_batch is not None:
                 self.on_batch(len(segments), batch_tokens)
             for (job, _), result in zip(group, results, strict=True):

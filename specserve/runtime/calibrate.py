@@ -37,13 +37,33 @@ BATCH_TREE_NODES = 8
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
     """Seconds of the fastest of `repeats` calls after one warm-up: the least disturbed by other load."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    return interleaved_best([fn], repeats)[0]
+
+
+def interleaved_best(
+    fns: Sequence[Callable[[], object]],
+    passes: int,
+    clock: Callable[[], float] = time.perf_counter,
+    on_call: Callable[[], object] = lambda: None,
+) -> list[float]:
+    """Seconds of each of `fns`: the fastest of `passes` calls, after one warm-up pass.
+
+    The calls go round-robin (every fn once per pass), not fn by fn: a forward streaming gigabytes of
+    weights is paced by memory bandwidth, which drifts over tens of seconds on a shared host (and while
+    the kernel settles a freshly loaded model's pages). Measured fn by fn, a slow stretch lands on a run
+    of neighbouring sizes and bends the curve the cost policy reads (a 1.5B model's one-token step read
+    1.4x its 8-node forward in such a run); interleaved, every size sees the same stretches."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        on_call()
+    best = [float("inf")] * len(fns)
+    for _ in range(passes):
+        for i, fn in enumerate(fns):
+            start = clock()
+            fn()
+            best[i] = min(best[i], clock() - start)
+            on_call()
+    return best
 
 
 def binary_tree_parents(num_nodes: int) -> list[int]:
@@ -62,9 +82,8 @@ def measure_verify_s(
     prompt = torch.randint(0, runner.vocab_size, (prompt_tokens,), generator=generator).tolist()
     cache = runner.new_cache(prompt_tokens + max(sizes) + 1)
     runner.forward(cache, prompt, last_only=True)
-    points = []
-    # About 30 s for the default sizes on 2 CPU cores; the bar shows on a terminal only (disable=None).
-    for n in tqdm(sizes, desc="calibrating verify cost", unit="size", file=sys.stderr, disable=None):
+    steps = []
+    for n in sizes:
         tokens = torch.randint(0, runner.vocab_size, (n,), generator=generator).tolist()
         parents = binary_tree_parents(n)
 
@@ -72,8 +91,11 @@ def measure_verify_s(
             runner.forward(cache, tokens, parents)
             cache.truncate(prompt_tokens)
 
-        points.append((n, best_of(verify, repeats)))
-    return tuple(points)
+        steps.append(verify)
+    # About 30 s for the default sizes on 2 CPU cores.
+    with _bar(len(sizes) * (repeats + 1), "calibrating verify cost") as shown:
+        seconds = interleaved_best(steps, repeats, on_call=shown.update)
+    return tuple(zip(sizes, seconds, strict=True))
 
 
 def measure_draft_costs(
@@ -109,8 +131,8 @@ def measure_batch_verify_s(
     depths = torch.tensor(tree_depths(parents))
     tree = tree_attention_mask(parents, runner.device)  # [8, 8]
     attend = torch.cat([torch.ones(BATCH_TREE_NODES, prompt_tokens, dtype=torch.bool), tree], dim=1)
-    points = []
-    for total in tqdm(totals, desc="calibrating batched verify", unit="size", file=sys.stderr, disable=None):
+    steps = []
+    for total in totals:
         used = caches[: total // BATCH_TREE_NODES]
         segments = [
             Segment(
@@ -127,8 +149,15 @@ def measure_batch_verify_s(
             for cache in used:
                 cache.truncate(prompt_tokens)
 
-        points.append((total, best_of(verify, repeats)))
-    return tuple(points)
+        steps.append(verify)
+    with _bar(len(totals) * (repeats + 1), "calibrating batched verify") as shown:
+        seconds = interleaved_best(steps, repeats, on_call=shown.update)
+    return tuple(zip(totals, seconds, strict=True))
+
+
+def _bar(total: int, desc: str) -> tqdm:
+    """Progress in forwards, shown on a terminal only (disable=None)."""
+    return tqdm(total=total, desc=desc, unit="forward", file=sys.stderr, disable=None)
 
 
 def load_calibration(path: Path) -> CostModel:

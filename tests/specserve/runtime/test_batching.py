@@ -232,3 +232,18 @@ def test_a_forward_leaves_without_a_job_that_does_not_come_in_time():
     finally:
         thread.close()
     assert model.batches == [["a"], ["a"]]
+
+
+def test_time_inside_each_models_forwards_is_counted_apart():
+    class Slow(Recorder):
+        def forward_batch(self, segments: Sequence[Segment]) -> list[str]:
+            threading.Event().wait(0.05)
+            return super().forward_batch(segments)
+
+    target, draft = Slow(), Recorder()
+    target.label, draft.label = "target", "draft"
+    scheduler = Scheduler()
+    scheduler.run_all([steps(target, "a", 2), steps(draft, "b", 1)])
+    seconds = scheduler.stats.seconds_per_model
+    assert set(seconds) == {"target", "draft"}
+    assert seconds["target"] >= 0.1 > seconds["draft"]  # two slow forwards, one quick one

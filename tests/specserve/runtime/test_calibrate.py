@@ -1,0 +1,42 @@
+"""Calibration timing: every size is measured across the whole run, so drift cannot bend the curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.runtime.calibrate import interleaved_best
+
+
+class DriftingHost:
+    """A fake clock where a call costs its size in units, times a slowdown that halves halfway through
+    the run (a noisy neighbour leaving): what a shared host's memory bandwidth does to a calibration."""
+
+    def __init__(self, total_calls: int) -> None:
+        self.now, self.calls, self.total_calls = 0.0, 0, total_calls
+
+    def call(self, size: float):
+        def run() -> None:
+            slowdown = 2.0 if self.calls < self.total_calls // 2 else 1.0
+            self.now += size * slowdown
+            self.calls += 1
+
+        return run
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_a_slow_first_half_of_the_run_does_not_land_on_the_first_sizes():
+    sizes = [1.0, 1.2, 1.5, 3.0]
+    passes = 3
+    host = DriftingHost(total_calls=len(sizes) * (passes + 1))
+    seconds = interleaved_best([host.call(s) for s in sizes], passes, clock=host.clock)
+    # Every size met the fast half: the measured curve is the true one, in order. Measured size by size,
+    # the first sizes would have taken only slow calls and read 2.0 and 2.4: above the 1.5 of size three.
+    assert seconds == pytest.approx(sizes)
+
+
+def test_each_call_is_counted_once_for_progress():
+    calls = []
+    interleaved_best([lambda: None, lambda: None], passes=2, on_call=lambda: calls.append(1))
+    assert len(calls) == 2 * (2 + 1)  # a warm-up pass and two timed passes
