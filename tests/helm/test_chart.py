@@ -316,6 +316,14 @@ def test_with_tls_prometheus_scrapes_https_with_a_client_certificate_from_the_tl
             assert port["appProtocol"] == "https"
 
 
+@pytest.mark.parametrize("tls", [True, False])
+def test_the_http_api_port_names_the_protocol_it_serves(tls: bool) -> None:
+    docs = render(set_values=["router.settings.httpPort=8080", f"tls.enabled={str(tls).lower()}"])
+    (router,) = [s for s in by_kind(docs, "Service").values() if component(s) == "router"]
+    (api,) = [p for p in router["spec"]["ports"] if p["name"] == "http"]
+    assert api["appProtocol"] == ("https" if tls else "http")  # HTTPS with the router's certificate
+
+
 def test_with_your_own_certificates_prometheus_needs_a_secret_of_its_own() -> None:
     own = [f"tls.secrets.{role}={role}-tls" for role in ROLES] + ["serviceMonitor.enabled=true"]
     refused = render_result(set_values=own)
