@@ -12,36 +12,17 @@ quotes:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from specserve.models import load_causal_lm, resolve_model_dir
-from specserve.runtime.calibrate import PROMPT_TOKENS, best_of, binary_tree_parents, interleaved_best
+from specserve.runtime.calibrate import best_of, interleaved_best, tree_verify_calls
 from specserve.runtime.runner import ModelRunner
 from specserve.settings import EngineSettings
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 REPEATS = 3
-
-
-def verify_calls(runner: ModelRunner, sizes: Sequence[int]) -> list[Callable[[], None]]:
-    """One forward per size over a bushy tree after a PROMPT_TOKENS prompt, as the calibration times."""
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, runner.vocab_size, (PROMPT_TOKENS,), generator=generator).tolist()
-    cache = runner.new_cache(PROMPT_TOKENS + max(sizes) + 1)
-    runner.forward(cache, prompt, last_only=True)
-    calls = []
-    for n in sizes:
-        tokens = torch.randint(0, runner.vocab_size, (n,), generator=generator).tolist()
-        parents = binary_tree_parents(n)
-
-        def verify(tokens: list[int] = tokens, parents: list[int] = parents) -> None:
-            runner.forward(cache, tokens, parents)
-            cache.truncate(PROMPT_TOKENS)
-
-        calls.append(verify)
-    return calls
 
 
 def in_steps(seconds: Sequence[float]) -> str:
@@ -60,7 +41,7 @@ def main() -> None:
     runner = ModelRunner(load_causal_lm(model_dir, linear_kernel="auto"))
     print(f"{'':24s} one-token step | verify(n) in steps for n = {', '.join(map(str, SIZES))}")
     with torch.inference_mode():
-        calls = verify_calls(runner, SIZES)
+        calls = tree_verify_calls(runner, SIZES)
         for run in range(1, args.runs + 1):
             by_size = [best_of(call, REPEATS) for call in calls]
             print(f"run {run} size by size      {in_steps(by_size)}", flush=True)

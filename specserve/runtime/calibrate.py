@@ -71,6 +71,28 @@ def binary_tree_parents(num_nodes: int) -> list[int]:
     return [-1] + [(i - 1) // 2 for i in range(1, num_nodes)]
 
 
+def tree_verify_calls(
+    runner: ModelRunner, sizes: Sequence[int], prompt_tokens: int = PROMPT_TOKENS
+) -> list[Callable[[], None]]:
+    """One call per size: a target forward over an n-node bushy tree after a prompt_tokens-long prefix,
+    undone after (the cache holds the prefix between calls)."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, runner.vocab_size, (prompt_tokens,), generator=generator).tolist()
+    cache = runner.new_cache(prompt_tokens + max(sizes) + 1)
+    runner.forward(cache, prompt, last_only=True)
+    calls: list[Callable[[], None]] = []
+    for n in sizes:
+        tokens = torch.randint(0, runner.vocab_size, (n,), generator=generator).tolist()
+        parents = binary_tree_parents(n)
+
+        def verify(tokens: list[int] = tokens, parents: list[int] = parents) -> None:
+            runner.forward(cache, tokens, parents)
+            cache.truncate(prompt_tokens)
+
+        calls.append(verify)
+    return calls
+
+
 def measure_verify_s(
     runner: ModelRunner,
     sizes: Sequence[int] = VERIFY_SIZES,
@@ -78,23 +100,10 @@ def measure_verify_s(
     repeats: int = 3,
 ) -> tuple[tuple[int, float], ...]:
     """(n, seconds of one target forward over an n-node tree after a prompt_tokens-long prefix) per n."""
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, runner.vocab_size, (prompt_tokens,), generator=generator).tolist()
-    cache = runner.new_cache(prompt_tokens + max(sizes) + 1)
-    runner.forward(cache, prompt, last_only=True)
-    steps = []
-    for n in sizes:
-        tokens = torch.randint(0, runner.vocab_size, (n,), generator=generator).tolist()
-        parents = binary_tree_parents(n)
-
-        def verify(tokens=tokens, parents=parents) -> None:
-            runner.forward(cache, tokens, parents)
-            cache.truncate(prompt_tokens)
-
-        steps.append(verify)
+    calls = tree_verify_calls(runner, sizes, prompt_tokens)
     # About 30 s for the default sizes on 2 CPU cores.
     with _bar(len(sizes) * (repeats + 1), "calibrating verify cost") as shown:
-        seconds = interleaved_best(steps, repeats, on_call=shown.update)
+        seconds = interleaved_best(calls, repeats, on_call=shown.update)
     return tuple(zip(sizes, seconds, strict=True))
 
 

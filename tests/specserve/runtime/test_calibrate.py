@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from tiny_llama import tiny_llama
 
-from specserve.runtime.calibrate import interleaved_best
+from specserve.runtime.calibrate import interleaved_best, measure_batch_verify_s, measure_verify_s
+from specserve.runtime.runner import ModelRunner
 
 
 class DriftingHost:
@@ -40,3 +43,12 @@ def test_each_call_is_counted_once_for_progress():
     calls = []
     interleaved_best([lambda: None, lambda: None], passes=2, on_call=lambda: calls.append(1))
     assert len(calls) == 2 * (2 + 1)  # a warm-up pass and two timed passes
+
+
+def test_a_tiny_models_curves_cover_every_size():
+    runner = ModelRunner(tiny_llama())
+    with torch.inference_mode():
+        verify = measure_verify_s(runner, sizes=(1, 2, 5), prompt_tokens=8, repeats=1)
+        batched = measure_batch_verify_s(runner, totals=(16, 32), prompt_tokens=8, repeats=1)
+    assert [n for n, _ in verify] == [1, 2, 5] and [n for n, _ in batched] == [16, 32]
+    assert all(seconds > 0 for _, seconds in (*verify, *batched))
