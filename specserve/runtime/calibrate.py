@@ -51,8 +51,9 @@ def interleaved_best(
     The calls go round-robin (every fn once per pass), not fn by fn: a forward streaming gigabytes of
     weights is paced by memory bandwidth, which drifts over tens of seconds on a shared host (and while
     the kernel settles a freshly loaded model's pages). Measured fn by fn, a slow stretch lands on a run
-    of neighbouring sizes and bends the curve the cost policy reads (a 1.5B model's one-token step read
-    1.4x its 8-node forward in such a run); interleaved, every size sees the same stretches."""
+    of neighbouring sizes and bends the curve the cost policy reads (two such calibrations of a 1.5B
+    model minutes apart read its 8-node forward as 2.77 and 1.06 one-token steps); interleaved, every
+    size sees the same stretches."""
     for fn in fns:
         fn()
         on_call()
