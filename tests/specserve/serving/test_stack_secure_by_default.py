@@ -11,6 +11,7 @@ the token and Redis's password. SIGTERM then stops it and removes its temporary 
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import re
 import socket
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -249,7 +251,17 @@ def test_no_command_line_shows_the_token_or_the_redis_password(stack) -> None:
 def test_sigterm_stops_it_and_removes_its_directory(stack) -> None:
     directory = stack.token_file.parent
     assert directory.name.startswith("specserve-stack-")
+    # A client keeps an HTTPS connection open and idle, as pooled clients do: it has nothing in flight,
+    # so it must not hold the drain (20 s) while the stack stops.
+    url = urllib.parse.urlsplit(stack.printed(r"OpenAI-compatible API at (\S+),"))
+    context = ssl.create_default_context(cafile=stack.ca_file)
+    idle = http.client.HTTPSConnection(url.hostname, url.port, context=context, timeout=30)
+    idle.request("GET", "/health")
+    assert idle.getresponse().read()
+    started = time.monotonic()
     stack.process.terminate()
     assert stack.process.wait(90) == 0, stack.output
+    assert time.monotonic() - started < 15, stack.output  # well inside one drain
+    idle.close()
     assert not directory.exists()
     assert all(port_closed(stack.base_port + i) for i in range(4))
