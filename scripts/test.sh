@@ -21,14 +21,15 @@ if [ -n "$browser_pid" ]; then wait "$browser_pid"; fi
 .venv/bin/ruff format --check .
 # The type check (mypy over specserve/ and services/, one core) runs beside the suite, whose many
 # waits on starting services leave a core free; a failure of either fails the command.
-bash scripts/typecheck.sh > .typecheck.log 2>&1 &
+typecheck_log=$(mktemp)
+bash scripts/typecheck.sh > "$typecheck_log" 2>&1 &
 typecheck_pid=$!
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if ! wait "$typecheck_pid"; then
-  cat .typecheck.log
+  cat "$typecheck_log"
   echo "test: the type check failed" >&2
   status=1
 fi
-rm -f .typecheck.log
+rm -f "$typecheck_log"
 exit $status

@@ -101,11 +101,8 @@ def measure_verify_s(
     repeats: int = 3,
 ) -> tuple[tuple[int, float], ...]:
     """(n, seconds of one target forward over an n-node tree after a prompt_tokens-long prefix) per n."""
-    calls = tree_verify_calls(runner, sizes, prompt_tokens)
     # About 30 s for the default sizes on 2 CPU cores.
-    with _bar(len(sizes) * (repeats + 1), "calibrating verify cost") as shown:
-        seconds = interleaved_best(calls, repeats, on_call=shown.update)
-    return tuple(zip(sizes, seconds, strict=True))
+    return _timed(sizes, tree_verify_calls(runner, sizes, prompt_tokens), repeats, "calibrating verify cost")
 
 
 def measure_draft_costs(
@@ -160,14 +157,17 @@ def measure_batch_verify_s(
                 cache.truncate(prompt_tokens)
 
         steps.append(verify)
-    with _bar(len(totals) * (repeats + 1), "calibrating batched verify") as shown:
-        seconds = interleaved_best(steps, repeats, on_call=shown.update)
-    return tuple(zip(totals, seconds, strict=True))
+    return _timed(totals, steps, repeats, "calibrating batched verify")
 
 
-def _bar(total: int, desc: str) -> tqdm:
-    """Progress in forwards, shown on a terminal only (disable=None)."""
-    return tqdm(total=total, desc=desc, unit="forward", file=sys.stderr, disable=None)
+def _timed(
+    sizes: Sequence[int], calls: Sequence[Callable[[], object]], repeats: int, desc: str
+) -> tuple[tuple[int, float], ...]:
+    """(size, seconds) per call, timed round-robin, with progress in forwards on a terminal only."""
+    total = len(calls) * (repeats + 1)
+    with tqdm(total=total, desc=desc, unit="forward", file=sys.stderr, disable=None) as shown:
+        seconds = interleaved_best(calls, repeats, on_call=shown.update)
+    return tuple(zip(sizes, seconds, strict=True))
 
 
 def load_calibration(path: Path) -> CostModel:
