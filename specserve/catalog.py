@@ -13,6 +13,7 @@ class Method(StrEnum):
     HF_PLD = "hf-pld"  # transformers `generate` with prompt lookup decoding: the training-free peer
     VANILLA = "vanilla"  # a separate small causal LM drafting a chain
     VANILLA_TREE = "vanilla-tree"  # the same draft, top-2 leaves at the first two depths
+    VANILLA_CAPE_SVIP = "vanilla-cape-svip"  # the same draft + CaPE, spine length by SVIP's entropy rule
     VANILLA_CAPE_COST = "vanilla-cape-cost"  # the same draft, CaPE trees sized for expected tokens/s
     VANILLA_CAPE_SUFFIX = "vanilla-cape-suffix"  # suffix candidates merged with vanilla-cape-cost's tree
     HF_ASSISTED = "hf-assisted"  # transformers `generate` with the vanilla draft as `assistant_model`
@@ -89,6 +90,10 @@ CATALOG: dict[Method, MethodInfo] = {
         ),
         MethodInfo(Method.VANILLA, "separate draft model, chain of 4"),
         MethodInfo(Method.VANILLA_TREE, "separate draft model, chain of 4 with top-2 leaves at depths 1-2"),
+        MethodInfo(
+            Method.VANILLA_CAPE_SVIP,
+            f"separate draft model + CaPE, depth <= {ADAPTIVE_DEPTH} by SVIP's entropy rule",
+        ),
         MethodInfo(
             Method.VANILLA_CAPE_COST,
             f"separate draft model + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s",

@@ -184,6 +184,7 @@ _FACTORIES: dict[Method, DrafterFactory] = {
     Method.HF_ASSISTED: _no_drafter,
     Method.VANILLA: _vanilla(DraftShape(depth=4)),
     Method.VANILLA_TREE: _vanilla(DraftShape(depth=4, widths=(2, 2))),
+    Method.VANILLA_CAPE_SVIP: _vanilla(DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.SVIP), cape=True),
     Method.VANILLA_CAPE_COST: _vanilla_cape_cost,
     Method.VANILLA_CAPE_SUFFIX: _with_suffix(_vanilla_cape_cost, "vanilla"),
     Method.GLIDE: _glide(DraftShape(depth=4), cape=False),

@@ -137,6 +137,7 @@ class Scheduler:
         self._pending: list[tuple[_Job, _Request]] = []  # suspended jobs waiting for a forward, FIFO
         self._waiting: list[tuple[_Job, _Wait]] = []  # suspended jobs waiting for a condition
         self._seq = 0
+        self._live = 0  # jobs started and not finished (see num_active)
         self.stats = BatchStats()
         self.on_batch: Callable[[int, int], None] | None = None  # (segments, tokens) per forward
         # Sessions a service knows to be active although not all have a job running right now (a draft
@@ -151,9 +152,10 @@ class Scheduler:
 
     @property
     def num_active(self) -> int:
-        """Jobs started and not finished: suspended ones plus the one running now, if any."""
-        running = 1 if isinstance(greenlet.getcurrent(), _Job) else 0
-        return len(self._pending) + len(self._waiting) + running
+        """Jobs started and not finished. Counted, not read off the queues: while a forward's jobs are
+        resumed one by one, those not resumed yet are in no queue, and the first resumed would see
+        itself almost alone (then its cost policy drafts as if the batch were empty)."""
+        return self._live
 
     @property
     def has_forwards(self) -> bool:
@@ -164,12 +166,15 @@ class Scheduler:
         self._seq += 1
         job = _Job(fn, future if future is not None else Future(), self._seq, trace)
         job.scheduler = self
+        self._live += 1
         self._resume(job, None)
         return job
 
     def _resume(self, job: _Job, value: Any, error: BaseException | None = None) -> None:
         request = job.throw(error) if error is not None else job.switch(value)
-        if isinstance(request, _Request):
+        if job.dead:
+            self._live -= 1
+        elif isinstance(request, _Request):
             self._pending.append((job, request))
         elif isinstance(request, _Wait):
             self._waiting.append((job, request))

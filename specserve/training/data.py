@@ -70,7 +70,7 @@ def build_training_data(settings: DataSettings, log: Log = print) -> Path:
     started = time.monotonic()
     if Source.SELF in settings.sources:
         _stage(out / ANSWERS, lambda path: _write_answers(settings, path), "self-distillation answers", log)
-    _stage(out / FEATURES, lambda path: _write_features(settings, path), "target features", log)
+    built = _stage(out / FEATURES, lambda path: _write_features(settings, path), "target features", log)
     if not (out / COUNTS).is_file():
         _write_counts(out / FEATURES, out / COUNTS)
     # Each stage's own time, read back from its marker: a rerun that skips stages keeps the real cost.
@@ -79,8 +79,16 @@ def build_training_data(settings: DataSettings, log: Log = print) -> Path:
         for stage in (ANSWERS, FEATURES)
         if (out / stage / DONE).is_file()
     }
+    # The settings that built the rows: a rerun that skips every stage (`train-draft` over data built
+    # earlier, with its own defaults) must not put its settings in their place.
+    earlier = out / MANIFEST
+    built_by = (
+        jsonable(asdict(settings))
+        if built or not earlier.is_file()
+        else json.loads(earlier.read_text())["settings"]
+    )
     manifest = {
-        "settings": jsonable(asdict(settings)),
+        "settings": built_by,
         "stage_seconds": stage_seconds,
         "seconds_this_run": round(time.monotonic() - started, 1),
     }
@@ -90,16 +98,18 @@ def build_training_data(settings: DataSettings, log: Log = print) -> Path:
     return out
 
 
-def _stage(path: Path, run: Callable[[Path], None], what: str, log: Log) -> None:
+def _stage(path: Path, run: Callable[[Path], None], what: str, log: Log) -> bool:
+    """Runs the stage unless it finished before; returns whether it ran."""
     if (path / DONE).is_file():
         log(f"{what}: already in {path}, skipped")
-        return
+        return False
     shutil.rmtree(path, ignore_errors=True)  # a half-written stage is redone from scratch
     log(f"{what}: generating into {path}")
     started = time.monotonic()
     run(path)
     (path / DONE).write_text(f"{time.monotonic() - started:.1f} s\n")
     log(f"{what}: done in {time.monotonic() - started:.0f} s")
+    return True
 
 
 # --- stage 1: the target's answers -------------------------------------------------------------

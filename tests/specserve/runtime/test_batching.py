@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
-from specserve.runtime.batching import Scheduler, SchedulerThread, batched_call, wait_until
+from specserve.runtime.batching import (
+    Scheduler,
+    SchedulerThread,
+    batched_call,
+    other_sessions,
+    wait_until,
+)
 
 
 class Recorder:
@@ -55,6 +61,26 @@ def test_budget_is_first_in_first_out_and_never_starves_a_big_segment():
     assert model.batches[0] == ["big"]  # the oldest goes alone although it exceeds the budget
     assert model.batches[1] == ["x", "y"]
     assert scheduler.stats.forwards == 3
+
+
+def test_every_job_of_a_forward_sees_all_the_others_whatever_its_turn_to_resume():
+    """The cost policy sizes a round by other_sessions(): the job resumed first after a shared forward
+    must count the jobs resumed after it (they are in no queue yet), and a finished job counts no more."""
+    model = Recorder()
+    seen: dict[str, list[int]] = {}
+
+    def session(name: str, rounds: int):
+        def run() -> None:
+            for _ in range(rounds):
+                batched_call(model, Segment(name))
+                seen.setdefault(name, []).append(other_sessions())
+
+        return run
+
+    Scheduler().run_all([session("a", 2), session("b", 2), session("c", 3)])
+    # a and b end after their second forward: each job counts only those not finished by its turn
+    assert seen == {"a": [2, 2], "b": [2, 1], "c": [2, 0, 0]}
+    assert other_sessions() == 0  # outside a job
 
 
 def test_models_are_batched_separately():

@@ -32,24 +32,27 @@ def ray_local():
 def test_data_then_training_then_resume(ray_local, tiny_target_dir, tmp_path) -> None:
     import ray.data
 
-    data = build_training_data(
-        DataSettings(
-            out_dir=tmp_path / "data",
-            model_dir=tiny_target_dir,
-            seq_len=32,
-            sources=(Source.SELF, Source.DUMMY, Source.STDLIB),
-            self_prompts=3,
-            answer_tokens=6,
-            answer_batch=2,
-            dummy_conversations=4,
-            stdlib_chars=3000,
-            feature_batch=4,
-        ),
-        log=lambda _: None,
+    built_with = DataSettings(
+        out_dir=tmp_path / "data",
+        model_dir=tiny_target_dir,
+        seq_len=32,
+        sources=(Source.SELF, Source.DUMMY, Source.STDLIB),
+        self_prompts=3,
+        answer_tokens=6,
+        answer_batch=2,
+        dummy_conversations=4,
+        stdlib_chars=3000,
+        feature_batch=4,
     )
+    data = build_training_data(built_with, log=lambda _: None)
     assert (data / ANSWERS / DONE).is_file() and (data / FEATURES / DONE).is_file()
     manifest = json.loads((data / MANIFEST).read_text())
     assert set(manifest["stage_seconds"]) == {ANSWERS, FEATURES}
+    # `train-draft` over this data with its own defaults skips every stage and keeps the record of
+    # what built the rows
+    build_training_data(DataSettings(out_dir=data, model_dir=tiny_target_dir), log=lambda _: None)
+    assert json.loads((data / MANIFEST).read_text())["settings"] == manifest["settings"]
+    assert manifest["settings"]["stdlib_chars"] == 3000
     rows = ray.data.read_parquet(str(data / FEATURES)).take_all()
     assert {row["source"] for row in rows} == {"self", "dummy", "stdlib"}
     assert all(row["target_k"].shape == (2, 32, 16) for row in rows)  # tiny target: 2 kv heads x 16
