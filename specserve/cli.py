@@ -40,6 +40,12 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="that draft model's dtype (default: the profile's for its own draft, else --dtype)",
     )
+    group.add_argument(
+        "--draft-head-rows",
+        type=int,
+        help="that draft's LM head scores only the first N token ids and the special tokens "
+        "(default: the profile's for its own draft; 0 = the whole head)",
+    )
     group.add_argument("--device", help="torch device, e.g. cpu or cuda")
     group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     group.add_argument(
@@ -118,6 +124,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         model_dir=getattr(args, "model_dir", None),
         draft_dir=getattr(args, "draft_dir", None),
         draft_dtype=getattr(args, "draft_dtype", None),
+        draft_head_rows=getattr(args, "draft_head_rows", None),
         device=getattr(args, "device", None),
         dtype=getattr(args, "dtype", None),
         linear_kernel=getattr(args, "linear_kernel", None),

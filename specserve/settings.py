@@ -35,6 +35,9 @@ class EngineSettings:
       profile has one, else a trained draft or "the first `draft_layers` layers of the target" (below).
     draft_dtype: the dtype the separate draft model runs in; None means the profile's draft dtype for
       the profile's own draft, else `dtype`. Any precision stays lossless: the target verifies in `dtype`.
+    draft_head_rows: the separate draft's LM head scores only the first N token ids and the special
+      tokens (runtime/draft_head.py): a cheaper draft step, never another output; None means the
+      profile's setting for the profile's own draft, 0 the whole head.
     glide_dir: a GliDe draft saved by `specserve.glide.save_glide` (or `specserve train-draft`), used by
       the glide methods; None means the one shipped in `specserve/drafts` for the profile when
       `model_dir` is not set (the default has one), else a randomly initialised (untrained) draft with a
@@ -53,6 +56,7 @@ class EngineSettings:
     model_dir: Path | None = None
     draft_dir: Path | None = None
     draft_dtype: str | None = None
+    draft_head_rows: int | None = None
     draft_layers: int = 4
     glide_dir: Path | None = None
     vanilla_dir: Path | None = None
@@ -93,6 +97,8 @@ class EngineSettings:
             )
         if self.max_prompt_tokens >= self.max_context:
             raise InvalidArgument("max_prompt_tokens must be smaller than max_context")
+        if self.draft_head_rows is not None and self.draft_head_rows < 0:
+            raise InvalidArgument(f"draft_head_rows must be >= 0, got {self.draft_head_rows}")
         if self.draft_layers < 1:
             raise InvalidArgument("draft_layers must be >= 1")
         if self.linear_kernel not in ("auto", "onednn", "native"):

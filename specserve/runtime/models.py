@@ -26,6 +26,7 @@ from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.models.install import profile_dir
 from specserve.models.profiles import ModelProfile, model_profile
+from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter, PolicyDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel, apply_linear_kernel, resolve_kernel
@@ -83,6 +84,14 @@ class ServedModels:
             return self.settings.draft_dtype
         own_draft = self.settings.draft_dir is None and self.settings.model_dir is None
         return (own_draft and self.profile.draft_dtype) or self.settings.dtype
+
+    @property
+    def draft_head_rows(self) -> int:
+        """Rows of the separate draft's LM head (runtime/draft_head.py); 0 = its whole head."""
+        if self.settings.draft_head_rows is not None:
+            return self.settings.draft_head_rows
+        own_draft = self.settings.draft_dir is None and self.settings.model_dir is None
+        return (own_draft and self.profile.draft_head_rows) or 0
 
     @functools.cached_property
     def target_vocab_size(self) -> int:
@@ -147,6 +156,8 @@ class ServedModels:
             )
         if draft.config.vocab_size != self.target_vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")
+        if self.draft_head_rows and self.draft_model_dir is not None:
+            cut_head(draft, self.draft_head_rows, self.tokenizer.all_special_ids, self.settings.linear_kernel)
         return ModelRunner(draft, label="draft")
 
     @functools.cached_property
