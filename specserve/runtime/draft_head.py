@@ -4,10 +4,10 @@ A 0.5B sibling's step reads its whole 151,936-row head: on a 2-core CPU its prod
 of a 32 ms step (bf16, docs/benchmarks.md). Byte-level BPE vocabularies number their tokens in merge
 order, which follows frequency in the tokenizer's corpus, so the first rows carry nearly all of what a
 model writes (the first 32,768 of Qwen2.5's cover 95% of the 1.5B's MT-Bench answers); the special
-tokens (end of turn) are kept wherever they sit. Scoring only those rows is a cheaper proposal, never a different output: the
-target verifies every drafted token, and a draft that cannot propose a token only loses that acceptance.
-The logits keep the full vocabulary's shape, -inf outside the kept rows, so everything downstream
-(top-k, CaPE confidence, sampling, the verifier's q) is unchanged."""
+tokens (end of turn) are kept wherever they sit. Scoring only those rows is a cheaper proposal, never a
+different output: the target verifies every drafted token, and a draft that cannot propose a token
+only loses that acceptance. The logits keep the full vocabulary's shape, -inf outside the kept rows,
+so everything downstream (top-k, CaPE confidence, sampling, the verifier's q) is unchanged."""
 
 from __future__ import annotations
 
