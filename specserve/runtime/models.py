@@ -82,16 +82,20 @@ class ServedModels:
         """The separate draft model's dtype: set, else the profile's for its own draft, else the target's."""
         if self.settings.draft_dtype is not None:
             return self.settings.draft_dtype
-        own_draft = self.settings.draft_dir is None and self.settings.model_dir is None
-        return (own_draft and self.profile.draft_dtype) or self.settings.dtype
+        return (self._profiles_own_draft and self.profile.draft_dtype) or self.settings.dtype
 
     @property
     def draft_head_rows(self) -> int:
         """Rows of the separate draft's LM head (runtime/draft_head.py); 0 = its whole head."""
         if self.settings.draft_head_rows is not None:
             return self.settings.draft_head_rows
-        own_draft = self.settings.draft_dir is None and self.settings.model_dir is None
-        return (own_draft and self.profile.draft_head_rows) or 0
+        return (self._profiles_own_draft and self.profile.draft_head_rows) or 0
+
+    @property
+    def _profiles_own_draft(self) -> bool:
+        """The separate draft is the profile's (neither --draft-dir nor --model-dir chose another), so the
+        profile's settings for it apply."""
+        return self.settings.draft_dir is None and self.settings.model_dir is None
 
     @functools.cached_property
     def target_vocab_size(self) -> int:
