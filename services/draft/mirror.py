@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 import torch
@@ -95,8 +95,10 @@ class KVMirror:
                 )
         return time.perf_counter() - start
 
-    def keep_features(self) -> None:
-        """The session's drafter reads hidden states: subscriptions ask the target for them."""
+    def keep_features(self, layers: Sequence[int] = ()) -> None:
+        """The session's drafter reads hidden states: subscriptions ask the target for them. Which ones
+        (the final state, or `layers`' outputs) is the target's to keep: it keeps those of the
+        hidden-state draft it is configured with, and the drafter checks the width it receives."""
         self.wants_hidden_states = True
 
     def hidden_states(self) -> torch.Tensor:

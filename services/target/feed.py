@@ -5,8 +5,9 @@ A subscriber names the first position it needs; the feed sends [cursor, committe
 except by a rebuild, which re-creates the same tokens' KV; after a rebuild to a shorter history the
 cursor moves back to the new end, so the subscriber overwrites what it had there (start_position below
 what it holds is how it learns that). The stream ends when the session is released or evicted.
-A session prefilled with keep_hidden_states streams, when asked, each position's final hidden state too:
-the input of a hidden-state draft (specserve/eagle); other sessions never compute or send them.
+A session prefilled with keep_hidden_states streams, when asked, each position's features too: the input
+of a hidden-state draft (specserve/eagle), its final hidden state or the outputs of the layers a fused
+draft reads (`Models.eagle_feature_layers`); other sessions never compute or send them.
 Each chunk also carries its positions' token ids, and the chunk that reaches the committed length the
 root token after them: everything a draft needs to build the next round's proposal unasked.
 """

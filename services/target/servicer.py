@@ -102,7 +102,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 request.session_id, request.capacity, len(request.token_ids) + 1, sampling
             )
             if request.keep_hidden_states:
-                session.verifier.cache.keep_features()
+                session.verifier.cache.keep_features(self.models.eagle_feature_layers)
             session.in_flight += 1
         try:
             if rebuild:

@@ -14,14 +14,23 @@ DEFAULT_DRAFT_VOCAB = 8192  # rows of the reduced head unless told otherwise (th
 KIND = "eagle"  # written into config.json: tells a hidden-state draft's directory from a GliDe one's
 
 
+def fused_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """The decoder layers (from 0) whose outputs a fused draft reads by default: a low, a middle and a
+    high one (EAGLE-3's choice as vLLM makes it: 2, L // 2, L - 3), fewer on a very shallow target."""
+    return tuple(sorted({min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)}))
+
+
 @dataclass(frozen=True)
 class EagleConfig:
     """One Llama-style decoder layer over fc([target feature, next token's embedding]).
 
-    The feature is the target's final hidden state after its last norm, the vector its LM head reads
-    (specserve/runtime: `PositionalKVCache.features`); the draft's output lives in the same space, so a
-    drafted position feeds its own output back as the next position's feature. Self-attention has its
-    own geometry; the draft is as wide as the target (the feature and the embedding are target-sized).
+    The feature is, without `feature_layers`, the target's final hidden state after its last norm, the
+    vector its LM head reads (specserve/runtime: `PositionalKVCache.features`); the draft's output lives
+    in the same space, so a drafted position feeds its own output back as the next position's feature.
+    With `feature_layers` (EAGLE-3's fused input), it is the outputs of those target decoder layers side
+    by side, [k * H], which a linear `fuse` maps to H before the draft reads it; drafted positions read
+    the draft's own output as before. Self-attention has its own geometry; the draft is as wide as the
+    target (the feature and the embedding are target-sized).
     """
 
     vocab_size: int  # the target's vocabulary: logits are always reported over it
@@ -34,9 +43,17 @@ class EagleConfig:
     # Reduced LM head: the draft scores only its `draft_vocab_size` most frequent tokens (the id map is
     # saved with the weights as `draft_token_ids`); None = the full vocabulary.
     draft_vocab_size: int | None = None
+    # Target decoder layers (from 0) whose outputs form the fused feature; () = the final normed state.
+    feature_layers: tuple[int, ...] = ()
     kind: str = KIND
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(self.feature_layers))  # JSON gives a list
+        layers = self.feature_layers
+        if any(not isinstance(layer, int) or layer < 0 for layer in layers) or list(layers) != sorted(
+            set(layers)
+        ):
+            raise InvalidArgument(f"feature_layers must be distinct layer numbers >= 0, ascending: {layers}")
         if min(self.vocab_size, self.hidden_size, self.intermediate_size) < 1:
             raise InvalidArgument(f"sizes must be positive: {self}")
         if min(self.num_heads, self.num_kv_heads) < 1 or self.hidden_size % self.num_heads:
@@ -53,6 +70,11 @@ class EagleConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target's feature at a committed position: H, or k * H fused."""
+        return self.hidden_size * max(1, len(self.feature_layers))
 
     @property
     def head_vocab_size(self) -> int:
@@ -87,6 +109,11 @@ class EagleConfig:
                     f"the hidden-state draft does not fit the target: {name} "
                     f"{getattr(self, name)} != {theirs}"
                 )
+        if self.feature_layers and self.feature_layers[-1] >= target_config.num_hidden_layers:
+            raise InvalidArgument(
+                f"the hidden-state draft reads target layers {list(self.feature_layers)}; the target has "
+                f"{target_config.num_hidden_layers}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -32,13 +32,13 @@ class HiddenStateSource(Protocol):
     """Read-only view of the target's committed final hidden states; `PositionalKVCache` (after
     `keep_features`) and the draft service's feed mirror satisfy it."""
 
-    def keep_features(self) -> None:
-        """Asks for hidden states from now on (the target's cache starts storing them; the feed mirror
-        subscribes to them)."""
+    def keep_features(self, layers: Sequence[int] = ()) -> None:
+        """Asks for features from now on: the final hidden states, or the outputs of decoder `layers`
+        side by side (the target's cache starts storing them; the feed mirror subscribes to them)."""
         ...
 
     def hidden_states(self) -> torch.Tensor:
-        """[1, L, H]: every committed position but the root's, as a view."""
+        """[1, L, F]: every committed position but the root's, as a view."""
         ...
 
 
@@ -102,7 +102,7 @@ class EagleDrafter(WidthDrafter):
         super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
         self.model = model
         self.source = source
-        source.keep_features()
+        source.keep_features(model.config.feature_layers)
         self.cache = PositionalKVCache(1, capacity + 1)  # the draft's own KV (room for the drafted spine)
         self._cached_ids: list[int] = []  # x[t + 1] of each position the cache holds from target features
         self._state = torch.empty(0)  # the draft's output at the newest position it encoded, [H]
@@ -113,7 +113,13 @@ class EagleDrafter(WidthDrafter):
         max_depth = spine_cap(self.shape.depth, self.stop_policy)
         if max_depth == 0 or root_position == 0:  # nothing worth drafting, or no feature to read yet
             return DraftTree.root_only(token_ids[-1])
-        features = self.source.hidden_states()  # [1, L, H]
+        features = self.source.hidden_states()  # [1, L, F]
+        if features.shape[2] != self.model.config.feature_width and features.shape[1]:
+            raise FailedPrecondition(
+                f"the target sends features {features.shape[2]} wide; this draft reads "
+                f"{self.model.config.feature_width} (target layers {list(self.model.config.feature_layers)}"
+                " side by side, or its final hidden state): serve both with the same hidden-state draft"
+            )
         if features.shape[1] != root_position:
             raise FailedPrecondition(
                 f"the target holds hidden states of {features.shape[1]} positions; the draft needs the "
@@ -136,7 +142,7 @@ class EagleDrafter(WidthDrafter):
         keep = min(common_prefix_length(self._cached_ids, nexts), root_position - 1)
         self.cache.truncate(keep)  # also drops last round's drafted positions
         del self._cached_ids[keep:]
-        logits = self._forward(features[:, keep:root_position], nexts[keep:], keep)
+        logits = self._forward(self.model.lift(features[:, keep:root_position]), nexts[keep:], keep)
         self._cached_ids.extend(nexts[keep:])
         return logits
 

@@ -11,8 +11,11 @@ norm: the vector its LM head turned into the token at t + 1) with the embedding 
     logits = lm_head(y_t)                        scores x[t + 2]; reduced head, rows from the target's
 
 Committed positions read the target's features; a drafted position reads the draft's own output at the
-position before it (y_{t-1} in place of feature_t). Training unrolls that feedback (`unrolled`: the
-training-time test of EAGLE-3), so the draft learns from the inputs it will see when drafting.
+position before it (y_{t-1} in place of feature_t). A fused draft (`EagleConfig.feature_layers`) reads,
+at committed positions, fuse([out_a(t); out_b(t); ...]) (k * H -> H, the outputs of k target decoder
+layers) in place of the final hidden state: `lift` maps a target feature to what the layer reads.
+Training unrolls that feedback (`unrolled`: the training-time test of EAGLE-3), so the draft learns
+from the inputs it will see when drafting.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ class EagleDraft(nn.Module):
         if tuple(target_embedding.shape) != (config.vocab_size, config.hidden_size):
             raise InvalidArgument("the hidden-state draft needs the target's [vocab, hidden] embedding")
         self.embed_tokens = FrozenEmbedding(target_embedding)
+        # only a fused draft has it: k target layers' outputs -> the width the draft reads
+        self.fuse = (
+            nn.Linear(config.feature_width, config.hidden_size, bias=False) if config.feature_layers else None
+        )
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = SelfAttention(config)
@@ -76,6 +83,12 @@ class EagleDraft(nn.Module):
         ids = torch.arange(config.head_vocab_size) if draft_token_ids is None else draft_token_ids
         register_draft_vocab(self, ids, config.head_vocab_size, config.vocab_size)
 
+    def lift(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [..., feature_width] -> what the layer reads at a committed position,
+        [..., H], on the draft's device and dtype: fused by `fuse`, or as they are."""
+        features = features.to(self.fc.weight)
+        return features if self.fuse is None else self.fuse(features)
+
     def _inputs(self, features: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """features [B, S, H], input_ids [B, S] (the token after each feature) -> fc input [B, S, H]."""
         embedded = self.embed_tokens(input_ids).to(features.dtype)  # [B, S, H]
@@ -83,7 +96,7 @@ class EagleDraft(nn.Module):
 
     def forward(
         self,
-        features: torch.Tensor,  # [B, S, H] the target's (or, drafting, the draft's own) features
+        features: torch.Tensor,  # [B, S, H] lifted target features (`lift`), or the draft's own outputs
         input_ids: torch.Tensor,  # [B, S] the token each feature chose
         positions: torch.Tensor | None = None,  # [S] absolute; None = 0 .. S-1
         cache: PositionalKVCache | None = None,  # the draft's own KV; None = no history (training)
@@ -101,12 +114,14 @@ class EagleDraft(nn.Module):
     def unrolled(self, features: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Every position as a round's root, drafting `steps` tokens from it, all in `steps` passes.
 
-        features [B, S, H] (the target's, feature_t at t), input_ids [B, S] (x[t + 1] at t) -> per step j
-        the predicted features [B, S, H]. Step 0 is `forward`. At step j > 0 position t is the j-th
-        drafted position of the round rooted at t - j: its feature is step j-1's output at t - 1, and it
-        attends the target-fed keys of positions <= t - j plus its own round's keys, one per step s <= j
-        (step s's key at t - j + s). Outputs at t < j have no root and are never scored.
+        features [B, S, F] (the target's, feature_t at t, as stored: `lift` runs here), input_ids [B, S]
+        (x[t + 1] at t) -> per step j the predicted features [B, S, H]. Step 0 is `forward`. At step
+        j > 0 position t is the j-th drafted position of the round rooted at t - j: its feature is step
+        j-1's output at t - 1, and it attends the target-fed keys of positions <= t - j plus its own
+        round's keys, one per step s <= j (step s's key at t - j + s). Outputs at t < j have no root and
+        are never scored.
         """
+        features = self.lift(features)  # [B, S, H]
         _, seq, _ = features.shape
         positions = torch.arange(seq, device=features.device)
         cfg = self.config

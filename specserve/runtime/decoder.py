@@ -99,9 +99,16 @@ class NativeDecoder:
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(eps))).to(x.dtype)
 
     @torch.inference_mode()
-    def forward(self, segments: Sequence[Segment], masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    def forward(
+        self,
+        segments: Sequence[Segment],
+        masks: Sequence[torch.Tensor | None],
+        layer_outputs: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Hidden states before the final norm for every packed token, [N, H]; each segment's K/V lands
-        in its own cache (masks: [1, 1, n, prefix + n] bool per segment, None = attend everything)."""
+        in its own cache (masks: [1, 1, n, prefix + n] bool per segment, None = attend everything).
+        `layer_outputs`: for each layer number it holds as a key, that layer's output [N, H] is stored
+        under it (a fused hidden-state draft's input)."""
         device = self.device
         token_ids = torch.tensor([t for s in segments for t in s.token_ids], device=device)  # [N]
         positions = torch.cat([s.positions.to(device) for s in segments])  # [N]
@@ -146,6 +153,8 @@ class NativeDecoder:
             x = self._rms_norm(hidden, layer.post_attention_layernorm)
             gate, up = gate_up(x)
             hidden = hidden + mlp.down_proj(F.silu(gate) * up)
+            if layer_outputs is not None and index in layer_outputs:
+                layer_outputs[index] = hidden
         return hidden
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -82,12 +82,14 @@ class PositionalLayer(CacheLayerMixin):
 
 
 class FeatureBuffer:
-    """Per position, the model's final hidden state after its last norm (what its LM head reads): the
-    input of a hidden-state draft (specserve/eagle). Positions follow the cache's: written by the
-    forward that writes their K/V, kept or dropped with them by `commit_path` and `truncate`."""
+    """Per position, the input of a hidden-state draft (specserve/eagle): the model's final hidden state
+    after its last norm (what its LM head reads), or, with `layers`, those decoder layers' outputs side
+    by side ([k * H], a fused draft's). Positions follow the cache's: written by the forward that writes
+    their K/V, kept or dropped with them by `commit_path` and `truncate`."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, layers: Sequence[int] = ()) -> None:
         self.capacity = capacity
+        self.layers = tuple(layers)
         self.allocated = 0
         self.length = 0
         self.states = torch.empty(0)  # [1, allocated, H] once written
@@ -120,16 +122,21 @@ class PositionalKVCache(Cache):
         # The final hidden states of every position, kept only for a session whose draft reads them.
         self.features: FeatureBuffer | None = None
 
-    def keep_features(self) -> None:
-        """From now on forwards also store each position's final hidden state (before any is written:
-        a buffer started late would lack the positions before it)."""
+    def keep_features(self, layers: Sequence[int] = ()) -> None:
+        """From now on forwards also store each position's final hidden state, or with `layers` those
+        decoder layers' outputs side by side (before any is written: a buffer started late would lack
+        the positions before it)."""
         if self.features is None:
             if self.length:
                 raise ValueError("keep_features must be asked for before the first forward")
-            self.features = FeatureBuffer(self.capacity)
+            self.features = FeatureBuffer(self.capacity, layers)
+        elif self.features.layers != tuple(layers):
+            raise ValueError(
+                f"this cache keeps the features of layers {list(self.features.layers)}, not {list(layers)}"
+            )
 
     def hidden_states(self) -> torch.Tensor:
-        """[1, length, H] final hidden states of the committed positions (a view); needs keep_features."""
+        """[1, length, F] the features of the committed positions (a view); needs keep_features."""
         if self.features is None:
             raise ValueError("this cache keeps no hidden states (keep_features)")
         return self.features.states[:, : min(self.length, self.features.length)]

@@ -18,6 +18,7 @@ from specserve.core.cost import CostModel, default_calibration_name
 from specserve.core.protocols import DraftTree
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.drafts import DraftKind, shipped_draft_dir
+from specserve.eagle.config import EagleConfig
 from specserve.eagle.drafter import EagleDrafter
 from specserve.eagle.model import EagleDraft, build_eagle, load_eagle
 from specserve.errors import InvalidArgument
@@ -175,6 +176,16 @@ class ServedModels:
             "SPECSERVE_GLIDE_DIR"
         )
         return self._for_serving(build_glide(self.target_model, seed=0, share_target_embeddings=True))
+
+    @functools.cached_property
+    def eagle_feature_layers(self) -> tuple[int, ...]:
+        """What a session whose draft reads hidden states keeps: the layers of this target's hidden-state
+        draft (read from its config, no weights loaded: the target service feeds a draft it never
+        loads); () = the final hidden state."""
+        directory = self.settings.eagle_dir or self._shipped(DraftKind.EAGLE)
+        if directory is None:
+            return ()
+        return EagleConfig.load(Path(directory) / "config.json").feature_layers
 
     @functools.cached_property
     def eagle_draft(self) -> EagleDraft:

@@ -23,6 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specserve.runtime.decoder import NativeDecoder
 from specserve.runtime.kv_cache import PositionalKVCache
+from specserve.runtime.layer_outputs import capture_layer_outputs, side_by_side
 
 ATTENTION_NAME = "specserve_ragged"
 PLAN_KWARG = "specserve_ragged_plan"
@@ -169,55 +170,56 @@ def forward_ragged(
         bounds.append((start, start + n))
         keep.extend([start + n - 1] if segment.last_only else range(start, start + n))
         start += n
-    featured = [s.cache.features is not None for s in segments]
+    buffers = [s.cache.features for s in segments if s.cache.features is not None]
+    featured = bool(buffers)
+    # decoder layers whose outputs some segment keeps (a fused hidden-state draft's input)
+    wanted = sorted({layer for buffer in buffers for layer in buffer.layers})
     if native is not None:
-        hidden = native.forward(segments, masks)  # [N, H]
-        if not any(featured):
+        outputs: dict[int, torch.Tensor] = dict.fromkeys(wanted, torch.empty(0))
+        hidden = native.forward(segments, masks, outputs)  # [N, H]
+        if not featured:
             return _split_logits(native.logits(hidden[keep]).float(), segments)  # kept rows' logits [K, V]
         normed = native.final_norm(hidden)  # [N, H]
-        _store_features(segments, bounds, featured, normed)
+        _store_features(segments, bounds, normed, outputs)
         return _split_logits(native.lm_head(normed[keep]).float(), segments)
     plan = _Plan(segments, bounds, masks)
-    input_ids = torch.tensor([[t for s in segments for t in s.token_ids]], device=device)  # [1, N]
-    positions = torch.cat([s.positions.to(device) for s in segments])[None]  # [1, N]
-    if any(featured):
+    inputs = {
+        "input_ids": torch.tensor([[t for s in segments for t in s.token_ids]], device=device),  # [1, N]
+        # A 4D mask is taken as given, so transformers builds none; the plan carries the real ones.
+        "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
+        "position_ids": torch.cat([s.positions.to(device) for s in segments])[None],  # [1, N]
+        "past_key_values": _RaggedCache(plan, model.config.num_hidden_layers),
+        "use_cache": True,
+        PLAN_KWARG: plan,
+    }
+    if featured:
         # The base model's last hidden state is the normed one its LM head reads.
-        base = model.get_decoder()(
-            input_ids=input_ids,
-            attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
-            position_ids=positions,
-            past_key_values=_RaggedCache(plan, model.config.num_hidden_layers),
-            use_cache=True,
-            **{PLAN_KWARG: plan},
-        )
+        decoder = model.get_decoder()
+        with capture_layer_outputs(decoder.layers, wanted) as captured:
+            base = decoder(**inputs)
         normed = base.last_hidden_state[0]  # [N, H]
-        _store_features(segments, bounds, featured, normed)
+        _store_features(segments, bounds, normed, {layer: out[0] for layer, out in captured.items()})
         head = cast(torch.nn.Module, model.get_output_embeddings())
         return _split_logits(head(normed[keep]).float(), segments)
-    out = model(
-        input_ids=input_ids,
-        # A 4D mask is taken as given, so transformers builds none; the plan carries the real ones.
-        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
-        position_ids=positions,
-        past_key_values=_RaggedCache(plan, model.config.num_hidden_layers),
-        use_cache=True,
-        logits_to_keep=torch.tensor(keep, device=device),
-        **{PLAN_KWARG: plan},
-    )
+    out = model(**inputs, logits_to_keep=torch.tensor(keep, device=device))
     return _split_logits(out.logits[0].float(), segments)
 
 
 def _store_features(
     segments: Sequence[Segment],
     bounds: Sequence[tuple[int, int]],
-    featured: Sequence[bool],
     normed: torch.Tensor,  # [N, H] final hidden states after the last norm
+    layer_outputs: dict[int, torch.Tensor],  # layer -> its output [N, H], for the layers segments keep
 ) -> None:
-    """Each segment that keeps features gets its tokens' states at the positions their K/V took."""
-    for segment, (start, end), wanted in zip(segments, bounds, featured, strict=True):
-        if wanted:
-            assert segment.cache.features is not None
-            segment.cache.features.update(normed[start:end])
+    """Each segment that keeps features gets its tokens' features at the positions their K/V took."""
+    for segment, (start, end) in zip(segments, bounds, strict=True):
+        features = segment.cache.features
+        if features is None:
+            continue
+        if features.layers:
+            features.update(side_by_side(layer_outputs, features.layers)[start:end])  # [n, k * H]
+        else:
+            features.update(normed[start:end])
 
 
 def _split_logits(logits: torch.Tensor, segments: Sequence[Segment]) -> list[torch.Tensor]:

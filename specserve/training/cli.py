@@ -137,8 +137,10 @@ def run_eval_draft_command(args: argparse.Namespace) -> int:
     sequences, starts = held_out_answers(target, tokenizer, prompts, args.max_new_tokens, cache)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if is_eagle_dir(draft_dir):  # the same answers and metric; the draft reads the target's hidden states
-        hidden = held_out_hidden(target, sequences, starts, pad_id, args.batch_size)
-        result = score_eagle(load_eagle(draft_dir, target), hidden)
+        eagle = load_eagle(draft_dir, target)
+        layers = eagle.config.feature_layers
+        hidden = held_out_hidden(target, sequences, starts, pad_id, args.batch_size, output_layers=layers)
+        result = score_eagle(eagle, hidden)
     else:
         glide = load_glide(draft_dir, target)
         result = evaluate_draft(target, glide, sequences, starts, pad_id, args.batch_size)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from specserve.eagle.config import EagleConfig, fused_feature_layers
 from specserve.eagle.model import EagleDraft, build_eagle, load_eagle, save_eagle
 from specserve.glide.config import GlideConfig, spread_target_layers
 from specserve.glide.model import (
@@ -62,10 +63,13 @@ def sequence_features(
     top_k: int,
     chunk: int = 1024,
     hidden_states: bool = True,
+    output_layers: Sequence[int] = (),
 ) -> list[dict[str, np.ndarray]]:
     """Per sequence: k.<layer>, v.<layer> [L, Hkv, D] fp16 for each of `layers`; topk_ids [L, K] uint16;
     topk_probs [L, K] fp16; with `hidden_states`, `hidden` [L, H] fp16: the target's final hidden state
-    after its last norm (what its LM head reads), the input of a hidden-state draft (specserve/eagle).
+    after its last norm (what its LM head reads), the input of a hidden-state draft (specserve/eagle);
+    h.<layer> [L, H] fp16 for each of `output_layers`: that decoder layer's output, before any norm (the
+    fused input of a multi-layer hidden-state draft).
 
     One right-padded batch through `features.teacher_forced` (every real position's values are those of
     an unpadded run), on the target's device. Logits are formed a chunk of positions at a time (never
@@ -75,8 +79,9 @@ def sequence_features(
     width = max(lengths)
     device = next(target.parameters()).device
     input_ids = pad_rows(sequences, width, pad_id=0).to(device, non_blocking=True)  # [B, S]
-    passed = teacher_forced(target, input_ids, layers)
+    passed = teacher_forced(target, input_ids, layers, output_layers)
     hidden = passed.hidden  # [B, S, H]
+    outputs = {layer: out.to(torch.float16).cpu() for layer, out in passed.layer_outputs.items()}
     # target layer (from 0) -> keys, values [B, S, Hkv, D], fp16 on the CPU
     kv = {
         layer: (k.transpose(1, 2).to(torch.float16).cpu(), v.transpose(1, 2).to(torch.float16).cpu())
@@ -100,6 +105,8 @@ def sequence_features(
             row[f"v.{layer}"] = values[i, :n].numpy()
         if hidden_fp16 is not None:
             row["hidden"] = hidden_fp16[i, :n].numpy()
+        for layer, states in outputs.items():
+            row[f"h.{layer}"] = states[i, :n].numpy()
         result.append(
             {
                 **row,
@@ -111,7 +118,13 @@ def sequence_features(
 
 
 def shard_features(
-    target: PreTrainedModel, rows: Rows, layers: Sequence[int], top_k: int, max_len: int, batch_tokens: int
+    target: PreTrainedModel,
+    rows: Rows,
+    layers: Sequence[int],
+    top_k: int,
+    max_len: int,
+    batch_tokens: int,
+    output_layers: Sequence[int] = (),
 ) -> dict[str, np.ndarray]:
     """Features of every row of a generation shard, flat over positions, in row order."""
     seqs = [(p + a)[:max_len] for p, a in rows.sequences()]
@@ -123,7 +136,9 @@ def shard_features(
             batch.append(i)
             continue
         for j, feats in zip(
-            batch, sequence_features(target, [seqs[j] for j in batch], layers, top_k), strict=True
+            batch,
+            sequence_features(target, [seqs[j] for j in batch], layers, top_k, output_layers=output_layers),
+            strict=True,
         ):
             per_row[j] = feats
         batch = [i] if i is not None else []
@@ -148,10 +163,15 @@ def extract_features(
     batch_tokens: int = 4096,
     follow: bool = False,  # keep polling for new generation shards (run beside generation)
     log: Callable[[str], None] = print,
+    output_layers: Sequence[int] | None = None,  # None: the layers a fused hidden-state draft reads
 ) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    num_layers = target.config.num_hidden_layers
     if layers is None:
-        layers = spread_target_layers(DEFAULT_BLOCKS, target.config.num_hidden_layers)
+        layers = spread_target_layers(DEFAULT_BLOCKS, num_layers)
+    if output_layers is None:
+        output_layers = fused_feature_layers(num_layers)
+    output_layers = sorted({layer % num_layers for layer in output_layers})
     while True:
         todo = []
         for stage in (INSTRUCT, ANSWERS):
@@ -161,7 +181,9 @@ def extract_features(
                     todo.append((shard, dest))
         for shard, dest in todo:
             started = time.monotonic()
-            feats = shard_features(target, Rows.load(shard), layers, top_k, max_len, batch_tokens)
+            feats = shard_features(
+                target, Rows.load(shard), layers, top_k, max_len, batch_tokens, output_layers
+            )
             tmp = dest.with_name(dest.name + ".tmp.npz")
             np.savez(tmp, allow_pickle=False, **feats)
             os.replace(tmp, dest)
@@ -198,6 +220,7 @@ class FeatureSet:
         max_files: int | None = None,
         layers: Sequence[int] | None = None,  # target layers (from 0) to load; None = all stored
         hidden: bool = False,  # load the final hidden states (a hidden-state draft's input)
+        output_layers: Sequence[int] = (),  # with `hidden`: these layers' outputs side by side instead
     ) -> FeatureSet:
         """A seeded random `fraction` of the sequences (a smaller fraction is a subset of a larger)."""
         files = sorted(Path(feature_dir).glob("*-shard-*[0-9].npz"))[:max_files]
@@ -212,12 +235,23 @@ class FeatureSet:
                 names = ["tokens", "topk_ids", "topk_probs", "lengths", "prompt_lengths"]
                 names += [f"{kind}.{layer}" for layer in wanted for kind in ("k", "v")]
                 if hidden:
-                    if "hidden" not in z.files:
-                        raise FileNotFoundError(f"{f.name} holds no hidden states: extract features again")
-                    names.append("hidden")
+                    wanted_states = [f"h.{layer}" for layer in output_layers] or ["hidden"]
+                    absent = [name for name in wanted_states if name not in z.files]
+                    if absent:
+                        raise FileNotFoundError(
+                            f"{f.name} holds no {', '.join(absent)}: extract features again "
+                            "(--output-layers for a fused draft's layers)"
+                        )
+                    # [T, k * H]: the layers side by side, as the target's cache keeps them when serving
+                    states = [z[name] for name in wanted_states]
+                    parts.setdefault("hidden", []).append(
+                        states[0] if len(states) == 1 else np.concatenate(states, axis=1)
+                    )
                 for name in names:
                     parts.setdefault(name, []).append(z[name])
-        cat = {name: np.concatenate(arrays) for name, arrays in parts.items()}
+        # one array at a time, each list dropped once joined: the peak is twice the largest array, not
+        # twice the whole set (fused layer outputs are several GB)
+        cat = {name: np.concatenate(parts.pop(name)) for name in list(parts)}
         lengths = cat.pop("lengths")
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         order = np.random.default_rng(0).permutation(len(lengths))
@@ -334,6 +368,8 @@ class DistillSettings:
     unroll_steps: int = 3  # eagle: training-time test, steps of the draft reading its own outputs
     step_decay: float = 0.8  # eagle: weight of step j's loss is step_decay**j
     train_head: bool = False  # eagle: also train the reduced head (else it stays the target's rows)
+    # eagle: target decoder layers whose outputs are the draft's fused input; () = the final normed state
+    feature_layers: tuple[int, ...] = ()
     # "cpu", "cuda" or "cuda:N": where the target, the draft and every batch live (bf16 autocast on either)
     device: str = "cpu"
     extra: dict[str, str] = field(default_factory=dict)
@@ -380,7 +416,11 @@ def new_eagle_draft(settings: DistillSettings, target: PreTrainedModel, data: Fe
     else:
         ids = frequency_ranked_ids(data.label_counts(target.config.vocab_size), settings.draft_vocab_size)
         draft = build_eagle(
-            target, seed=settings.seed, draft_token_ids=ids, draft_vocab_size=settings.draft_vocab_size
+            target,
+            seed=settings.seed,
+            draft_token_ids=ids,
+            draft_vocab_size=settings.draft_vocab_size,
+            feature_layers=eagle_feature_layers(settings),
         )
     draft = draft.float().train().requires_grad_(True)
     if not settings.train_head:
@@ -388,6 +428,13 @@ def new_eagle_draft(settings: DistillSettings, target: PreTrainedModel, data: Fe
         # rows against a one-layer body), so freezing it also saves a third of that cost.
         draft.lm_head.requires_grad_(False)
     return draft
+
+
+def eagle_feature_layers(settings: DistillSettings) -> tuple[int, ...]:
+    """The target layers a hidden-state run reads: its starting draft's, else the settings'."""
+    if settings.init_from is not None:
+        return EagleConfig.load(settings.init_from / "config.json").feature_layers
+    return tuple(settings.feature_layers)
 
 
 def step_loss(
@@ -439,8 +486,15 @@ def held_out_eval(
     return lambda draft: score_draft(draft, batches, settings.block_size)
 
 
-def held_out_eval_eagle(target: CausalLM, tokenizer: Any, settings: DistillSettings, cache_dir: Path):
-    """`held_out_eval` for a hidden-state draft: the same answers, the target's hidden states."""
+def held_out_eval_eagle(
+    target: CausalLM,
+    tokenizer: Any,
+    settings: DistillSettings,
+    cache_dir: Path,
+    feature_layers: Sequence[int] = (),
+):
+    """`held_out_eval` for a hidden-state draft: the same answers, the target's hidden states (or the
+    outputs of `feature_layers` side by side, for a fused draft)."""
     from specserve.bench.prompts import load_prompts, per_category
     from specserve.training.eagle import held_out_hidden, score_eagle
     from specserve.training.evaluate import held_out_answers
@@ -450,9 +504,12 @@ def held_out_eval_eagle(target: CausalLM, tokenizer: Any, settings: DistillSetti
     cache = cache_dir / f"eval-answers-{name}-{len(prompts)}x{settings.eval_max_new_tokens}.json"
     sequences, starts = held_out_answers(target, tokenizer, prompts, settings.eval_max_new_tokens, cache)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    features_cache = cache.with_name(cache.stem + "-features-hidden.safetensors")
+    kind = "hidden" + "".join(f"-{layer}" for layer in feature_layers)
+    features_cache = cache.with_name(cache.stem + f"-features-{kind}.safetensors")
     batches = _cached_features(
-        features_cache, len(sequences), lambda: held_out_hidden(target, sequences, starts, pad)
+        features_cache,
+        len(sequences),
+        lambda: held_out_hidden(target, sequences, starts, pad, output_layers=feature_layers),
     )
     return lambda draft: score_eagle(draft, batches)
 
@@ -498,7 +555,10 @@ def train(
     eagle = settings.kind == "eagle"
     if eagle:
         layers_of_blocks: list[int] = []
-        data = FeatureSet.load(settings.features, settings.fraction, layers=[], hidden=True)
+        feature_layers = eagle_feature_layers(settings)
+        data = FeatureSet.load(
+            settings.features, settings.fraction, layers=[], hidden=True, output_layers=feature_layers
+        )
     else:
         configured = block_layers(settings, target.config.num_hidden_layers)
         if settings.init_from is not None:
@@ -522,7 +582,7 @@ def train(
     draft: GlideDraft | EagleDraft
     if eagle:
         draft = new_eagle_draft(settings, target, data)
-        evaluate = held_out_eval_eagle(target, tokenizer, settings, cache_dir)
+        evaluate = held_out_eval_eagle(target, tokenizer, settings, cache_dir, feature_layers)
     else:
         draft = new_draft(settings, target, data)
         evaluate = held_out_eval(target, tokenizer, settings, cache_dir, draft.config.feed_layers)
@@ -728,6 +788,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--batch-tokens", type=int, default=4096, help="padded tokens per target forward (larger on a GPU)"
     )
     f.add_argument("--follow", action="store_true", help="keep extracting new shards as they appear")
+    f.add_argument(
+        "--output-layers",
+        type=int,
+        nargs="*",
+        help="decoder layers whose outputs are kept for a fused hidden-state draft (default: low, middle, "
+        "high: 2, L/2, L-3)",
+    )
     f.add_argument("--threads", type=int)
     t = sub.add_parser("train", help="distil a GliDe draft (resumes from --out)")
     t.add_argument("--features", type=Path, required=True)
@@ -755,6 +822,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="glide: reads the target's K/V; eagle: reads its final hidden states (features must hold them)",
     )
     t.add_argument("--unroll-steps", type=int, default=3, help="eagle: steps reading its own outputs")
+    t.add_argument(
+        "--feature-layers",
+        type=int,
+        nargs="*",
+        default=[],
+        help="eagle: target decoder layers whose outputs are the fused input (e.g. 2 15 27; the features "
+        "must hold them: `features --output-layers`); none = the final normed hidden state",
+    )
     t.add_argument(
         "--train-head", action="store_true", help="eagle: train the reduced head too (default: frozen)"
     )
@@ -805,6 +880,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             batch_tokens=args.batch_tokens,
             follow=args.follow,
             log=lambda m: print(m, flush=True),
+            output_layers=args.output_layers,
         )
         return
     settings = DistillSettings(
@@ -828,6 +904,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed,
         kind=args.kind,
         unroll_steps=args.unroll_steps,
+        feature_layers=tuple(args.feature_layers),
         train_head=args.train_head,
         device=args.device,
     )

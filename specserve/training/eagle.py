@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specserve.eagle.model import EagleDraft
+from specserve.runtime.layer_outputs import side_by_side
 from specserve.training.device import bf16_autocast
 from specserve.training.evaluate import Agreement, merge
 from specserve.training.features import IGNORE, pad_rows, teacher_forced
@@ -87,10 +88,13 @@ def held_out_hidden(
     answer_starts: Sequence[int],
     pad_id: int,
     batch_size: int = 8,
+    output_layers: Sequence[int] = (),
 ) -> list[dict[str, torch.Tensor]]:
     """The target's side of the evaluation, once: per batch input_ids, labels (the target's argmax,
-    IGNORE outside the answers) and hidden [B, S, H], its normed final hidden states. The target runs on
-    its device; the batches come back on the CPU (cached on disk, moved to a draft's device to score)."""
+    IGNORE outside the answers) and hidden [B, S, H], its normed final hidden states (with
+    `output_layers`, [B, S, k * H]: those layers' outputs side by side, a fused draft's input). The
+    target runs on its device; the batches come back on the CPU (cached on disk, moved to a draft's
+    device to score)."""
     device = next(target.parameters()).device
     out = []
     for start in range(0, len(sequences), batch_size):
@@ -98,8 +102,11 @@ def held_out_hidden(
         lengths = torch.tensor([len(r) for r in rows])
         width = int(lengths.max())
         input_ids = pad_rows(rows, width, pad_id)  # [B, S]
-        hidden = teacher_forced(target, input_ids.to(device, non_blocking=True), []).hidden  # [B, S, H]
-        labels = target.lm_head(hidden).argmax(-1).cpu()  # type: ignore[operator]  # [B, S]
+        passed = teacher_forced(target, input_ids.to(device, non_blocking=True), [], output_layers)
+        labels = target.lm_head(passed.hidden).argmax(-1).cpu()  # type: ignore[operator]  # [B, S]
+        hidden = passed.hidden  # [B, S, H]
+        if output_layers:
+            hidden = side_by_side(passed.layer_outputs, output_layers)  # [B, S, k * H]
         positions = torch.arange(width)[None]  # [1, S]
         starts = torch.tensor(list(answer_starts[start : start + batch_size]))[:, None]  # [B, 1]
         scored = (positions >= starts) & (positions < lengths[:, None])

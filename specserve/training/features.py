@@ -13,10 +13,13 @@ rather than what the training text happens to say next.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
+
+from specserve.runtime.layer_outputs import capture_layer_outputs
 
 IGNORE = -100  # label of padding positions: no loss
 
@@ -28,6 +31,9 @@ class TargetPass:
     hidden: torch.Tensor  # [B, S, H] final hidden states after the last norm: what the LM head reads
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]]  # target layer (from 0) -> keys, values [B, Hkv, S, D]
     num_layers: int  # the target's
+    # target layer (from 0) -> its output [B, S, H]: the residual stream after that decoder layer, before
+    # any norm (the fused input of a multi-layer hidden-state draft, specserve/eagle)
+    layer_outputs: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of `layer` as `teacher_forced` was asked for it (-1 = the last)."""
@@ -39,16 +45,19 @@ def teacher_forced(
     model: nn.Module,  # a HF causal LM, frozen: `model.model` is its decoder, `model.lm_head` its head
     input_ids: torch.Tensor,  # [B, S], right-padded
     layers: Sequence[int],  # the layers whose K/V to keep; negative counts from the last
+    output_layers: Sequence[int] = (),  # the layers whose outputs to keep (from 0)
 ) -> TargetPass:
     """One forward of the target's decoder. Right padding keeps every real position's values identical
     to an unpadded run (causal attention never looks right), so no attention mask is needed.
 
     The logits are left to the caller (`model.lm_head(hidden)`): [B, S, V] may not fit in memory, and
     a caller that cannot hold them forms them a chunk of positions at a time."""
-    out = model.model(input_ids=input_ids, use_cache=True)  # type: ignore[operator]
+    decoder_layers = cast(nn.ModuleList, model.model.layers)  # type: ignore[union-attr]
+    with capture_layer_outputs(list(decoder_layers), output_layers) as outputs:
+        out = model.model(input_ids=input_ids, use_cache=True)  # type: ignore[operator]
     cache = out.past_key_values.layers
     kv = {layer % len(cache): (cache[layer].keys, cache[layer].values) for layer in layers}
-    return TargetPass(hidden=out.last_hidden_state, kv=kv, num_layers=len(cache))
+    return TargetPass(hidden=out.last_hidden_state, kv=kv, num_layers=len(cache), layer_outputs=outputs)
 
 
 @torch.inference_mode()

@@ -84,26 +84,46 @@ def test_greedy_output_equals_in_process(stack, default_engine, method):
     assert metric(stack, "router", "specserve:spec_decode_num_accepted_tokens_per_pos_total") > 0
 
 
+def save_fused_eagle_draft(target_dir, directory):
+    """A hidden-state draft reading the outputs of the target's layers 0 and 1 side by side (EAGLE-3's
+    fused input), its weights random but confident enough to draft trees."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specserve.eagle.model import build_eagle, save_eagle
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir)
+    draft = build_eagle(target, seed=0, draft_vocab_size=None, feature_layers=(0, 1))
+    draft.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    save_eagle(draft, directory)
+    return directory
+
+
 @pytest.mark.timeout(300)
 def test_a_qwen2_stack_equals_in_process(tiny_qwen2_target_dir, tmp_path):
     """Over the tiny Qwen2 target (biased q/k/v, 2 KV heads of 32 on the feed, RoPE theta 1e6, tied head)
-    the GliDe draft service mirrors the target's K/V and the output is the in-process engine's."""
+    the GliDe draft service mirrors the target's K/V, and a fused hidden-state draft's target keeps and
+    streams the outputs of the layers that draft names (the services share only its directory); the
+    output is the in-process engine's."""
     settings = {
         "model_dir": tiny_qwen2_target_dir,
         "draft_layers": 1,
         "calibration_path": tmp_path / "costs.json",
+        "eagle_dir": save_fused_eagle_draft(tiny_qwen2_target_dir, tmp_path / "eagle"),
     }
     env = {f"SPECSERVE_{name.upper()}": str(value) for name, value in settings.items()}
     engine = Engine(EngineSettings.from_env(**settings))
-    request = GenerationRequest.build(method="glide-cape", max_new_tokens=24)
     with (
         LocalStack(log_dir=tmp_path / "logs", env=env) as qwen2_stack,
         Client(qwen2_stack.router_address) as client,
     ):
-        for prompt in EQUALITY_PROMPTS[:2]:
-            remote = client.generate(prompt, method="glide-cape", max_new_tokens=24)
-            assert remote.token_ids == engine.generate(prompt, request).token_ids, prompt
-            assert remote.stats["num_draft_fallbacks"] == 0  # the draft really took part
+        for method in ("glide-cape", "eagle-cape"):
+            request = GenerationRequest.build(method=method, max_new_tokens=24)
+            for prompt in EQUALITY_PROMPTS[:2]:
+                remote = client.generate(prompt, method=method, max_new_tokens=24)
+                assert remote.token_ids == engine.generate(prompt, request).token_ids, (method, prompt)
+                assert remote.stats["num_draft_fallbacks"] == 0  # the draft really took part
+                assert remote.stats["num_draft_tokens"] > 0
 
 
 @pytest.mark.timeout(300)

@@ -2,9 +2,9 @@
 
 The same held-out answers as the GliDe floor (conftest.py), the draft reading the target's final hidden
 states and, for lags past the first, its own outputs, as when it drafts. Measured here (2 CPU cores,
-2026-11-23): the shipped draft 0.254 at the first draft token and 0.214 overall (990 positions a lag);
-the same run at step 200 of 700 scored 0.193 on the 40-prompt set where the shipped one scores 0.271.
-The floors sit about two standard errors below the shipped draft, so an undertrained draft fails.
+2026-11-25): the shipped draft 0.317 at the first draft token and 0.266 overall (990 positions a lag);
+the draft it replaced (700 steps over a third of the data) scored 0.254 and 0.214. The floors sit about
+two standard errors below the shipped draft, so that draft, or an undertrained one, fails.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from specserve.training.eagle import held_out_hidden, score_eagle
 
 pytestmark = pytest.mark.model
 
-FIRST_TOKEN_FLOOR = 0.23
-OVERALL_FLOOR = 0.19
+FIRST_TOKEN_FLOOR = 0.29
+OVERALL_FLOOR = 0.24
 
 
 def test_the_shipped_hidden_state_draft_agrees_with_the_target_on_held_out_answers(held_out) -> None:

@@ -81,6 +81,58 @@ def test_committed_hidden_states_equal_a_plain_forward_over_the_committed_tokens
     torch.testing.assert_close(kept, expected, atol=1e-4, rtol=1e-4)
 
 
+@EACH_ARCHITECTURE
+@pytest.mark.parametrize("path", ["native", "transformers"])
+def test_a_fused_drafts_features_are_its_layers_outputs_side_by_side(target, path):
+    """EAGLE-3's input kept by the target through tree rounds and commits: [out_0(t); out_1(t)], where
+    out_0 is what transformers reports as hidden_states[1] and the final norm of out_1 is the state its
+    LM head reads; on the lean forward and on transformers' own."""
+    runner = target
+    if path == "transformers":
+        runner = ModelRunner(target.model)
+        runner.native = None
+    elif runner.native is None:
+        pytest.skip("no lean forward for this architecture")
+    verifier = LocalVerifier(runner, CAPACITY)
+    model = _eagle(target.model, draft_vocab_size=None, feature_layers=(0, 1))
+    drafter = EagleDrafter(model, verifier.cache, CAPACITY, cape=CapeSettings())
+    finish = FinishChecker(24, frozenset())
+    reference, _, _ = run(target, None, None, None, GREEDY, max_new_tokens=24)
+    stats = speculative_generate(PROMPT, verifier, drafter, 0, finish)
+    assert finish.generated == reference and stats.num_draft_tokens > 0
+    committed = verifier.token_ids[:-1]
+    with torch.inference_mode():
+        out = target.model.model(torch.tensor([committed]), output_hidden_states=True)
+        kept = verifier.cache.hidden_states()  # [1, L, 2H]
+        hidden = target.model.config.hidden_size
+        assert kept.shape == (1, len(committed), 2 * hidden)
+        torch.testing.assert_close(kept[..., :hidden], out.hidden_states[1], atol=1e-4, rtol=1e-4)
+        normed = target.model.model.norm(kept[..., hidden:])
+        torch.testing.assert_close(normed, out.last_hidden_state, atol=1e-4, rtol=1e-4)
+
+
+def test_a_draft_reading_other_features_than_the_target_keeps_is_a_clear_error(target):
+    """A fused draft over a cache that keeps final hidden states (two services configured with different
+    drafts) stops with FAILED_PRECONDITION, and one cache never keeps two kinds."""
+    verifier = LocalVerifier(target, CAPACITY)
+    plain = _eagle(target.model, draft_vocab_size=None)
+    EagleDrafter(plain, verifier.cache, CAPACITY)
+    fused = _eagle(target.model, draft_vocab_size=None, feature_layers=(0, 1))
+    with pytest.raises(ValueError, match="keeps the features of layers"):
+        EagleDrafter(fused, verifier.cache, CAPACITY)
+    root = verifier.prefill(PROMPT, 0)
+
+    class FinalStates:  # what the draft service's mirror is when the target feeds another draft
+        def keep_features(self, layers=()) -> None:
+            pass
+
+        def hidden_states(self) -> torch.Tensor:
+            return verifier.cache.hidden_states()
+
+    with pytest.raises(FailedPrecondition, match="serve both with the same hidden-state draft"):
+        EagleDrafter(fused, FinalStates(), CAPACITY).propose([*PROMPT, root], 0)
+
+
 def test_commit_path_keeps_the_accepted_branchs_states(target):
     verifier = LocalVerifier(target, CAPACITY)
     cache = verifier.cache

@@ -84,13 +84,17 @@ def test_the_drafts_position_t_reads_h_t_and_x_t_plus_1_and_learns_x_t_plus_2() 
     assert view["loss_mask"].tolist() == [[True, True, True, False]]
 
 
-def test_unrolled_training_raises_agreement_on_what_it_saw(tiny, features) -> None:
+@pytest.mark.parametrize("feature_layers", [(), (0, 1)], ids=["final-hidden", "fused"])
+def test_unrolled_training_raises_agreement_on_what_it_saw(tiny, features, feature_layers) -> None:
     from specserve.training.distill import FeatureSet
 
     model, _ = tiny
-    data = FeatureSet.load(features / "features", layers=[], hidden=True)
+    data = FeatureSet.load(features / "features", layers=[], hidden=True, output_layers=feature_layers)
+    assert data.hidden is not None
+    assert data.hidden.shape[1] == model.config.hidden_size * max(1, len(feature_layers))
     torch.manual_seed(0)
-    draft = build_eagle(model, draft_vocab_size=None).float().train().requires_grad_(True)
+    draft = build_eagle(model, draft_vocab_size=None, feature_layers=feature_layers)
+    draft = draft.float().train().requires_grad_(True)
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
     batch = data.batch(list(range(len(data))), [])
     losses = []
@@ -103,7 +107,9 @@ def test_unrolled_training_raises_agreement_on_what_it_saw(tiny, features) -> No
     assert losses[-1] < 0.5 * losses[0], losses
     draft.eval()
     sequences = [list(data.tokens[s : s + n]) for s, n in zip(data.starts, data.lengths, strict=True)]
-    batches = held_out_hidden(model, sequences, list(data.prompt_lengths), pad_id=0)
+    batches = held_out_hidden(
+        model, sequences, list(data.prompt_lengths), pad_id=0, output_layers=feature_layers
+    )
     agreement = score_eagle(draft, batches)
     assert agreement.by_lag[0] > 0.5 and all(n > 0 for n in agreement.scored)
     assert all(int((b["labels"] != IGNORE).sum()) > 0 for b in batches)
@@ -167,3 +173,32 @@ def test_a_stopped_run_resumes_to_the_same_weights(tiny_target_dir, features, tm
     # and training moved the weights at all (a run that changed nothing would also be "equal")
     first = load_file(str(checkpoints / "step-000002" / "model.safetensors"))
     assert not torch.equal(first["fc.weight"], straight["fc.weight"])
+
+
+def test_a_fused_run_reads_the_layers_it_names_and_keeps_them_in_its_config(
+    tiny, tiny_target_dir, features, tmp_path
+) -> None:
+    """EAGLE-3's input: the features hold layer outputs (`h.<layer>`, by default a low, middle and high
+    layer), a run names the ones it reads, and the saved draft carries them, its fuse sized k * H."""
+    from specserve.eagle.config import fused_feature_layers
+    from specserve.training.distill import train
+
+    model, _ = tiny
+    shard = next((features / "features").glob("*.npz"))
+    with np.load(shard) as z:
+        stored = sorted(int(name[2:]) for name in z.files if name.startswith("h."))
+    assert stored == list(fused_feature_layers(model.config.num_hidden_layers))
+    settings = tiny_run(features, tmp_path, steps=2, feature_layers=(0, 1))
+    train(settings, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
+    draft = load_eagle(tmp_path / "draft", model)
+    hidden = model.config.hidden_size
+    assert draft.config.feature_layers == (0, 1)
+    assert draft.fuse is not None and tuple(draft.fuse.weight.shape) == (hidden, 2 * hidden)
+    # a layer the features do not hold is a clear error, not a silent fallback to the final state
+    with pytest.raises(FileNotFoundError, match=r"h\.5"):
+        train(
+            tiny_run(features, tmp_path / "other", steps=1, feature_layers=(5,)),
+            tiny_target_dir,
+            tmp_path / "cache",
+            log=lambda _: None,
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from specserve.training.features import IGNORE, pack_tokens, pad_rows, target_features
+from specserve.training.features import IGNORE, pack_tokens, pad_rows, target_features, teacher_forced
 
 
 def test_features_equal_an_unpadded_forward(tiny_target_dir) -> None:
@@ -56,3 +56,26 @@ def test_pack_tokens_cuts_the_stream_and_drops_a_short_tail() -> None:
     docs = [[1] * 10, [2] * 10, [3] * 5]
     assert pack_tokens(docs, 8, min_length=4) == [[1] * 8, [1, 1] + [2] * 6, [2] * 4 + [3] * 4]
     assert pack_tokens(docs, 8, min_length=1)[-1] == [3]
+
+
+def test_layer_outputs_are_each_decoder_layers_residual_stream_before_any_norm(tiny_target_dir) -> None:
+    """A fused draft's input: decoder layer i's output is the input of layer i + 1, which transformers
+    reports as hidden_states[i + 1]; the shards hold exactly those values (fp16), padding aside."""
+    from specserve.training.distill import sequence_features
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
+    rows = [list(range(5, 17)), list(range(40, 47))]
+    passed = teacher_forced(model, pad_rows(rows, 12, pad_id=0), [], output_layers=[0])
+    with torch.inference_mode():
+        reference = model.model(pad_rows(rows, 12, pad_id=0), output_hidden_states=True).hidden_states
+    assert set(passed.layer_outputs) == {0}
+    assert torch.allclose(passed.layer_outputs[0], reference[1], atol=1e-6)
+    # the last layer's output is not the normed state the head reads
+    last = model.config.num_hidden_layers - 1
+    deepest = teacher_forced(model, pad_rows(rows, 12, pad_id=0), [], output_layers=[last])
+    assert not torch.allclose(deepest.layer_outputs[last], deepest.hidden, atol=1e-3)
+    shards = sequence_features(model, rows, layers=[-1], top_k=4, output_layers=[0])
+    for row, (tokens, shard) in enumerate(zip(rows, shards, strict=True)):
+        n = len(tokens)
+        expected = reference[1][row, :n].half().numpy()
+        assert shard["h.0"].shape == expected.shape and (shard["h.0"] == expected).all()
