@@ -177,19 +177,24 @@ class ServedModels:
         )
         return self._for_serving(build_glide(self.target_model, seed=0, share_target_embeddings=True))
 
+    @property
+    def eagle_dir(self) -> Path | None:
+        """This target's hidden-state draft: the settings', else the shipped one, else None."""
+        return self.settings.eagle_dir or self._shipped(DraftKind.EAGLE)
+
     @functools.cached_property
     def eagle_feature_layers(self) -> tuple[int, ...]:
         """What a session whose draft reads hidden states keeps: the layers of this target's hidden-state
         draft (read from its config, no weights loaded: the target service feeds a draft it never
         loads); () = the final hidden state."""
-        directory = self.settings.eagle_dir or self._shipped(DraftKind.EAGLE)
+        directory = self.eagle_dir
         if directory is None:
             return ()
         return EagleConfig.load(Path(directory) / "config.json").feature_layers
 
     @functools.cached_property
     def eagle_draft(self) -> EagleDraft:
-        directory = self.settings.eagle_dir or self._shipped(DraftKind.EAGLE)
+        directory = self.eagle_dir
         if directory is not None:
             return self._for_serving(load_eagle(directory, self.target_model))
         logger.warning(

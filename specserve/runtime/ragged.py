@@ -175,12 +175,13 @@ def forward_ragged(
     # decoder layers whose outputs some segment keeps (a fused hidden-state draft's input)
     wanted = sorted({layer for buffer in buffers for layer in buffer.layers})
     if native is not None:
-        outputs: dict[int, torch.Tensor] = dict.fromkeys(wanted, torch.empty(0))
+        # keys name the layers to keep (the forward fills them in); None on the plain path
+        outputs = dict.fromkeys(wanted, torch.empty(0)) if wanted else None
         hidden = native.forward(segments, masks, outputs)  # [N, H]
         if not featured:
             return _split_logits(native.logits(hidden[keep]).float(), segments)  # kept rows' logits [K, V]
         normed = native.final_norm(hidden)  # [N, H]
-        _store_features(segments, bounds, normed, outputs)
+        _store_features(segments, bounds, normed, outputs or {})
         return _split_logits(native.lm_head(normed[keep]).float(), segments)
     plan = _Plan(segments, bounds, masks)
     inputs = {
