@@ -36,11 +36,12 @@ class Method(StrEnum):
 
 
 # What `generate`, the router and `specserve stack` use unless told otherwise: the fastest lossless
-# method in docs/benchmarks.md: the cost policy's GliDe + CaPE trees (the fastest policy in all four
-# adaptive-drafting runs) with the session's suffix candidates merged in, which cost no draft forward.
-# It needs this machine's calibration: measured once and cached. `glide-cape-cost` is the same without
-# suffix candidates (a request's opt-out).
-DEFAULT_METHOD = Method.GLIDE_CAPE_SUFFIX.value
+# method in docs/benchmarks.md: the cost policy's CaPE trees (the fastest policy in all four
+# adaptive-drafting runs) from the hidden-state draft (ahead of GliDe's in every side-by-side run since
+# the policy's acceptance estimate ages), with the session's suffix candidates merged in, which cost no
+# draft forward. It needs this machine's calibration: measured once and cached. `eagle-cape-cost` is the
+# same without suffix candidates (a request's opt-out); `glide-cape-suffix` the same with GliDe's draft.
+DEFAULT_METHOD = Method.EAGLE_CAPE_SUFFIX.value
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from specserve.runtime.batching import other_sessions
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
 from specserve.runtime.runner import ModelRunner
+from specserve.runtime.stopper import shipped_decision_model
 from specserve.settings import EngineSettings
 
 
@@ -123,13 +124,18 @@ def _eagle(shape: DraftShape, cape: bool) -> DrafterFactory:
 
 def _cape_cost(family: Callable[[DraftShape, bool], DrafterFactory], draft: str) -> DrafterFactory:
     """`family`'s CaPE trees, depth and width by expected tokens per second: the cost policy needs this
-    machine's calibration (with `draft`'s calibrated step), which only the engine knows."""
+    machine's calibration (with `draft`'s calibrated step), which only the engine knows, and the stopper
+    trained on `draft`'s runs."""
 
     def make(
         engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter | None:
         cost_model = engine.cost_model.for_draft(draft)
-        settings = StopSettings(cost_model=cost_model, batch_sessions=other_sessions)
+        settings = StopSettings(
+            cost_model=cost_model,
+            batch_sessions=other_sessions,
+            decision_model=shipped_decision_model(draft),  # predicts acceptance of this draft's tokens
+        )
         shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
         return family(shape, True)(engine, capacity, target_kv, sampling)
 

@@ -1,12 +1,13 @@
 """Where a new session's cost policy starts: the acceptance this service's drafts have shown.
 
-A fresh cost policy assumes half of the draft tokens are accepted until its own rounds say otherwise
-(core/stopping.py, CostPolicy). For a draft that is accepted far less often, every session then drafts
-its first rounds at a loss: a draft forward over the whole prompt and its K/V streamed from the target,
-while other sessions' prompts wait for the cores. The draft service knows better after its first
-sessions: each released session's smoothed acceptance updates a per-method mean, and a new greedy
-session starts from it. Sampled sessions keep the fixed start: their trees decide which tokens are
-drawn, so a seeded request must not depend on what ran before it (as with the load, docs/adaptive.md).
+A fresh cost policy's prior is that half of the draft tokens are accepted, until its own rounds say
+otherwise (core/stopping.py, CostPolicy; its estimate returns to the prior as its evidence ages). For a
+draft that is accepted far less often, every session then drafts its first rounds at a loss: a draft
+forward over the whole prompt and its K/V streamed from the target, while other sessions' prompts wait for
+the cores. The draft service knows better after its first sessions: each released session's smoothed
+acceptance updates a per-method mean, and a new greedy session starts from it. Sampled sessions keep the
+fixed start: their trees decide which tokens are drawn, so a seeded request must not depend on what ran
+before it (as with the load, docs/adaptive.md).
 """
 
 from __future__ import annotations

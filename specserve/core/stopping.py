@@ -441,7 +441,17 @@ def prior_corrected(probability: float, positive_rate: float) -> float:
     return odds / (1.0 + odds)
 
 
-SMOOTHING = 0.8  # the cost policy's running means weigh the last few rounds
+SMOOTHING = 0.8  # the cost policy's running means of tree sizes weigh the last few rounds
+
+# The session's acceptance rate, which decides whether a round drafts at all, is a posterior mean over
+# its recent rounds: a prior worth PRIOR_TOKENS drafted tokens plus the session's drafted and accepted
+# tokens, each round's counts weighing EVIDENCE_DECAY less with every round sized since. Evidence must
+# age: a rate below the bar stops the drafting that would measure it again, so a plain running mean of
+# drafting rounds, once a few rejections had pushed it under, never moved again and the session never
+# drafted again (on a fast host, where the bar is higher, the default method fell to plain decoding).
+# Aged, the estimate drifts back towards the prior while nothing is drafted, and a later round probes.
+PRIOR_TOKENS = 2.0
+EVIDENCE_DECAY = 0.9  # about ten rounds of memory
 
 
 class CostPolicy:
@@ -462,7 +472,9 @@ class CostPolicy:
         # Running means. Other sessions start out assumed to send the root alone: assuming bigger trees
         # makes the forward look expensive already, and a calibrated curve with a dip (16 nodes cheaper
         # than 13 on the CPU of docs/benchmarks.md) then makes drafting look free.
-        self.mean_nodes, self.mean_emitted, self.mean_acceptance = 1.0, 1.0, 0.5
+        self.mean_nodes, self.mean_emitted = 1.0, 1.0
+        self.prior_acceptance = 0.5  # before the session's own rounds say otherwise (mean_acceptance)
+        self._drafted_evidence = self._accepted_evidence = 0.0  # aged token counts (EVIDENCE_DECAY)
         self.num_drafting_rounds = 0  # rounds observed with draft tokens: what mean_acceptance rests on
         self.load = ALONE
         # Sized by the batch only under greedy decoding, where trees never change the output. With
@@ -495,11 +507,27 @@ class CostPolicy:
         """This round's cap, as `start_round` decided it."""
         return self._round_cap
 
+    @property
+    def mean_acceptance(self) -> float:
+        """The session's acceptance rate of drafted spine tokens: the prior and the aged evidence."""
+        drafted = PRIOR_TOKENS + self._drafted_evidence
+        return (PRIOR_TOKENS * self.prior_acceptance + self._accepted_evidence) / drafted
+
+    @mean_acceptance.setter
+    def mean_acceptance(self, rate: float) -> None:
+        """Starts the estimate over from `rate` (e.g. what the draft service's earlier sessions showed)."""
+        if not 0.0 <= rate <= 1.0:
+            raise InvalidArgument(f"an acceptance rate must be in [0, 1], got {rate}")
+        self.prior_acceptance = rate
+        self._drafted_evidence = self._accepted_evidence = 0.0
+
     def start_round(self) -> int:
         """0 when, under the current batch and the cost of asking the drafter, not even one more token
         with the session's recent acceptance rate is worth it; else the policy's cap."""
         others = self.batch_sessions() if self.batch_sessions is not None else 0
         self.load = self._load_beside(others)
+        self._drafted_evidence *= EVIDENCE_DECAY  # one round older, whether or not it drafts
+        self._accepted_evidence *= EVIDENCE_DECAY
         self._sizes_counted = False
         self._round_cap = self._max_depth
         if not self._drafts_under(self.load):
@@ -594,8 +622,8 @@ class CostPolicy:
             self._update_sizes(self.num_nodes, num_accepted + 1)
         self._sizes_counted = False
         if num_drafted:
-            rate = num_accepted / num_drafted
-            self.mean_acceptance = SMOOTHING * self.mean_acceptance + (1 - SMOOTHING) * rate
+            self._drafted_evidence += num_drafted
+            self._accepted_evidence += num_accepted
             self.num_drafting_rounds += 1
 
     def _update_sizes(self, num_nodes: int, num_emitted: int) -> None:

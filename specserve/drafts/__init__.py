@@ -9,7 +9,8 @@ Each subdirectory is a draft saved by `specserve.glide.save_glide` or, for the h
 exact settings, data manifest and time) and training.png beside it. They are used only when the target
 is their profile's own checkpoint (no --model-dir): a draft is trained for one target. Only the default
 profile has shipped drafts so far.
-The stopper directory holds the `decision` policy's small MLP (model.safetensors + stopper.json).
+The stopper directories hold the `decision` and `cost` policies' small MLP (model.safetensors +
+stopper.json), one trained on each draft's own runs.
 """
 
 from __future__ import annotations
@@ -38,3 +39,9 @@ def shipped_draft_dir(kind: DraftKind, profile: str = DEFAULT_TARGET) -> Path | 
 # The learned stopper of the `decision` and `cost` policies (`specserve train-stopper`), trained on the
 # shipped GliDe draft's own runs for the default target; not a DraftKind because it drafts nothing.
 STOPPER_DIR = SHIPPED_DIR / f"{DEFAULT_TARGET}-stopper"
+
+
+def stopper_dir(kind: DraftKind) -> Path:
+    """Where the stopper trained on `kind`'s runs is shipped (`train-stopper --draft`): GliDe's is
+    STOPPER_DIR, another draft's `<profile>-<kind>-stopper`."""
+    return STOPPER_DIR if kind is DraftKind.GLIDE else SHIPPED_DIR / f"{DEFAULT_TARGET}-{kind.value}-stopper"

@@ -43,6 +43,15 @@ def load_decision_model(directory: Path) -> DecisionModel:
     return model.eval().requires_grad_(False)
 
 
+def shipped_decision_model(kind: str) -> DecisionModel:
+    """The stopper trained on draft `kind`'s runs (specserve/drafts), else GliDe's, the default one: its
+    features (entropy, top-10 probabilities) mean the same for any draft, only less exactly."""
+    from specserve.drafts import STOPPER_DIR, DraftKind, stopper_dir
+
+    directory = stopper_dir(DraftKind(kind)) if kind in tuple(DraftKind) else STOPPER_DIR
+    return load_decision_model(directory if (directory / WEIGHTS_FILE).is_file() else STOPPER_DIR)
+
+
 def make_stop_policy(name: str | StopPolicyName, settings: StopSettings | None = None) -> StopPolicy:
     """A fresh policy for `name`; a policy that reads the learned stopper and was given none gets the one
     shipped for the default model (specserve/drafts)."""

@@ -68,18 +68,22 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 def add_train_stopper_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`specserve train-stopper`: see specserve/training/stopper.py."""
-    from specserve.drafts import STOPPER_DIR
-
     p = sub.add_parser(
         "train-stopper",
-        help="log drafted tokens from real GliDe runs and train the `decision` stop policy's MLP",
+        help="log drafted tokens from real runs of a draft and train the `decision` stop policy's MLP",
     )
     p.add_argument(
-        "--out", type=Path, default=STOPPER_DIR, help="where model.safetensors and stopper.json go"
+        "--out",
+        type=Path,
+        help="where model.safetensors and stopper.json go (default: the shipped stopper of --draft)",
+    )
+    p.add_argument(
+        "--draft", choices=["glide", "eagle"], default="glide", help="the draft whose tokens are logged"
     )
     add_model_option(p)
     p.add_argument("--model-dir", type=Path, help="the target's directory (default: the --model profile's)")
     p.add_argument("--glide-dir", type=Path, help="the GliDe draft (default: the shipped one)")
+    p.add_argument("--eagle-dir", type=Path, help="the hidden-state draft (default: the shipped one)")
     p.add_argument("--prompts", type=int, default=60, help="written prompts to log (never benchmark ones)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--depth", type=int, default=6, help="chain length drafted per logged round")

@@ -1,10 +1,10 @@
 """`specserve train-stopper`: log drafted tokens from real runs, train the `decision` stopper on them.
 
-Logging runs the real speculative loop (the GliDe drafter, a chain of `depth` tokens, greedy) on prompts
-written for this project (training/prompts.py, never a benchmark's). For every drafted token it keeps
-the draft's features (core/decision.py) and whether the target's greedy choice after the same prefix
-equals it. The target's choices come from the verifier's own forward over the chain, so nothing runs
-twice: a thin runner wrapper keeps the last logits it returned.
+Logging runs the real speculative loop (the GliDe or the hidden-state drafter, `--draft`, a chain of
+`depth` tokens, greedy) on prompts written for this project (training/prompts.py, never a benchmark's).
+For every drafted token it keeps the draft's features (core/decision.py) and whether the target's greedy
+choice after the same prefix equals it. The target's choices come from the verifier's own forward over the
+chain, so nothing runs twice: a thin runner wrapper keeps the last logits it returned.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.stopping import DraftStep, FixedPolicy, StopSettings
+from specserve.drafts import DraftKind, stopper_dir
+from specserve.eagle.drafter import EagleDrafter
+from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.kv_cache import PositionalKVCache
@@ -42,6 +45,23 @@ class StopperLogSettings:
     max_new_tokens: int = 64
     depth: int = 6  # chain length drafted per round: deep enough to see where drafts go wrong
     prompt_seed: int = 1  # train-draft uses seed 0 for its self-distillation prompts
+    draft: DraftKind = DraftKind.GLIDE  # whose tokens are logged: a stopper judges one draft's
+
+    def __post_init__(self) -> None:
+        if self.draft not in STOPPER_DRAFTS:
+            kinds = " or ".join(STOPPER_DRAFTS)
+            raise InvalidArgument(f"a stopper is trained on {kinds} drafts, not {self.draft}")
+
+
+STOPPER_DRAFTS = (DraftKind.GLIDE, DraftKind.EAGLE)
+
+
+def _chain_drafter(engine, cache: PositionalKVCache, capacity: int, settings: StopperLogSettings):
+    """The shipped draft of `settings.draft`, drafting chains of `settings.depth` tokens."""
+    shape = DraftShape(settings.depth)
+    if settings.draft is DraftKind.EAGLE:
+        return EagleDrafter(engine.eagle_draft, cache, capacity, shape)
+    return GlideDrafter(engine.glide_draft, cache, capacity, shape)
 
 
 class _LastLogitsRunner:
@@ -102,7 +122,7 @@ class _LabellingVerifier:
 
 
 def log_stopper_data(engine, settings: StopperLogSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs the GliDe drafter on `num_prompts` written prompts -> (features [n, 11], labels [n])."""
+    """Runs the chosen drafter on `num_prompts` written prompts -> (features [n, 11], labels [n])."""
     runner = _LastLogitsRunner(engine.target_runner)
     features: list[torch.Tensor] = []
     labels: list[float] = []
@@ -112,9 +132,7 @@ def log_stopper_data(engine, settings: StopperLogSettings) -> tuple[torch.Tensor
         capacity = len(prompt_ids) + settings.max_new_tokens + settings.depth + 2
         policy = _RecordingFixedPolicy(settings.depth)
         verifier = _LabellingVerifier(LocalVerifier(runner, capacity), runner, policy)  # type: ignore[arg-type]
-        drafter = GlideDrafter(
-            engine.glide_draft, verifier.verifier.cache, capacity, DraftShape(settings.depth)
-        )
+        drafter = _chain_drafter(engine, verifier.verifier.cache, capacity, settings)
         drafter.stop_policy = policy
         finish = FinishChecker(settings.max_new_tokens, engine.eos_token_ids)
         try:
@@ -144,7 +162,8 @@ def train_stopper(
         **asdict(report),
         "num_logged_tokens": len(labels),
         "log_settings": asdict(log_settings),
-        "drafter": "glide (shipped draft), chain, greedy; label = target argmax after the same prefix",
+        "drafter": f"{log_settings.draft.value} (shipped draft), chain, greedy; label = target argmax after "
+        "the same prefix",
         "prompts": "specserve.training.prompts.written_prompts",
         "log_seconds": round(log_s, 1),
         "train_seconds": round(time.perf_counter() - start - log_s, 1),
@@ -158,12 +177,15 @@ def run_train_stopper_command(args) -> int:
     from specserve.engine import Engine
     from specserve.settings import EngineSettings
 
-    settings = EngineSettings.from_env(model=args.model, model_dir=args.model_dir, glide_dir=args.glide_dir)
+    draft = DraftKind(args.draft)
+    settings = EngineSettings.from_env(
+        model=args.model, model_dir=args.model_dir, glide_dir=args.glide_dir, eagle_dir=args.eagle_dir
+    )
     engine = Engine(settings)
     record = train_stopper(
         engine,
-        args.out,
-        StopperLogSettings(args.prompts, args.max_new_tokens, args.depth, args.prompt_seed),
+        args.out or stopper_dir(draft),
+        StopperLogSettings(args.prompts, args.max_new_tokens, args.depth, args.prompt_seed, draft),
         DecisionTrainSettings(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
     )
     summary = {k: record[k] for k in ("held_out_auc", "held_out_accuracy", "num_logged_tokens", "num_train")}

@@ -258,3 +258,46 @@ def test_another_drafts_step_replaces_the_glide_drafts_and_survives_json() -> No
     assert cost.for_draft("unmeasured") is cost
     assert CostModel.from_json(cost.to_json()) == cost
     assert "other_drafts" not in CostModel(((1, 0.05),), 0.004).to_json()
+
+
+def test_a_session_that_stopped_drafting_probes_again():
+    """Alone with 6 ms of fixed drafting cost per round a token needs an acceptance above about 0.14 to
+    pay (test above). A run of rejected rounds pushes the estimate under that and the session stops
+    drafting, which also stops new evidence: the estimate must not freeze there. Aged, it drifts back
+    to the prior, a later round drafts again, and accepted rounds keep it drafting. (With a running mean
+    of drafting rounds only, the first rejections stopped the session for good.)"""
+    cost = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=0.006)
+    policy = CostPolicy(StopSettings(cost_model=cost, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    assert policy.start_round() == COST_MAX_DEPTH  # the prior, 0.5
+    for _ in range(6):
+        policy.observe(2, 0)  # two spine tokens drafted, none accepted
+        policy.start_round()
+    assert policy.mean_acceptance < 0.14
+    caps = []
+    for _ in range(40):
+        policy.observe(0, 0)  # a round of the root alone: nothing drafted, nothing learned
+        caps.append(policy.start_round())
+    probe = caps.index(COST_MAX_DEPTH)  # it drafts again, after a while: not at once
+    assert probe > 0 and all(cap == 0 for cap in caps[:probe])
+    for _ in range(20):
+        policy.observe(1, 1)  # now its tokens are accepted
+        assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.mean_acceptance > 0.8
+
+
+def test_the_acceptance_estimate_weighs_recent_rounds_more_and_starts_from_its_prior():
+    policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    assert policy.mean_acceptance == 0.5
+    policy.mean_acceptance = 0.2  # a prior, e.g. the draft service's mean for the method
+    assert policy.mean_acceptance == 0.2 and policy.prior_acceptance == 0.2
+    for accepted in (4, 4, 4, 0, 0):  # good rounds, then bad ones
+        policy.observe(4, accepted)
+        policy.start_round()
+    late_bad = policy.mean_acceptance
+    policy.mean_acceptance = 0.2
+    for accepted in (0, 0, 4, 4, 4):  # the same rounds, bad ones first
+        policy.observe(4, accepted)
+        policy.start_round()
+    assert 0.2 < late_bad < policy.mean_acceptance < 1.0
+    with pytest.raises(InvalidArgument):
+        policy.mean_acceptance = 1.5

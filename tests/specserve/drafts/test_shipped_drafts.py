@@ -15,17 +15,20 @@ import torch
 from scipy.stats import chisquare
 from shipped_methods import SHIPPED_DRAFT_METHODS
 
+from specserve.catalog import CATALOG, DEFAULT_METHOD, Method
 from specserve.core.accept import accept_draft
 from specserve.core.cape import CapeSettings
 from specserve.core.request import GenerationRequest
 from specserve.core.sampling import logits_to_probs
-from specserve.core.sampling_params import SamplingParams
+from specserve.core.sampling_params import GREEDY, SamplingParams
+from specserve.core.stopping import CostPolicy
 from specserve.core.tree import tree_children
-from specserve.drafts import STOPPER_DIR, DraftKind, shipped_draft_dir
+from specserve.drafts import STOPPER_DIR, DraftKind, shipped_draft_dir, stopper_dir
 from specserve.engine import Engine
 from specserve.glide.drafter import GlideDrafter
+from specserve.methods import method_spec
 from specserve.runtime.drafter import DraftShape
-from specserve.runtime.stopper import load_decision_model
+from specserve.runtime.stopper import load_decision_model, shipped_decision_model
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -59,14 +62,36 @@ def test_every_draft_ships_with_its_training_record() -> None:
         assert (directory / "model.safetensors").stat().st_size < 25_000_000  # small enough for the repo
 
 
-def test_the_stopper_ships_trained_on_our_own_runs() -> None:
-    record = json.loads((STOPPER_DIR / "stopper.json").read_text())
+@pytest.mark.parametrize("kind", [DraftKind.GLIDE, DraftKind.EAGLE])
+def test_a_stopper_ships_trained_on_each_drafts_own_runs(kind: DraftKind) -> None:
+    directory = stopper_dir(kind)
+    record = json.loads((directory / "stopper.json").read_text())
     assert record["held_out_auc"] > 0.7 and record["num_held_out"] >= 1000
     assert record["prompts"] == "specserve.training.prompts.written_prompts"  # never benchmark prompts
-    model = load_decision_model(STOPPER_DIR)
+    assert record["drafter"].startswith(f"{kind.value} (shipped draft)")
+    model = load_decision_model(directory)
     sure = torch.tensor([20.0] + [0.0] * 99)  # nearly all mass on one token
     unsure = torch.zeros(100)  # uniform
     assert model.acceptance(sure) > 0.6 > 0.3 > model.acceptance(unsure)
+
+
+def test_each_drafts_cost_policy_reads_the_stopper_trained_on_that_draft(engine) -> None:
+    """The default method's policy predicts acceptance with the hidden-state draft's stopper, GliDe's
+    methods with GliDe's; a draft with no stopper of its own falls back to GliDe's."""
+    assert stopper_dir(DraftKind.GLIDE) == STOPPER_DIR
+    assert CATALOG[Method(DEFAULT_METHOD)].model_method is Method.EAGLE_CAPE_COST
+    for method, kind in (("eagle-cape-cost", DraftKind.EAGLE), ("glide-cape-cost", DraftKind.GLIDE)):
+        verifier = LocalVerifier(engine.target_runner, 64)
+        drafter = method_spec(method).make_drafter(engine, 64, verifier.cache, GREEDY)
+        try:
+            policy = getattr(drafter, "stop_policy", None)
+            assert isinstance(policy, CostPolicy), method
+            assert policy.model is load_decision_model(stopper_dir(kind)), method
+        finally:
+            verifier.release()
+            drafter.release()
+    assert shipped_decision_model("vanilla") is load_decision_model(STOPPER_DIR)
+    assert load_decision_model(stopper_dir(DraftKind.EAGLE)) is not load_decision_model(STOPPER_DIR)
 
 
 def test_engine_uses_the_shipped_drafts_for_the_default_model(engine) -> None:
