@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PROMPT=${1:-"Write a short Python function that checks whether a number is prime, and explain it."}
-ARGS=(stack "$PROMPT" --method "${METHOD:-glide-cape-suffix}" --max-new-tokens "${MAX_NEW_TOKENS:-128}")
+ARGS=(stack "$PROMPT" --max-new-tokens "${MAX_NEW_TOKENS:-128}")
+if [ -n "${METHOD:-}" ]; then ARGS+=(--method "$METHOD"); fi  # else the model's default method
 if [ "${ONCE:-0}" = "1" ]; then ARGS+=(--once); fi
 if [ "${INSECURE:-0}" = "1" ]; then ARGS+=(--insecure); fi
 # Fixed ports when serving on, so `specserve generate --remote localhost:50050` works from another shell
