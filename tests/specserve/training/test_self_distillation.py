@@ -36,6 +36,7 @@ from specserve.training.prompt_set import (
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED_DATA = REPO / "data" / "self-distill"
+SHIPPED_SETS = [SHIPPED_DATA, REPO / "data" / "self-distill-seed1"]  # every shipped set of answers
 PROMPTS = [Prompt("test", user(f"Tell me about topic number {i}.")) for i in range(7)]
 # 2 shards of 4 prompts, 2 batches each: greedy, T 0.7, greedy, T 0.85; all must reproduce.
 SETTINGS = GenerationSettings(
@@ -110,11 +111,12 @@ def test_the_prompt_set_holds_no_mtbench_question() -> None:
     first = json.loads(default_prompts_path().read_text().splitlines()[0])["turns"][0]
     assert contains_mtbench(Prompt("x", user("Please answer: " + first.upper())), turns)
     # The frozen prompt sets the shipped answers were generated from, else the set built now.
-    frozen = [SHIPPED_DATA / stage / PROMPTS_FILE for stage in (INSTRUCT, ANSWERS)]
+    frozen = [data / stage / PROMPTS_FILE for data in SHIPPED_SETS for stage in (INSTRUCT, ANSWERS)]
     prompts = [p for path in frozen if path.is_file() for p in load_prompts(path)]
     if not frozen[1].is_file():
         prompts += finalise(base_prompts(docstrings=300), seed=0)
     assert len(prompts) > 1000
+    assert all(path.is_file() for path in frozen[2:])  # the second set ships its prompts
     leaked = [p for p in prompts if contains_mtbench(p, turns)]
     assert not leaked, leaked[:3]
 
