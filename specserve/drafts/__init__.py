@@ -41,6 +41,10 @@ def shipped_draft_dir(kind: DraftKind, profile: str = DEFAULT_TARGET) -> Path | 
 STOPPER_DIR = SHIPPED_DIR / f"{DEFAULT_TARGET}-stopper"
 
 
+# The drafts a stopper is trained on (`train-stopper --draft`); another draft's policy reads GliDe's.
+STOPPER_DRAFTS = (DraftKind.GLIDE, DraftKind.EAGLE)
+
+
 def stopper_dir(kind: DraftKind) -> Path:
     """Where the stopper trained on `kind`'s runs is shipped (`train-stopper --draft`): GliDe's is
     STOPPER_DIR, another draft's `<profile>-<kind>-stopper`."""

@@ -43,12 +43,14 @@ def load_decision_model(directory: Path) -> DecisionModel:
     return model.eval().requires_grad_(False)
 
 
+@functools.lru_cache(maxsize=8)
 def shipped_decision_model(kind: str) -> DecisionModel:
     """The stopper trained on draft `kind`'s runs (specserve/drafts), else GliDe's, the default one: its
-    features (entropy, top-10 probabilities) mean the same for any draft, only less exactly."""
-    from specserve.drafts import STOPPER_DIR, DraftKind, stopper_dir
+    features (entropy, top-10 probabilities) mean the same for any draft, only less exactly. Cached: every
+    request's cost policy asks, and the answer never changes in a process."""
+    from specserve.drafts import STOPPER_DIR, STOPPER_DRAFTS, DraftKind, stopper_dir
 
-    directory = stopper_dir(DraftKind(kind)) if kind in tuple(DraftKind) else STOPPER_DIR
+    directory = stopper_dir(DraftKind(kind)) if kind in STOPPER_DRAFTS else STOPPER_DIR  # a StrEnum: "eagle"
     return load_decision_model(directory if (directory / WEIGHTS_FILE).is_file() else STOPPER_DIR)
 
 

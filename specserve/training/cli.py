@@ -68,6 +68,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 def add_train_stopper_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`specserve train-stopper`: see specserve/training/stopper.py."""
+    from specserve.drafts import STOPPER_DRAFTS
+
     p = sub.add_parser(
         "train-stopper",
         help="log drafted tokens from real runs of a draft and train the `decision` stop policy's MLP",
@@ -78,7 +80,10 @@ def add_train_stopper_parser(sub: argparse._SubParsersAction) -> argparse.Argume
         help="where model.safetensors and stopper.json go (default: the shipped stopper of --draft)",
     )
     p.add_argument(
-        "--draft", choices=["glide", "eagle"], default="glide", help="the draft whose tokens are logged"
+        "--draft",
+        choices=[kind.value for kind in STOPPER_DRAFTS],
+        default=STOPPER_DRAFTS[0].value,
+        help="the draft whose tokens are logged",
     )
     add_model_option(p)
     p.add_argument("--model-dir", type=Path, help="the target's directory (default: the --model profile's)")

@@ -24,7 +24,7 @@ from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.stopping import DraftStep, FixedPolicy, StopSettings
-from specserve.drafts import DraftKind, stopper_dir
+from specserve.drafts import STOPPER_DRAFTS, DraftKind, stopper_dir
 from specserve.eagle.drafter import EagleDrafter
 from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter
@@ -51,9 +51,6 @@ class StopperLogSettings:
         if self.draft not in STOPPER_DRAFTS:
             kinds = " or ".join(STOPPER_DRAFTS)
             raise InvalidArgument(f"a stopper is trained on {kinds} drafts, not {self.draft}")
-
-
-STOPPER_DRAFTS = (DraftKind.GLIDE, DraftKind.EAGLE)
 
 
 def _chain_drafter(engine, cache: PositionalKVCache, capacity: int, settings: StopperLogSettings):
