@@ -23,13 +23,12 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-_PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # Projections that read the same input, in the order model code calls them (Llama, Qwen2, Mistral, ...).
 FUSED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class LinearKernel(enum.StrEnum):
-    AUTO = "auto"  # onednn where it applies (CPU, fp32/bf16, oneDNN built in), else native
+    AUTO = "auto"  # onednn where it applies (CPU, fp32 or bf16 the CPU packs, oneDNN built in), else native
     ONEDNN = "onednn"  # weights packed once for oneDNN; an error where it cannot run
     NATIVE = "native"  # torch's own F.linear (MKL on CPU, cuBLAS on CUDA)
 
@@ -38,21 +37,42 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN packs weights of `dtype`: fp32 always; bf16 only with the instructions
+    its bf16 path needs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT). An AVX2-only CPU (AMD Zen 3, for one)
+    refuses to reorder a bf16 weight, so bf16 stays on torch's own kernel there."""
+    if dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def speed_dtype(dtype: str, device: torch.device | str) -> str:
+    """A dtype chosen for speed alone (a profile's draft, generated training text), where float32 would be
+    exact too: bfloat16 stays bfloat16 except on a CPU whose oneDNN has no bf16 path, where torch emulates
+    it about 4x slower than packed float32 (AVX2-only CPUs such as AMD Zen 3)."""
+    if dtype != "bfloat16" or torch.device(device).type != "cpu":
+        return dtype
+    return dtype if onednn_available() and onednn_packs(torch.bfloat16) else "float32"
+
+
 def resolve_kernel(
     kernel: LinearKernel | str, device: torch.device | str, dtype: torch.dtype
 ) -> LinearKernel:
     """The kernel that will run: AUTO becomes ONEDNN on a CPU with oneDNN for fp32/bf16, else NATIVE."""
     kernel = LinearKernel(kernel)
     device_type = torch.device(device).type
-    fits = device_type == "cpu" and dtype in _PACKABLE_DTYPES and onednn_available()
+    fits = device_type == "cpu" and onednn_available() and onednn_packs(dtype)
     if kernel is LinearKernel.AUTO:
         return LinearKernel.ONEDNN if fits else LinearKernel.NATIVE
     if kernel is LinearKernel.ONEDNN and not fits:
         from specserve.errors import FailedPrecondition
 
         raise FailedPrecondition(
-            f"linear kernel onednn needs a CPU device, float32 or bfloat16 and a torch built with oneDNN "
-            f"(device {device_type}, dtype {dtype}, oneDNN {onednn_available()}); use auto or native"
+            f"linear kernel onednn needs a CPU device, float32 (or bfloat16 on a CPU with AVX-512 or "
+            f"AVX-NE-CONVERT) and a torch built with oneDNN (device {device_type}, dtype {dtype}, oneDNN "
+            f"{onednn_available()}); use auto or native"
         )
     return kernel
 

@@ -30,7 +30,7 @@ from specserve.models.profiles import ModelProfile, model_profile
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter, PolicyDrafter
 from specserve.runtime.early_exit import early_exit_draft
-from specserve.runtime.kernels import LinearKernel, apply_linear_kernel, resolve_kernel
+from specserve.runtime.kernels import LinearKernel, apply_linear_kernel, resolve_kernel, speed_dtype
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
@@ -80,10 +80,12 @@ class ServedModels:
 
     @property
     def draft_dtype(self) -> str:
-        """The separate draft model's dtype: set, else the profile's for its own draft, else the target's."""
+        """The separate draft model's dtype: set, else the profile's for its own draft (a choice for speed,
+        so float32 on a CPU without a bf16 kernel: `speed_dtype`), else the target's."""
         if self.settings.draft_dtype is not None:
             return self.settings.draft_dtype
-        return (self._profiles_own_draft and self.profile.draft_dtype) or self.settings.dtype
+        chosen = self._profiles_own_draft and self.profile.draft_dtype
+        return speed_dtype(chosen, self.settings.device) if chosen else self.settings.dtype
 
     @property
     def draft_head_rows(self) -> int:

@@ -48,7 +48,7 @@ class GenerationSettings:
     batch_size: int = 48  # prompts per batched generate call
     max_new_tokens: int = 256
     max_prompt_tokens: int = 640  # longer prompts are skipped (padding would dominate their batch)
-    dtype: str = "bfloat16"  # only the text is kept
+    dtype: str = "auto"  # only the text is kept; auto: see generation_dtype
     static_cache: bool = True
     seed: int = 0
     # "cpu", "cuda" or "cuda:N". A batch's rows are a function of (seed, shard, batch) on one device; a
@@ -355,6 +355,16 @@ def run_stage(
     bar.close()
 
 
+def generation_dtype(requested: str, device: str) -> str:
+    """The dtype the target generates in. Only the text is kept, so `auto` takes the fastest: bfloat16,
+    except on a CPU without a bf16 kernel (runtime/kernels.py, `speed_dtype`), where it is float32."""
+    if requested != "auto":
+        return requested
+    from specserve.runtime.kernels import speed_dtype
+
+    return speed_dtype("bfloat16", parse_device(device))
+
+
 class GenerationWorker:
     """One copy of the target generating its share of a stage's shards (a Ray actor with --workers)."""
 
@@ -395,7 +405,7 @@ def run_generation(args: argparse.Namespace) -> None:
         shard_size=args.shard_size,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
-        dtype=args.dtype,
+        dtype=generation_dtype(args.dtype, args.device),
         static_cache=not args.dynamic_cache,
         seed=args.seed,
         device=args.device,
@@ -464,7 +474,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-shards", type=int, help="stage 2: stop after this many shards")
     p.add_argument("--subjects-per-kind", type=int, default=46)
     p.add_argument("--docstrings", type=int, default=1500)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--dtype", default="auto", help="auto: bfloat16 where it is fast (a GPU, AVX-512), else float32"
+    )
     p.add_argument("--dynamic-cache", action="store_true")
     p.add_argument("--threads", type=int, help="torch threads per copy of the target")
     p.add_argument("--workers", type=int, default=0, help="Ray actors (0 = generate in this process)")

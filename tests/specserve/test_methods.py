@@ -97,7 +97,10 @@ def test_the_cost_method_measured_this_machine_once(engine):
     assert cost.verify_points[-1][0] == BATCH_TOTALS[-1]  # batched forwards are calibrated too
 
 
-def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_dir, tmp_path):
+def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_dir, tmp_path, monkeypatch):
+    # a CPU whose oneDNN has a bf16 path (AVX-512); resolving the kernel loads no model
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+
     def default_path(**overrides) -> str:
         settings = EngineSettings.from_env(
             environ={}, model_dir=tiny_target_dir, cache_dir=tmp_path, **overrides
@@ -109,6 +112,9 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
     assert len({fp32, bf16, cuda, native}) == 4
     assert bf16.endswith("-cpu-bfloat16-onednn.json") and cuda.endswith("-cuda0-float32-native.json")
     assert fp32.endswith("-cpu-float32-onednn.json") and native.endswith("-cpu-float32-native.json")
+    # an AVX2-only CPU runs bf16 on torch's own kernel, and its costs are kept apart from the packed ones
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert default_path(dtype="bfloat16").endswith("-cpu-bfloat16-native.json")
 
 
 def test_the_calibration_records_the_kernel_and_forward_it_measured(engine):

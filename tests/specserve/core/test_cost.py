@@ -217,6 +217,23 @@ def test_the_largest_drafting_batch_is_where_rounds_start_drafting_again(accepta
     assert policy.start_round() == 0 and policy.largest_drafting_batch(64) == 0
 
 
+def test_the_largest_drafting_batch_is_the_same_whatever_bounds_it_on_a_curve_with_a_dip():
+    # A measured curve that dips (oneDNN on an AVX2 CPU verified 9-13 nodes faster than 8): a token pays
+    # at 1-2 sessions, not at 3, and pays again at 4-8, whose forwards can grow onto the cheap 9+ nodes.
+    # Bisection answered 8 when bounded by 64 sessions and 2 when bounded by 3; the router relies on "it
+    # drafts at every load up to n".
+    dip = CostModel(
+        ((1, 1.0), (2, 1.08), (3, 1.2), (4, 1.5), (8, 2.2), (9, 1.3), (13, 1.4), (64, 4.0)),
+        draft_step_s=0.11,
+    )
+    policy = CostPolicy(StopSettings(cost_model=dip, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    policy.mean_acceptance = 0.5
+    drafts = [policy._drafts_under(policy._load_beside(others)) for others in range(10)]
+    assert drafts == [True, True, False, *[True] * 5, False, False]  # the dip, as designed
+    assert [policy.largest_drafting_batch(n) for n in (64, 9, 4, 3)] == [2, 2, 2, 2]
+    assert policy.largest_drafting_batch(2) == 1 and policy.largest_drafting_batch(1) == 0
+
+
 def test_sampled_requests_size_trees_as_if_alone():
     """Under sampling the tree decides which tokens are drawn: a seeded request must not depend on load."""
     settings = StopSettings(

@@ -19,6 +19,10 @@ from specserve.runtime.kernels import (
 )
 
 needs_onednn = pytest.mark.skipif(not kernels.onednn_available(), reason="torch built without oneDNN")
+needs_onednn_bf16 = pytest.mark.skipif(
+    not (kernels.onednn_available() and kernels.onednn_packs(torch.bfloat16)),
+    reason="this CPU's oneDNN has no bf16 path (no AVX-512 or AVX-NE-CONVERT)",
+)
 
 
 @needs_onednn
@@ -43,7 +47,7 @@ def test_packed_weight_unpacks_to_the_dense_weight():
     torch.testing.assert_close(PackedLinear.from_linear(linear).weight, linear.weight, atol=0, rtol=0)
 
 
-@needs_onednn
+@needs_onednn_bf16
 def test_bfloat16_packed_linear_agrees_within_bf16_rounding():
     linear = nn.Linear(128, 256, bias=False).to(torch.bfloat16).requires_grad_(False)
     x = torch.randn(5, 128, dtype=torch.bfloat16)
@@ -117,6 +121,25 @@ def test_without_onednn_auto_falls_back_and_onednn_is_refused(monkeypatch):
 
 
 @needs_onednn
-def test_on_cpu_auto_picks_onednn_for_float32_and_bfloat16():
+def test_on_cpu_auto_picks_onednn_for_float32():
     assert resolve_kernel("auto", "cpu", torch.float32) is LinearKernel.ONEDNN
+
+
+@needs_onednn_bf16
+def test_on_a_cpu_with_a_bf16_path_auto_picks_onednn_for_bfloat16():
     assert resolve_kernel("auto", "cpu", torch.bfloat16) is LinearKernel.ONEDNN
+
+
+@needs_onednn
+def test_on_a_cpu_without_a_bf16_path_bfloat16_keeps_the_native_kernel(monkeypatch):
+    # What torch reports on an AVX2-only CPU (AMD Zen 3), where reordering a bf16 weight raises.
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert resolve_kernel("auto", "cpu", torch.bfloat16) is LinearKernel.NATIVE
+    assert resolve_kernel("auto", "cpu", torch.float32) is LinearKernel.ONEDNN
+    with pytest.raises(FailedPrecondition, match="bfloat16"):
+        resolve_kernel("onednn", "cpu", torch.bfloat16)
+    model = tiny_llama(layers=1).to(torch.bfloat16)
+    assert apply_linear_kernel(model, "auto") is LinearKernel.NATIVE
+    assert type(model.lm_head) is nn.Linear
+    with torch.inference_mode():
+        model(torch.tensor([[3, 9, 27]]))  # runs on torch's kernel

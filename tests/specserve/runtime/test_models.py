@@ -112,9 +112,20 @@ def test_an_uninstalled_draft_names_its_install_command(tmp_path: Path, tiny_tar
         ({"model": QWEN_0_5B}, "float32"),  # a profile without a draft
     ],
 )
-def test_the_draft_dtype(overrides: dict, draft_dtype: str) -> None:
+def test_the_draft_dtype(overrides: dict, draft_dtype: str, monkeypatch) -> None:
+    # a CPU whose oneDNN has a bf16 path (AVX-512): what the profile asks for, bf16, is fast there
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     settings = EngineSettings(**{"model": QWEN_1_5B, **overrides})
     assert ServedModels(settings).draft_dtype == draft_dtype
+
+
+def test_on_a_cpu_without_a_bf16_kernel_the_profile_s_draft_runs_in_float32(monkeypatch) -> None:
+    # an AVX2-only CPU: torch would emulate bf16 ~4x slower than packed fp32, and fp32 costs no exactness
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert ServedModels(EngineSettings(model=QWEN_1_5B)).draft_dtype == "float32"
+    explicit = EngineSettings(model=QWEN_1_5B, draft_dtype="bfloat16")  # asked for: kept
+    assert ServedModels(explicit).draft_dtype == "bfloat16"
+    assert ServedModels(EngineSettings(model=QWEN_1_5B, device="cuda")).draft_dtype == "bfloat16"
 
 
 def test_the_profile_s_draft_loads_in_its_dtype(
@@ -124,5 +135,7 @@ def test_the_profile_s_draft_loads_in_its_dtype(
     draft_dir = install_as(QWEN_0_5B, tiny_draft_dir, tmp_path)
     models = ServedModels(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path))
     assert models.draft_model_dir == draft_dir
-    assert models.vanilla_draft_runner.model.dtype == torch.bfloat16
+    # bf16 where this CPU has a bf16 kernel, else float32 (test_the_draft_dtype pins both)
+    assert models.draft_dtype == ("bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32")
+    assert models.vanilla_draft_runner.model.dtype == getattr(torch, models.draft_dtype)
     assert models.target_model.dtype == torch.float32

@@ -20,6 +20,7 @@ from specserve.training.generation import (
     INSTRUCT,
     PROMPTS_FILE,
     GenerationSettings,
+    generation_dtype,
     load_prompts,
     read_stage,
     run_stage,
@@ -76,6 +77,16 @@ def test_generation_reproduces_a_fixed_seed_and_resumes_a_half_done_shard(tiny, 
     _generate(tiny, tmp_path / "b")  # resumes at batch 1 of shard 0
     assert sorted(p.name for p in (tmp_path / "b").glob("shard-*")) == ["shard-00000.npz", "shard-00001.npz"]
     _same(read_stage(tmp_path / "b"), whole)
+
+
+def test_auto_generation_dtype_is_bf16_only_where_a_fast_bf16_kernel_runs(monkeypatch) -> None:
+    assert generation_dtype("float16", "cpu") == "float16"  # an explicit choice is kept
+    assert generation_dtype("auto", "cuda") == "bfloat16"
+    # an AVX2-only CPU (torch's oneDNN reports no bf16 path): fp32 on packed weights
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert generation_dtype("auto", "cpu") == "float32"
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert generation_dtype("auto", "cpu") == "bfloat16"
 
 
 def test_kd_loss_equals_a_hand_computation() -> None:
