@@ -96,9 +96,12 @@ class Engine(ServedModels):
         request: GenerationRequest,
         on_tokens: Sequence[Callable[[list[int]], None] | None] | None = None,
         max_tokens_per_forward: int = 1024,
+        max_concurrent: int | None = None,
     ) -> list[GenerationResult]:
         """Generates for every prompt at once, continuously batched: each session runs its own loop, and
         every round's forwards of all sessions (target and draft) run as one forward per model.
+        `max_concurrent` caps the sessions running at once: the rest wait in order, and each starts as
+        soon as a running one finishes (None: all start together).
 
         Each result equals what `generate_ids` gives for that prompt alone (token for token under
         greedy decoding in float32; with a seed, the same tokens at any temperature).
@@ -111,7 +114,7 @@ class Engine(ServedModels):
         ]
         self.last_batch_stats = scheduler.stats
         # Held around all sessions: a mode entered and left by interleaved jobs would flip under them.
-        return scheduler.run_all(jobs, thread_context=torch.inference_mode())
+        return scheduler.run_all(jobs, thread_context=torch.inference_mode(), max_live=max_concurrent)
 
     def _hf_generate(
         self,

@@ -175,10 +175,9 @@ def _with_suffix(inner: DrafterFactory | None, draft: str = "glide") -> DrafterF
     return make
 
 
-def _batch_load() -> tuple[int, float]:
-    """The other sessions of this forward, each taken as one node emitting one token (plain decoding)."""
-    others = other_sessions()
-    return others, float(others)
+def _batch_load() -> int:
+    """The other sessions of this forward (the suffix drafter takes each to send trees like its own)."""
+    return other_sessions()
 
 
 # Names, descriptions and lossless flags live in specserve.catalog (torch-free, for the router); this

@@ -172,9 +172,8 @@ class SessionRun:
         greedy = record.request.sampling.greedy
         shared = router.suffix_cache_for(record.owner) if greedy else None
 
-        def batch_load() -> tuple[int, float]:  # the other sessions' next tokens share the forward
-            others = max(0, load(verifier) - 1) if greedy else 0  # sampled: sized as if alone
-            return others, float(others)
+        def batch_load() -> int:  # the other sessions' trees share the forward
+            return max(0, load(verifier) - 1) if greedy else 0  # sampled: sized as if alone
 
         return verifier, SuffixDrafter(
             self.drafter,

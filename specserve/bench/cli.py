@@ -60,6 +60,13 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "batched in-process; remote:<method> streams N at once from the router); e.g. 1,4,8,16",
     )
     p.add_argument(
+        "--requests",
+        type=int,
+        metavar="M",
+        help="with --concurrency: M requests queued at once, at most N running at a time, each next one "
+        "starting as one finishes (throughput under steady demand; in process only)",
+    )
+    p.add_argument(
         "--remote",
         metavar="HOST:PORT",
         help="also offer the router's methods as remote:<method> (e.g. --methods glide,remote:glide)",
@@ -157,12 +164,14 @@ def _run_concurrency(
         request,
         remote_address=getattr(args, "remote", None),
         progress=not getattr(args, "no_progress", False),
+        requests=getattr(args, "requests", None),
     )
     result = {
         "concurrency": concurrency,
         "config": {
             "methods": methods,
             "levels": levels,
+            "requests": getattr(args, "requests", None),
             "max_new_tokens": request.stopping.max_new_tokens,
             "temperature": request.sampling.temperature,
             "seed": request.seed,

@@ -1,6 +1,10 @@
 """`specserve bench --concurrency 1,4,8,16`: throughput and latency under load.
 
-At each level N, N sessions start together and run to the end; every method runs at every level
+At each level N, N sessions start together and run to the end (a closed batch: it ends with its slowest
+session); with `requests` M, M requests are queued at once and at most N run at a time, the next
+starting as soon as one finishes (a server holding N sessions under steady demand: throughput rather
+than the slowest session; time to first token then includes the wait for a slot, in-process only).
+Every method runs at every level
 (interleaved: all methods at one level before the next level). In-process, the sessions run through
 `Engine.generate_many` (continuously batched); with a `remote:` method, N client threads stream from
 the router at once. Measured per level: aggregate tokens/s (all tokens / wall time), time to first
@@ -71,13 +75,15 @@ def parse_levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
-def _run_in_process(engine: Any, prompts: Sequence[str], request: GenerationRequest) -> dict:
+def _run_in_process(
+    engine: Any, prompts: Sequence[str], request: GenerationRequest, max_concurrent: int | None = None
+) -> dict:
     ids = [engine.encode_prompt(p) for p in prompts]
     timelines = [_Timeline(0.0) for _ in prompts]
     start = time.perf_counter()
     for timeline in timelines:
         timeline.start = start
-    results = engine.generate_many(ids, request, [t.record for t in timelines])
+    results = engine.generate_many(ids, request, [t.record for t in timelines], max_concurrent=max_concurrent)
     wall = time.perf_counter() - start
     stats = engine.last_batch_stats
     target = stats.per_model.get("target", (0, 0))
@@ -141,34 +147,38 @@ def run_concurrency(
     request: GenerationRequest,
     remote_address: str | None = None,
     progress: bool = True,
+    requests: int | None = None,
 ) -> dict[str, Any]:
-    """Every method at every level; returns {method: {level: figures}} plus each level's prompts."""
+    """Every method at every level; returns {method: {level: figures}} plus each level's prompts.
+    requests: M queued requests served at most `level` at a time (module doc); None = a closed batch."""
     if not prompts:
         raise InvalidArgument("no prompts to benchmark")
     if any(m.startswith(REMOTE_PREFIX) for m in methods) and remote_address is None:
         raise InvalidArgument("remote: methods need --remote HOST:PORT")
+    if requests is not None and (requests < 1 or any(m.startswith(REMOTE_PREFIX) for m in methods)):
+        raise InvalidArgument("--requests must be >= 1 and runs in process only (no remote: methods)")
 
-    def run(method: str, batch: Sequence[str], request: GenerationRequest) -> dict:
+    def run(method: str, batch: Sequence[str], request: GenerationRequest, slots: int) -> dict:
         if method.startswith(REMOTE_PREFIX):
             assert remote_address is not None
             remote = replace(request, method=method.removeprefix(REMOTE_PREFIX))
             return _run_remote(remote_address, batch, remote)
-        return _run_in_process(engine, batch, replace(request, method=method))
+        return _run_in_process(engine, batch, replace(request, method=method), slots)
 
     # Warm-up: lazy loading, allocator growth and kernel choice are paid before anything is timed.
     stopping = replace(request.stopping, max_new_tokens=min(8, request.stopping.max_new_tokens))
     warmup = replace(request, stopping=stopping)
     for method in methods:
-        run(method, _take(prompts, min(4, max(levels))), warmup)
+        run(method, _take(prompts, min(4, max(levels))), warmup, min(4, max(levels)))
     alone: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
     figures: dict[str, dict[str, Any]] = {m: {} for m in methods}
     total = len(levels) * len(methods)
     bar = tqdm(total=total, desc="concurrency", unit="run", file=sys.stderr, disable=not progress)
     try:
         for level in levels:
-            batch = _take(prompts, level)
+            batch = _take(prompts, requests or level)
             for method in methods:
-                out = run(method, batch, request)
+                out = run(method, batch, request, level)
                 figures[method][str(level)] = _figures(out, batch, alone[method], level)
                 bar.set_postfix_str(
                     f"{method} x{level}: {figures[method][str(level)]['tokens_per_s']:.1f} tok/s",
@@ -177,7 +187,7 @@ def run_concurrency(
                 bar.update(1)
     finally:
         bar.close()
-    return {"levels": list(levels), "methods": figures}
+    return {"levels": list(levels), "requests": requests, "methods": figures}
 
 
 def _take(prompts: Sequence[str], n: int) -> list[str]:
@@ -196,6 +206,7 @@ def _figures(out: dict, batch: Sequence[str], alone: dict[str, list[int]], level
         same.append(alone[prompt] == ids)
     figures = {
         "sessions": level,
+        "requests": len(batch),
         "tokens": tokens,
         "wall_s": round(out["wall_s"], 3),
         "tokens_per_s": tokens / out["wall_s"] if out["wall_s"] > 0 else 0.0,
@@ -227,7 +238,8 @@ def format_concurrency(result: dict[str, Any]) -> str:
             lines.append(
                 f"{method:<24} {level:>4} {f['tokens_per_s']:>8.1f} {_ms(f['ttft_p50_s']):>9} "
                 f"{_ms(f['itl_p50_s']):>8} {_ms(f['itl_p99_s']):>8} "
-                f"{_num(f.get('target_tokens_per_forward')):>8} {f['num_identical']:>2}/{level:<2}"
+                f"{_num(f.get('target_tokens_per_forward')):>8} "
+                f"{f['num_identical']:>2}/{f.get('requests', f['sessions']):<2}"
             )
     return "\n".join(lines)
 

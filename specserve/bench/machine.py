@@ -22,6 +22,8 @@ def machine_info(settings: EngineSettings | None = None) -> dict[str, Any]:
     """
     return {
         "cpu_model": _cpu_model(),
+        # "AMD EPYC" names Zen 3 (AVX2) and Zen 4 (AVX-512) alike, whose kernels differ by 2x or more
+        "cpu_capability": _cpu_capability(),
         "logical_cores": os.cpu_count(),
         "torch_threads": _torch_threads(),
         "ram_gib": _ram_gib(),
@@ -46,6 +48,15 @@ def _cpu_model() -> str:
     except OSError:
         pass  # not Linux: fall back to what the platform module knows
     return platform.processor() or platform.machine() or "unknown"
+
+
+def _cpu_capability() -> str | None:
+    """The vector instruction set torch's CPU kernels run with here (e.g. AVX2, AVX512); None where
+    torch is not loaded (a bench driving a remote stack imports none, and this does not import it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return str(torch.backends.cpu.get_cpu_capability())
 
 
 def _ram_gib() -> float | None:

@@ -13,7 +13,10 @@ How a round is built (`SuffixDrafter.propose`):
 2. Its size is chosen by expected tokens per second on this machine's calibrated verify curve (the same
    rule as core/cost.py): k nodes emit E_k = 1 + trust * (s_1 + ... + s_k) tokens for verify_s(1 + k),
    and the k with the highest E_k / verify_s is taken, sharing the forward with the other sessions of a
-   batch when there are any.
+   batch when there are any. Those are assumed to send trees like this session's recent rounds (the
+   cost policy's assumption, core/stopping.py) rather than the root alone, which priced every node as if
+   the others added none. (Measured at 4 and 16 sessions in process, this trims a few nodes a forward and
+   moves throughput within noise: docs/benchmarks.md, "An AVX2-only host".)
 3. When those candidates alone already expect `model_skip_tokens` accepted tokens or more, the round is
    suffix-only: the model drafter is not asked (no draft forward in process, no Propose call through the
    stack). Otherwise the model drafter proposes its own tree and the suffix candidates are merged into it
@@ -65,12 +68,13 @@ class TenantCache:
     tenant: str
 
 
-# -> (tree nodes of the other sessions in the same target forward, tokens they emit in expectation)
-BatchLoadFn = Callable[[], tuple[int, float]]
+# -> the other sessions whose trees share this session's next target forward
+BatchLoadFn = Callable[[], int]
+SIZE_SMOOTHING = 0.8  # running means of this session's round sizes weigh the last few rounds
 
 
-def _alone() -> tuple[int, float]:
-    return 0, 0.0
+def _alone() -> int:
+    return 0
 
 
 class SuffixDrafter:
@@ -98,6 +102,9 @@ class SuffixDrafter:
         self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
         # the last round's tree, its predicted suffix tokens and the length of the sequence it was rooted at
         self._last: tuple[DraftTree, float, int] | None = None
+        # This session's rounds: tree nodes (root included) and tokens emitted, as running means; the
+        # other sessions of a batch are taken to send the same. They start as the root alone.
+        self.mean_nodes, self.mean_emitted = 1.0, 1.0
         self.num_model_calls = 0
         self.num_suffix_only_rounds = 0
 
@@ -122,9 +129,14 @@ class SuffixDrafter:
             return
         draft, predicted, length = self._last
         self._last = None
-        if predicted <= 0 or len(token_ids) <= length:
+        if len(token_ids) <= length:
             return
-        accepted = _accepted_suffix_tokens(draft, token_ids[length:])
+        path, accepted = _accepted_path(draft, token_ids[length:])
+        beta = SIZE_SMOOTHING
+        self.mean_nodes = beta * self.mean_nodes + (1 - beta) * draft.tree.num_nodes
+        self.mean_emitted = beta * self.mean_emitted + (1 - beta) * (path + 1)  # + the bonus token
+        if predicted <= 0:
+            return
         alpha = self.settings.trust_smoothing
         self.trust = min(1.5, max(0.05, (1 - alpha) * self.trust + alpha * accepted / predicted))
 
@@ -150,7 +162,8 @@ class SuffixDrafter:
         gains = [self.trust * score for score in proposal.scores[1 : 1 + room]]
         if self.cost is None:
             return sum(1 for g in gains if g > 0)
-        other_nodes, other_expected = self.batch_load()
+        others = self.batch_load()
+        other_nodes, other_expected = round(others * self.mean_nodes), others * self.mean_emitted
         best_k, best_rate, expected = 0, 0.0, 1.0 + other_expected
         for k in range(len(gains) + 1):
             if k:
@@ -215,15 +228,17 @@ def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTre
     return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=frozenset(range(1, 1 + k)))
 
 
-def _accepted_suffix_tokens(draft: DraftTree, committed: Sequence[int]) -> int:
-    """Suffix nodes on the path the target accepted. `committed`: the tokens committed after the round's
-    root. Walking the tree along them is exact: a rejected child is never the recovered token (greedy:
-    it is not the argmax; sampled: its probability was zeroed), so the walk stops where the path did."""
+def _accepted_path(draft: DraftTree, committed: Sequence[int]) -> tuple[int, int]:
+    """(draft nodes on the path the target accepted, suffix nodes among them). `committed`: the tokens
+    committed after the round's root. Walking the tree along them is exact: a rejected child is never
+    the recovered token (greedy: it is not the argmax; sampled: its probability was zeroed), so the
+    walk stops where the path did."""
     children = tree_children(draft.tree.parent_ids)
-    node, count = 0, 0
+    node, path, suffix = 0, 0, 0
     for token in committed:
         node = next((c for c in children[node] if draft.tree.token_ids[c] == token), -1)
         if node < 0:
             break
-        count += node in draft.suffix_nodes
-    return count
+        path += 1
+        suffix += node in draft.suffix_nodes
+    return path, suffix

@@ -249,16 +249,28 @@ class Scheduler:
                 job.cancelled = True
 
     def run_all(
-        self, fns: Sequence[Callable[[], R]], thread_context: AbstractContextManager[object] | None = None
+        self,
+        fns: Sequence[Callable[[], R]],
+        thread_context: AbstractContextManager[object] | None = None,
+        max_live: int | None = None,
     ) -> list[R]:
-        """Runs every fn as a job on this thread until all finish; returns their results in order."""
-        with thread_context if thread_context is not None else nullcontext():
-            return self._run_all(fns)
+        """Runs every fn as a job on this thread until all finish; returns their results in order.
 
-    def _run_all(self, fns: Sequence[Callable[[], R]]) -> list[R]:
-        jobs = [self.start(fn) for fn in fns]
-        while self.busy:
+        max_live: at most this many jobs at once, the next starting as soon as one finishes (a queue in
+        front of a server that holds max_live sessions); None starts them all together."""
+        if max_live is not None and max_live < 1:
+            raise ValueError(f"max_live must be >= 1, got {max_live}")
+        with thread_context if thread_context is not None else nullcontext():
+            return self._run_all(fns, len(fns) if max_live is None else max_live)
+
+    def _run_all(self, fns: Sequence[Callable[[], R]], max_live: int) -> list[R]:
+        jobs: list[_Job] = []
+        while len(jobs) < len(fns) and self._live < max_live:
+            jobs.append(self.start(fns[len(jobs)]))
+        while self.busy or len(jobs) < len(fns):
             self.step()
+            while len(jobs) < len(fns) and self._live < max_live:
+                jobs.append(self.start(fns[len(jobs)]))  # runs to its first forward: it joins the next
             if self._waiting and not self._pending:
                 self._wake()
                 if not self._pending and self._waiting:

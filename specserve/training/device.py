@@ -47,10 +47,11 @@ def usable_device(name: str) -> torch.device:
 
 
 def device_record(device: torch.device) -> dict[str, str]:
-    """What a run's records say about its device: the name, and on a GPU which one."""
+    """What a run's records say about its device: the name, on a GPU which one, on a CPU whether it
+    runs bf16 autocast (not on a CPU without a bf16 kernel: `bf16_autocast`)."""
     if device.type == "cuda":
         return {"device": str(device), "gpu": torch.cuda.get_device_name(device)}
-    return {"device": str(device)}
+    return {"device": str(device), "cpu_bf16_autocast": "yes" if fast_bf16(device) else "no, float32"}
 
 
 def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -58,6 +59,18 @@ def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[s
     return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
 
 
+def fast_bf16(device: torch.device | str) -> bool:
+    """Whether bf16 autocast speeds `device` up: on a GPU, and on a CPU whose oneDNN has a bf16 path
+    (AVX-512 or AVX-NE-CONVERT). On an AVX2-only CPU (AMD Zen 3) torch emulates bf16, about 4x slower
+    than float32, and the master weights are float32 anyway."""
+    from specserve.runtime.kernels import speed_dtype
+
+    return speed_dtype("bfloat16", device) == "bfloat16"
+
+
 def bf16_autocast(device: torch.device, enabled: bool) -> AbstractContextManager[Any]:
-    """bfloat16 autocast for `device`'s type (CPU and CUDA alike), or nothing when not `enabled`."""
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+    """bfloat16 autocast for `device`'s type (CPU and CUDA alike) where it is fast (`fast_bf16`), or
+    nothing: when not `enabled`, and on a CPU without a bf16 kernel, the step runs in float32."""
+    if enabled and fast_bf16(device):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()

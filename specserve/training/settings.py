@@ -55,7 +55,7 @@ class TrainSettings:
     warmup_fraction: float = 0.025
     grad_clip: float = 1.0
     # bf16 autocast for the forward (fp32 master weights and optimizer): faster on CPUs with
-    # AVX512-BF16, and the usual choice on GPUs.
+    # AVX512-BF16, and the usual choice on GPUs; skipped on a CPU without a bf16 kernel (device.py).
     bf16: bool = True
     export_dtype: str = "bfloat16"  # the final draft's stored weights (checkpoints stay fp32)
     checkpoint_every: int = 200

@@ -31,6 +31,7 @@ from specserve.glide.model import (
 )
 from specserve.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from specserve.training.data import COUNTS, FEATURES, MANIFEST, init_ray, jsonable
+from specserve.training.device import bf16_autocast
 from specserve.training.features import IGNORE
 from specserve.training.settings import TrainSettings
 
@@ -90,8 +91,7 @@ def train_step(
     # Several Ray Train workers: `prepare_model` wrapped the draft in DistributedDataParallel.
     draft = model.module if isinstance(model, DistributedDataParallel) else model
     assert isinstance(draft, GlideDraft)
-    device_type = next(draft.parameters()).device.type
-    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+    with bf16_autocast(next(draft.parameters()).device, bf16):
         loss, accuracy = draft_loss(draft, batch, cross_mask, forward=model)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()

@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from bench_fakes import FakeEngine, fake_token_ids
 
 from specserve.bench.prompts import Prompt
@@ -160,6 +161,7 @@ def test_config_and_machine_are_recorded_and_json_serializable(tmp_path) -> None
     assert machine["device"] == "cpu" and machine["dtype"] == "float32"
     for key in ("cpu_model", "torch_threads", "ram_gib", "os", "python", "torch", "transformers"):
         assert key in machine
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
     assert {"hostname", "date"} <= machine.keys()
     assert json.loads(json.dumps(result, allow_nan=False)) == result
 

@@ -59,3 +59,29 @@ def test_concurrency_bench_on_a_real_engine(tiny_target_dir, tiny_draft_dir, tmp
     )
     assert png.stat().st_size > 10_000
     assert "tok/s" in capsys.readouterr().out
+
+
+def test_queued_requests_run_at_most_level_at_a_time(tiny_target_dir, tiny_draft_dir, tmp_path: Path):
+    prompts = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": "c", "turns": [f"Question number {i}?"]} for i in range(5)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "c.json"
+    args = parse(
+        "--prompts", str(prompts), "--methods", "vanilla", "--concurrency", "1,2", "--requests", "5",
+        "--max-new-tokens", "6", "--ignore-eos", "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    settings = EngineSettings(model_dir=tiny_target_dir, draft_dir=tiny_draft_dir)
+    assert run_bench_command(args, settings) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["requests"] == 5 and result["concurrency"]["requests"] == 5
+    for method, levels in result["concurrency"]["methods"].items():
+        for level, figures in levels.items():
+            assert figures["tokens"] == 5 * 6  # every queued request, whatever the level
+            assert figures["requests"] == 5 and figures["sessions"] == int(level)
+            assert figures["identical_to_lowest_level"], (method, level)
+    target = result["concurrency"]["methods"]["target"]
+    # one at a time: 5 prefills + 5 x 5 decode steps; two at a time shares the decode steps
+    assert target["1"]["target_forwards"] == 30
+    assert target["2"]["target_forwards"] < 30
+    with pytest.raises(InvalidArgument, match="requests"):
+        run_bench_command(parse("--concurrency", "2", "--requests", "0", "--no-progress"), settings)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from specserve.core.cost import CostModel
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings
@@ -76,3 +78,34 @@ def test_trust_falls_when_suffix_candidates_are_rejected_and_sizes_fall_with_it(
         drafter.propose(text, round_ + 1)
     assert drafter.trust < start / 2
     assert first.tree.num_nodes > 1
+
+
+# Cheap up to 8 nodes, then steep: where a batch's forward lands decides what a node costs.
+KNEE_COST = CostModel(((1, 1.0), (8, 1.1), (12, 2.0), (64, 9.0)), draft_step_s=0.05)
+REPEATING = [7, 8, 9, 10, 11] * 6 + [7, 8]  # the suffix index is sure of what follows "7 8"
+
+
+def test_in_a_batch_the_other_sessions_are_taken_to_send_trees_like_this_one():
+    # Beside 3 others taken as the root alone (3 nodes), 4 candidates fit under the knee; if the others
+    # send trees like this session's recent ones (2 nodes each), the forward is at the knee and one
+    # candidate pays. Taken for the root alone, the others' nodes were never priced.
+    drafter = SuffixDrafter(None, 32, KNEE_COST, batch_load=lambda: 3)
+    drafter._sync(REPEATING)
+    proposal = drafter._suffix_proposal(REPEATING)
+    assert proposal is not None
+    assert drafter._sized(proposal, 1) == 4
+    drafter.mean_nodes, drafter.mean_emitted = 2.0, 2.0
+    assert drafter._sized(proposal, 1) == 1
+    lone = SuffixDrafter(None, 32, KNEE_COST)  # no batch: the means do not matter
+    lone.mean_nodes = lone.mean_emitted = 2.0
+    assert lone._sized(proposal, 1) == SuffixDrafter(None, 32, KNEE_COST)._sized(proposal, 1) == 7
+
+
+def test_the_round_sizes_follow_the_rounds_the_target_verified():
+    drafter = SuffixDrafter(None, 32, KNEE_COST)
+    draft = drafter.propose(REPEATING, round_seed=0)
+    assert draft.tree.token_ids[:3] == (8, 9, 10) and draft.tree.num_nodes >= 3
+    # the target accepted "9" and then chose 42 (not "10"): 1 drafted token on the path, 2 emitted
+    drafter.propose([*REPEATING, 9, 42], round_seed=1)
+    assert drafter.mean_nodes == pytest.approx(0.8 * 1.0 + 0.2 * draft.tree.num_nodes)
+    assert drafter.mean_emitted == pytest.approx(0.8 * 1.0 + 0.2 * 2)

@@ -54,6 +54,18 @@ def test_jobs_share_forwards_and_leave_when_done():
     assert results[1] == ["b:1", "b:2", "b:3"]
 
 
+def test_a_queue_of_jobs_keeps_at_most_max_live_running_and_starts_the_next_as_one_finishes():
+    model = Recorder()
+    results = Scheduler().run_all(
+        [steps(model, "a", 1), steps(model, "b", 3), steps(model, "c", 2), steps(model, "d", 1)], max_live=2
+    )
+    # a leaves after the first forward and c joins the second; b leaves after the third, d joins it
+    assert model.batches == [["a", "b"], ["b", "c"], ["b", "c"], ["d"]]
+    assert results == [["a:1"], ["b:1", "b:2", "b:3"], ["c:2", "c:3"], ["d:4"]]
+    with pytest.raises(ValueError, match="max_live"):
+        Scheduler().run_all([steps(model, "e", 1)], max_live=0)
+
+
 def test_budget_is_first_in_first_out_and_never_starves_a_big_segment():
     model = Recorder()
     scheduler = Scheduler(max_tokens_per_forward=4)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.training import distill, generation
 from specserve.training import eagle as eagle_training
-from specserve.training.device import parse_device, to_device, usable_device
+from specserve.training.device import bf16_autocast, device_record, parse_device, to_device, usable_device
 from specserve.training.distill import (
     LOG,
     RUN,
@@ -174,3 +174,18 @@ def test_a_gpu_this_machine_lacks_fails_before_anything_loads(
     with pytest.raises(InvalidArgument, match="--device cuda"):
         generation.main(["--out", str(tmp_path / "gen"), "--workers", "2", "--device", "cuda:1"])
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_bf16_autocast_runs_only_where_a_bf16_kernel_makes_it_faster(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)  # AVX-512
+    with bf16_autocast(cpu, True):
+        assert torch.is_autocast_enabled("cpu")
+    with bf16_autocast(cpu, False):
+        assert not torch.is_autocast_enabled("cpu")
+    assert device_record(cpu)["cpu_bf16_autocast"] == "yes"
+    # an AVX2-only CPU: torch would emulate bf16 ~4x slower; the step runs in float32 and says so
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with bf16_autocast(cpu, True):
+        assert not torch.is_autocast_enabled("cpu")
+    assert device_record(cpu)["cpu_bf16_autocast"] == "no, float32"
