@@ -211,7 +211,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 return None
             proposal = _build(session, token_ids, round_seed)
             policy = cost_policy_of(session.drafter)
-            if policy is None:
+            if policy is None or not policy.batch_aware:
+                # A sampled session's rounds are sized as if alone, and each round it is asked ages its
+                # acceptance estimate: rounds the router skipped would leave the estimate, and so the
+                # trees and the tokens drawn, other than in process. It is asked every round.
                 return IdleRound(proposal, None)
             return IdleRound(proposal, policy.largest_drafting_batch(other_sessions() + 1))
 
