@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 
 from services.draft.sessions import cost_policy_of
+from specserve.core.cost import smoothed
 from specserve.core.protocols import Drafter
-from specserve.core.stopping import SMOOTHING
 
 
 class AcceptancePriors:
@@ -43,4 +43,4 @@ class AcceptancePriors:
         with self._lock:
             old = self._means.get(method)
             mean = policy.mean_acceptance
-            self._means[method] = mean if old is None else SMOOTHING * old + (1 - SMOOTHING) * mean
+            self._means[method] = mean if old is None else smoothed(old, mean)

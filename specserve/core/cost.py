@@ -127,6 +127,22 @@ class BatchLoad:
 
 ALONE = BatchLoad()
 
+SMOOTHING = 0.8  # running means of rounds (tree sizes, acceptance) weigh the last few
+
+
+def smoothed(mean: float, value: float) -> float:
+    """A running mean moved towards the newest `value`."""
+    return SMOOTHING * mean + (1 - SMOOTHING) * value
+
+
+def load_like_this(others: int, mean_nodes: float, mean_emitted: float) -> BatchLoad:
+    """The load of `others` sessions taken to send trees like this session's recent rounds (its running
+    means of tree nodes, root included, and tokens emitted): the cost policy's and the suffix
+    drafter's view of a batch."""
+    if others <= 0:
+        return ALONE
+    return BatchLoad(round(others * mean_nodes), others * mean_emitted)
+
 
 def default_calibration_name(model_name: str, device: str, dtype: str, kernel: str) -> str:
     """The file a calibration is saved under: costs hold for one model on one kind of device in one dtype

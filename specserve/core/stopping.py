@@ -48,6 +48,8 @@ from specserve.core.cost import (
     BatchLoad,
     CostModel,
     leaves_worth_adding,
+    load_like_this,
+    smoothed,
     worth_extending,
 )
 from specserve.core.decision import DecisionModel
@@ -441,8 +443,6 @@ def prior_corrected(probability: float, positive_rate: float) -> float:
     return odds / (1.0 + odds)
 
 
-SMOOTHING = 0.8  # the cost policy's running means of tree sizes weigh the last few rounds
-
 # The session's acceptance rate, which decides whether a round drafts at all, is a posterior mean over
 # its recent rounds: a prior worth PRIOR_TOKENS drafted tokens plus the session's drafted and accepted
 # tokens, each round's counts weighing EVIDENCE_DECAY less with every round sized since. Evidence must
@@ -560,9 +560,9 @@ class CostPolicy:
         return worth_extending(cost, 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, load)
 
     def _load_beside(self, others: int) -> BatchLoad:
-        if not self.batch_aware or others <= 0:
+        if not self.batch_aware:
             return ALONE
-        return BatchLoad(round(others * self.mean_nodes), others * self.mean_emitted)
+        return load_like_this(others, self.mean_nodes, self.mean_emitted)
 
     def acceptance(self, logits: torch.Tensor, token: int | None) -> float:
         """Predicted a of a drafted token (None = the draft's top token)."""
@@ -628,8 +628,8 @@ class CostPolicy:
             self.num_drafting_rounds += 1
 
     def _update_sizes(self, num_nodes: int, num_emitted: int) -> None:
-        self.mean_nodes = SMOOTHING * self.mean_nodes + (1 - SMOOTHING) * num_nodes
-        self.mean_emitted = SMOOTHING * self.mean_emitted + (1 - SMOOTHING) * num_emitted
+        self.mean_nodes = smoothed(self.mean_nodes, num_nodes)
+        self.mean_emitted = smoothed(self.mean_emitted, num_emitted)
 
 
 STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specserve.core.cost import CostModel
+from specserve.core.cost import CostModel, load_like_this, smoothed
 from specserve.core.protocols import CandidateKind, Drafter, DraftTree, RoundOpeningDrafter
 from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
 from specserve.core.tree import TokenTree, tree_children
@@ -70,7 +70,6 @@ class TenantCache:
 
 # -> the other sessions whose trees share this session's next target forward
 BatchLoadFn = Callable[[], int]
-SIZE_SMOOTHING = 0.8  # running means of this session's round sizes weigh the last few rounds
 
 
 def _alone() -> int:
@@ -132,9 +131,8 @@ class SuffixDrafter:
         if len(token_ids) <= length:
             return
         path, accepted = _accepted_path(draft, token_ids[length:])
-        beta = SIZE_SMOOTHING
-        self.mean_nodes = beta * self.mean_nodes + (1 - beta) * draft.tree.num_nodes
-        self.mean_emitted = beta * self.mean_emitted + (1 - beta) * (path + 1)  # + the bonus token
+        self.mean_nodes = smoothed(self.mean_nodes, draft.tree.num_nodes)
+        self.mean_emitted = smoothed(self.mean_emitted, path + 1)  # + the bonus token
         if predicted <= 0:
             return
         alpha = self.settings.trust_smoothing
@@ -162,13 +160,12 @@ class SuffixDrafter:
         gains = [self.trust * score for score in proposal.scores[1 : 1 + room]]
         if self.cost is None:
             return sum(1 for g in gains if g > 0)
-        others = self.batch_load()
-        other_nodes, other_expected = round(others * self.mean_nodes), others * self.mean_emitted
-        best_k, best_rate, expected = 0, 0.0, 1.0 + other_expected
+        load = load_like_this(self.batch_load(), self.mean_nodes, self.mean_emitted)
+        best_k, best_rate, expected = 0, 0.0, 1.0 + load.other_expected
         for k in range(len(gains) + 1):
             if k:
                 expected += gains[k - 1]
-            rate = expected / self.cost.verify_s(base_nodes + k + other_nodes)
+            rate = expected / self.cost.verify_s(base_nodes + k + load.other_nodes)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
