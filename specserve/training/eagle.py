@@ -8,6 +8,10 @@ the target's top-k at t + 1: every array but h drops its first position.
 The loss is the distillation loss of `kd.kd_loss` at each unrolled step (`EagleDraft.unrolled`:
 step j feeds the draft its own outputs j times, as when it drafts the (j + 1)-th token of a round),
 weighted decay**j, over answer positions that have a root j positions back.
+
+Feature noise (EAGLE's augmentation): with `noise` > 0 the target's features are perturbed by uniform noise
+in [-noise, noise] per element before the draft reads them, so it learns from states near the recorded ones,
+as its own drafted states will be. The draws are a function of (seed, step): a resumed run sees the same.
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ def shifted_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
+def noisy_features(features: torch.Tensor, noise: float, seed: int, step: int) -> torch.Tensor:
+    """features [B, S, H] + U(-noise, noise) per element, drawn on their device from a generator seeded
+    by (seed, step): the same step of a resumed run draws the same noise. noise 0 -> features as they are."""
+    if noise <= 0:
+        return features
+    generator = torch.Generator(device=features.device)
+    generator.manual_seed(seed * 1_000_003 + step)
+    uniform = torch.rand(features.shape, generator=generator, device=features.device, dtype=torch.float32)
+    return features + (2 * uniform - 1).to(features.dtype) * noise
+
+
 def eagle_step_loss(
     draft: EagleDraft,
     batch: dict[str, torch.Tensor],
@@ -51,10 +66,14 @@ def eagle_step_loss(
     kd_weight: float,
     ce_weight: float,
     bf16: bool,
+    noise: float = 0.0,
+    noise_seed: tuple[int, int] = (0, 0),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-> (loss, metrics). `batch` is on the draft's device; the metrics are 0-d tensors there, read
-    only when a log line is written, so a GPU is not made to wait for them every step."""
+    only when a log line is written, so a GPU is not made to wait for them every step. `noise`: the
+    half-width of the uniform feature noise, `noise_seed` its (seed, step)."""
     view = shifted_inputs(batch)
+    view["features"] = noisy_features(view["features"].float(), noise, *noise_seed)
     device = view["input_ids"].device
     index = draft.draft_index  # [V] full id -> head row, -100 outside
     width = view["input_ids"].shape[1]

@@ -87,6 +87,7 @@ def test_the_train_command_runs_on_the_cpu_and_records_its_device(
             *("train", "--features", str(featured), "--out", str(out), "--model-dir", str(tiny_target_dir)),
             *("--device", "cpu", "--steps", "1", "--batch-size", "2", "--draft-vocab-size", "64"),
             *("--eval-per-category", "1", "--eval-max-new-tokens", "4", "--threads", "1"),
+            *("--weight-decay", "0.01"),
         ]
     )
     # what comes back from a run on any device
@@ -95,6 +96,7 @@ def test_the_train_command_runs_on_the_cpu_and_records_its_device(
     assert json.loads((out / RUN).read_text())["device"] == "cpu"
     summary = json.loads((out / SUMMARY).read_text())
     assert summary["device"] == "cpu" and summary["settings"]["device"] == "cpu"
+    assert summary["settings"]["weight_decay"] == 0.01  # the flag reaches the optimizer's settings
     assert [json.loads(line)["step"] for line in (out / LOG).read_text().splitlines()] == [0, 1, 1]
 
 

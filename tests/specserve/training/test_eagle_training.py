@@ -14,7 +14,13 @@ from transformers import AutoModelForCausalLM
 
 from specserve.eagle.model import build_eagle, is_eagle_dir, load_eagle
 from specserve.models import load_tokenizer
-from specserve.training.eagle import eagle_step_loss, held_out_hidden, score_eagle, shifted_inputs
+from specserve.training.eagle import (
+    eagle_step_loss,
+    held_out_hidden,
+    noisy_features,
+    score_eagle,
+    shifted_inputs,
+)
 from specserve.training.features import IGNORE
 from specserve.training.generation import ANSWERS, GenerationSettings, read_stage, run_stage
 from specserve.training.prompt_set import Prompt, user
@@ -151,14 +157,32 @@ def test_a_distillation_run_trains_evaluates_and_saves_a_hidden_state_draft(
     )
 
 
-def test_a_stopped_run_resumes_to_the_same_weights(tiny_target_dir, features, tmp_path) -> None:
+def test_feature_noise_is_bounded_uniform_and_a_function_of_seed_and_step() -> None:
+    features = torch.randn(4, 64, 32)  # [B, S, H]
+    assert noisy_features(features, 0.0, seed=0, step=3) is features
+    noisy = noisy_features(features, 0.25, seed=0, step=3)
+    delta = noisy - features
+    assert float(delta.abs().max()) <= 0.25 + 1e-6
+    assert float(delta.abs().max()) > 0.24  # the whole width is used, not a sliver of it
+    assert abs(float(delta.abs().mean()) - 0.125) < 0.01  # |U(-w, w)| has mean w / 2
+    assert abs(float(delta.mean())) < 0.01  # centred: the features keep their scale
+    assert torch.equal(noisy, noisy_features(features, 0.25, seed=0, step=3))
+    assert not torch.equal(noisy, noisy_features(features, 0.25, seed=0, step=4))
+    assert not torch.equal(noisy, noisy_features(features, 0.25, seed=1, step=3))
+
+
+@pytest.mark.parametrize("feature_noise", [0.0, 0.5])
+def test_a_stopped_run_resumes_to_the_same_weights(
+    tiny_target_dir, features, tmp_path, feature_noise
+) -> None:
     """Stopped after its step-2 checkpoint and started again, a run ends with the bits of one that never
-    stopped: the batch of a step, the optimizer's moments and the schedule all come back."""
+    stopped: the batch of a step, the optimizer's moments, the schedule and the feature noise all come
+    back."""
     from safetensors.torch import load_file
 
     from specserve.training.distill import CHECKPOINTS, train
 
-    settings = tiny_run(features, tmp_path, steps=4, checkpoint_every=2)
+    settings = tiny_run(features, tmp_path, steps=4, checkpoint_every=2, feature_noise=feature_noise)
     checkpoints = tmp_path / "draft" / CHECKPOINTS
     train(settings, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
     straight = load_file(str(checkpoints / "step-000004" / "model.safetensors"))
@@ -173,6 +197,13 @@ def test_a_stopped_run_resumes_to_the_same_weights(tiny_target_dir, features, tm
     # and training moved the weights at all (a run that changed nothing would also be "equal")
     first = load_file(str(checkpoints / "step-000002" / "model.safetensors"))
     assert not torch.equal(first["fc.weight"], straight["fc.weight"])
+    if feature_noise:  # and the noise reached the draft: the same run without it ends elsewhere
+        plain = tiny_run(features, tmp_path / "plain", steps=4, checkpoint_every=2)
+        train(plain, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
+        noiseless = load_file(
+            str(tmp_path / "plain" / "draft" / CHECKPOINTS / "step-000004" / "model.safetensors")
+        )
+        assert not torch.equal(noiseless["fc.weight"], straight["fc.weight"])
 
 
 def test_a_fused_run_reads_the_layers_it_names_and_keeps_them_in_its_config(
@@ -202,3 +233,13 @@ def test_a_fused_run_reads_the_layers_it_names_and_keeps_them_in_its_config(
             tmp_path / "cache",
             log=lambda _: None,
         )
+
+
+@pytest.mark.parametrize("overrides", [{"feature_noise": -0.1}, {"feature_noise": 0.1, "kind": "glide"}])
+def test_feature_noise_is_refused_where_it_means_nothing(features, tmp_path, overrides) -> None:
+    from specserve.errors import InvalidArgument
+    from specserve.training.distill import DistillSettings
+
+    settings = {"features": features / "features", "out_dir": tmp_path, "kind": "eagle", **overrides}
+    with pytest.raises(InvalidArgument, match="feature_noise"):
+        DistillSettings(**settings)  # type: ignore[arg-type]
