@@ -170,14 +170,9 @@ def _with_suffix(inner: DrafterFactory | None, draft: str = "glide") -> DrafterF
             # router has no calibration) and whatever else runs, so a seed gives the same text.
             return SuffixDrafter(model, engine.settings.max_tree_nodes, NOMINAL_CPU_COST)
         cost = engine.cost_model.for_draft(draft)
-        return SuffixDrafter(model, engine.settings.max_tree_nodes, cost, batch_load=_batch_load)
+        return SuffixDrafter(model, engine.settings.max_tree_nodes, cost, batch_load=other_sessions)
 
     return make
-
-
-def _batch_load() -> int:
-    """The other sessions of this forward (the suffix drafter takes each to send trees like its own)."""
-    return other_sessions()
 
 
 # Names, descriptions and lossless flags live in specserve.catalog (torch-free, for the router); this

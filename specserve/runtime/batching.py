@@ -265,12 +265,15 @@ class Scheduler:
 
     def _run_all(self, fns: Sequence[Callable[[], R]], max_live: int) -> list[R]:
         jobs: list[_Job] = []
-        while len(jobs) < len(fns) and self._live < max_live:
-            jobs.append(self.start(fns[len(jobs)]))
+
+        def admit() -> None:  # each started job runs to its first forward: it joins the next step
+            while len(jobs) < len(fns) and self._live < max_live:
+                jobs.append(self.start(fns[len(jobs)]))
+
+        admit()
         while self.busy or len(jobs) < len(fns):
             self.step()
-            while len(jobs) < len(fns) and self._live < max_live:
-                jobs.append(self.start(fns[len(jobs)]))  # runs to its first forward: it joins the next
+            admit()
             if self._waiting and not self._pending:
                 self._wake()
                 if not self._pending and self._waiting:

@@ -80,7 +80,7 @@ def eagle_step_loss(
     total = torch.zeros((), device=device)
     metrics: dict[str, torch.Tensor] = {}
     with bf16_autocast(device, bf16):
-        outputs = draft.unrolled(view["features"].float(), view["input_ids"], steps)
+        outputs = draft.unrolled(view["features"], view["input_ids"], steps)
     for j, predicted in enumerate(outputs):
         rooted = torch.arange(width, device=device) >= j  # [S-1]: a root j positions back exists
         positions = view["loss_mask"] & rooted[None]  # [B, S-1]
