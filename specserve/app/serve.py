@@ -104,8 +104,8 @@ def add_serve_parsers(subparsers: Any) -> None:
     stack.add_argument(
         "--log-dir",
         type=Path,
-        help="keep the logs, Redis's data, the CA and the token file here (default: a private temporary "
-        "directory, removed when the stack stops)",
+        help="keep the logs, Redis's data, the CA and the token file here, made private (mode 0700, files "
+        "0600; default: a private temporary directory, removed when the stack stops)",
     )
     stack.add_argument(
         "--http-port",

@@ -13,7 +13,8 @@ No secret is ever on a command line, where every local user can read it (`ps`): 
 password from a 0600 config file, the router its Redis URL from its environment and its tokens from a
 0600 token file (serving/private_files.py). Without a `log_dir` the stack works in a fresh private
 temporary directory, removed when the stack stops cleanly (it holds Redis's append-only file, the
-prompts in it, and the keys).
+prompts in it, and the keys). A `log_dir` the caller names is made as private (0700, its files 0600,
+the children's umask 077) and kept; one another user owns is refused.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specserve.errors import Unavailable
 from specserve.serving import tls
 from specserve.serving.auth import token_file_text
-from specserve.serving.private_files import write_private
+from specserve.serving.private_files import open_private_append, private_directory, write_private
 
 ROLES = ("target", "draft", "router")
 STARTUP_TIMEOUT_SECONDS = 180.0
 RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # the Nth restart in a row waits this long
 HEALTHY_RESET_SECONDS = 60.0  # a child that ran this long starts its backoff over
 TLS_NAMES = {"router": tls.ROUTER_NAME, "target": tls.TARGET_NAME, "draft": tls.DRAFT_NAME}
+PRIVATE_UMASK = 0o077  # the children's: whatever they write in the stack's directory is theirs alone
 TOKEN_FILE_NAME = "api-tokens"  # in the stack's directory: the router's accepted tokens, one per line
 
 
@@ -136,10 +138,10 @@ class LocalStack:
         self._token_file_text = token_file_text(auth_tokens)  # refuses a token the file cannot hold
         ports = [base_port + i for i in range(4)] if base_port else [free_port() for _ in range(4)]
         self.ports = dict(zip(("router", "target", "draft", "redis"), ports, strict=True))
-        # A directory of our own (mode 0700) is removed on a clean stop; one the caller names is kept.
+        # A directory of our own is removed on a clean stop; one the caller names is kept. Either is
+        # private (0700, every file in it 0600): the logs name sessions, Redis's files hold prompts.
         self.owns_log_dir = log_dir is None
-        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="specserve-stack-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = private_directory(log_dir or Path(tempfile.mkdtemp(prefix="specserve-stack-")))
         self.env = env or {}
         self.roles = roles
         self.processes: dict[str, subprocess.Popen] = {}
@@ -218,7 +220,7 @@ class LocalStack:
     def redis_config(self) -> Path:
         """Redis's settings as a config file (mode 0600): the password stays off its command line."""
         data_dir = self.log_dir / "redis"
-        data_dir.mkdir(mode=0o700, exist_ok=True)  # the append-only file holds every session's prompt
+        private_directory(data_dir)  # the append-only file holds every session's prompt
         settings = {
             "port": str(self.ports["redis"]),
             "bind": "127.0.0.1",
@@ -237,8 +239,9 @@ class LocalStack:
         log = self.log_dir / "redis.log"
         self.processes["redis"] = subprocess.Popen(
             [redis_server_binary(), str(self.redis_config())],
-            stdout=log.open("a"),
+            stdout=open_private_append(log),
             stderr=subprocess.STDOUT,
+            umask=PRIVATE_UMASK,  # its append-only files too
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -272,8 +275,9 @@ class LocalStack:
         process = subprocess.Popen(
             [sys.executable, "-m", "specserve.cli", "serve", role],
             env=self.role_env(role),
-            stdout=log.open("a"),
+            stdout=open_private_append(log),
             stderr=subprocess.STDOUT,
+            umask=PRIVATE_UMASK,
         )
         self.processes[role] = process
         wait_serving(self.address(role), STARTUP_TIMEOUT_SECONDS, process, log, self.channel_credentials())

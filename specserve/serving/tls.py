@@ -25,7 +25,7 @@ import grpc
 
 from specserve.errors import InvalidArgument
 from specserve.serving.handlers import Continuation, around_calls
-from specserve.serving.private_files import write_private
+from specserve.serving.private_files import private_directory, write_private
 
 logger = logging.getLogger(__name__)
 
@@ -147,13 +147,13 @@ def make_local_ca(
     valid_days: int = 30,
 ) -> dict[str, TlsFiles]:
     """A fresh CA and one certificate per name (server and client use, valid for `hosts`), as PEM files
-    in `directory` (keys readable by the owner only). Returns each name's files."""
+    in `directory` (made private: 0700, each file 0600). Returns each name's files."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    directory.mkdir(parents=True, exist_ok=True)
+    private_directory(directory)
     now = datetime.datetime.now(datetime.UTC)
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=valid_days))
 
@@ -189,7 +189,7 @@ def make_local_ca(
         .sign(ca_key, hashes.SHA256())
     )
     ca_file = directory / "ca.crt"
-    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    write_private(ca_file, ca_cert.public_bytes(serialization.Encoding.PEM))
 
     alt_names: list[x509.GeneralName] = []
     for host in hosts:
@@ -217,7 +217,7 @@ def make_local_ca(
             .sign(ca_key, hashes.SHA256())
         )
         cert_file, key_file = directory / f"{name}.crt", directory / f"{name}.key"
-        cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private(cert_file, cert.public_bytes(serialization.Encoding.PEM))
         write_key(key_file, key)
         issued[name] = TlsFiles(str(cert_file), str(key_file), str(ca_file))
     return issued

@@ -9,15 +9,20 @@ the tests run as root (tests/specserve/serving/process_scan.py).
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from process_scan import scan
+from process_scan import NOBODY, another_user, scan
 
 from specserve.client import Client
 from specserve.errors import InvalidArgument, Unauthenticated
@@ -126,3 +131,61 @@ def test_urls_of_a_tls_stack_are_https(tmp_path) -> None:
 def test_tokens_a_token_file_cannot_hold_are_refused(tmp_path, token) -> None:
     with pytest.raises(InvalidArgument, match="token"):
         LocalStack(log_dir=tmp_path, auth_tokens=(token,))
+
+
+# What another local user may do with a path (run as `nobody` when the tests run as root): each of
+# read, write and enter-or-run, by os.access.
+_ACCESS = """
+import json, os, sys
+print(json.dumps({p: [os.access(p, m) for m in (os.R_OK, os.W_OK, os.X_OK)] for p in json.load(sys.stdin)}))
+"""
+
+
+def others_access(paths: list[Path]) -> dict[str, list[bool]]:
+    done = subprocess.run(
+        [*another_user(), sys.executable, "-c", _ACCESS],
+        input=json.dumps([str(p) for p in paths]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.distributed
+def test_a_log_directory_the_caller_names_is_made_private(tmp_path_factory) -> None:
+    # Where another user can reach it (pytest's own base directory is 0700): a directory made with the
+    # usual umask (0755) holding a log of an earlier run (0644).
+    parent = Path(tempfile.mkdtemp(prefix="specserve-logs-"))
+    try:
+        parent.chmod(0o755)
+        log_dir = parent / "logs"
+        log_dir.mkdir(mode=0o755)
+        log_dir.chmod(0o755)
+        (log_dir / "router.log").write_text("session 0123456789abcdef\n")
+        (log_dir / "router.log").chmod(0o644)
+        with LocalStack(log_dir=log_dir, roles=("router",), tls=True, auth_tokens=(TOKEN,)) as stack:
+            files = [p for p in log_dir.rglob("*") if p.is_file()]
+            directories = [log_dir, *(p for p in log_dir.rglob("*") if p.is_dir())]
+            assert {"router.log", "redis.log", "redis.conf", "api-tokens", "ca.crt"} <= {
+                p.name for p in files
+            }
+            assert stack.tls_files and (log_dir / "tls").is_dir()
+            assert {str(p): oct(mode(p)) for p in directories} == {str(p): "0o700" for p in directories}
+            assert {str(p): oct(mode(p)) for p in files} == {str(p): "0o600" for p in files}
+            if another_user():  # as another local user: nothing in it can be read, listed or entered
+                seen = others_access([*directories, *files])
+                assert seen == {str(p): [False, False, False] for p in [*directories, *files]}
+        assert (log_dir / "router.log").exists()  # kept: the caller named it
+    finally:
+        shutil.rmtree(parent)
+
+
+def test_a_log_directory_of_another_user_is_refused(tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory another user owns")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(InvalidArgument, match="owned by another user"):
+        LocalStack(log_dir=theirs, roles=())
