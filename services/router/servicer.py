@@ -143,6 +143,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         """What a request may ask of this router (GenerationRequest.build checks it)."""
         return limits_from_model_info(self.model, self.methods)
 
+    def default_max_new_tokens(self, num_prompt_tokens: int) -> int:
+        """A request's new-token limit when it names none: the router's default_max_tokens, at most the
+        server's limit and what the context leaves after the prompt (at least 1: a prompt that leaves no
+        room is then refused with the context's message)."""
+        info = self.model
+        room = info.max_context - info.max_tree_nodes - 1 - num_prompt_tokens
+        return max(1, min(self.settings.default_max_tokens, info.max_new_tokens_limit, room))
+
     def ListMethods(
         self, request: router_pb2.ListMethodsRequest, context: grpc.ServicerContext
     ) -> router_pb2.ListMethodsResponse:
@@ -158,7 +166,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self, request: router_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[router_pb2.GenerateResponse]:
         prompt_ids = self._prompt_ids(request)
-        generation = request_from_pb(request, prompt_ids, self.limits, self.settings.default_method)
+        default_max_new_tokens = self.default_max_new_tokens(len(prompt_ids))
+        generation = request_from_pb(
+            request, prompt_ids, self.limits, self.settings.default_method, default_max_new_tokens
+        )
         record = self.start_session(generation, prompt_ids, request.session_id)
         yield from self.stream_session(record, context.add_callback)
 

@@ -60,15 +60,17 @@ def request_from_pb(
     prompt_ids: list[int],
     limits: RequestLimits,
     default_method: str,
+    default_max_new_tokens: int,
 ) -> GenerationRequest:
-    """A public Generate request (its prompt already tokenized), validated by GenerationRequest.build."""
+    """A public Generate request (its prompt already tokenized), validated by GenerationRequest.build.
+    The router's defaults apply where it names no method and no token limit (max_new_tokens 0)."""
     sampling = message.sampling
     return GenerationRequest.build(
         method=message.method or default_method,
         temperature=sampling.temperature,
         top_p=sampling.top_p if sampling.top_p != 0 else 1.0,
         top_k=sampling.top_k,
-        max_new_tokens=message.max_new_tokens,
+        max_new_tokens=message.max_new_tokens or default_max_new_tokens,
         stop=tuple(message.stop),
         ignore_eos=message.ignore_eos,
         seed=sampling.seed if sampling.HasField("seed") else None,

@@ -188,6 +188,9 @@ class RouterServiceSettings(ServerSettings):
     redis_url: str = "redis://localhost:6379/0"
     session_ttl_seconds: int = 3600  # a session's Redis state expires this long after its last round
     default_method: str = DEFAULT_METHOD
+    # New tokens for a request that names no limit (gRPC max_new_tokens 0, HTTP without max_tokens), within
+    # the server's limit and what the context leaves: without it such a request runs to the context's end.
+    default_max_tokens: int = 1024
     draft_timeout_seconds: float = 5.0  # per propose call; on failure the round verifies the root only
     target_timeout_seconds: float = 30.0  # per prefill / verify call
     # The OpenAI-compatible HTTP API and the playground page (services/router/http); 0 = off.
@@ -222,6 +225,8 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("target_addresses must name at least one target service")
         if self.session_ttl_seconds < 1:
             raise InvalidArgument("session_ttl_seconds must be >= 1")
+        if self.default_max_tokens < 1:
+            raise InvalidArgument("default_max_tokens must be >= 1")
         if self.draft_timeout_seconds <= 0 or self.target_timeout_seconds <= 0:
             raise InvalidArgument("timeouts must be > 0")
         if not 0 <= self.http_port <= 65535:

@@ -42,11 +42,9 @@ def generation_request(
 ) -> GenerationRequest:
     """The validated request of an HTTP body, through the router's GenerationRequest.build (so gRPC and
     HTTP refuse the same input with the same message); sampling defaults are OpenAI's: temperature 1."""
-    info = servicer.model
     max_new_tokens = body.max_new_tokens
-    if max_new_tokens is None:  # as many as the context holds, up to the server's limit
-        room = info.max_context - info.max_tree_nodes - 1 - len(prompt_ids)
-        max_new_tokens = max(1, min(info.max_new_tokens_limit, room))
+    if max_new_tokens is None:  # the router's default cap, as for a gRPC request naming no limit
+        max_new_tokens = servicer.default_max_new_tokens(len(prompt_ids))
     top = body.num_top_logprobs
     try:
         return GenerationRequest.build(
