@@ -17,7 +17,13 @@ from services.router.leases import LeaseRenewer
 from services.router.placement import ReplicaSet
 from services.router.remote import RoundTripMean
 from services.router.session_run import Done, Round, SessionRun, saved_stats
-from services.router.state import SessionRecord, SessionState, SessionStatus
+from services.router.state import (
+    SessionRecord,
+    SessionState,
+    SessionStatus,
+    scoped_session_id,
+    unknown_session,
+)
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.catalog import CATALOG
 from specserve.core.request import GenerationRequest, RequestLimits
@@ -25,7 +31,7 @@ from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import TenantCache
 from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
 from specserve.results import FinishReason
-from specserve.serving.auth import check_owner, current_caller
+from specserve.serving.auth import current_caller
 from specserve.serving.convert import (
     check_session_id,
     finish_to_pb,
@@ -178,10 +184,27 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     ) -> SessionRecord:
         """Stores a new session of a request validated against `limits`; its seed is fixed here. The
         HTTP API starts sessions here too."""
-        session_id = check_session_id(session_id) if session_id else uuid.uuid4().hex
-        record = SessionRecord(session_id, prompt_ids, request.with_seed(), owner=current_caller())
+        public_id = check_session_id(session_id) if session_id else uuid.uuid4().hex
+        owner = current_caller()
+        record = SessionRecord(
+            scoped_session_id(owner, public_id),
+            prompt_ids,
+            request.with_seed(),
+            owner=owner,
+            public_id=public_id,
+        )
         self.state.create(record)
         return record
+
+    def load_own(self, session_id: str) -> tuple[SessionRecord, list[int]]:
+        """The caller's session of that id and its tokens; NotFound, the same for every caller, if the
+        caller has none (another tenant's session of that id is stored under another key)."""
+        check_session_id(session_id)
+        owner = current_caller()
+        record, generated = self.state.load(scoped_session_id(owner, session_id), session_id)
+        if record.owner != owner:  # a record from before tenants were scoped (none without auth)
+            raise unknown_session(session_id)
+        return record, generated
 
     def stream_session(
         self, record: SessionRecord, on_client_gone: OnClientGone
@@ -192,26 +215,30 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     def Resume(
         self, request: router_pb2.ResumeRequest, context: grpc.ServicerContext
     ) -> Iterator[router_pb2.GenerateResponse]:
-        check_session_id(request.session_id)
-        record, generated = self.state.load(request.session_id)
-        check_owner(record.owner)
-        if not 0 <= request.received_tokens <= len(generated):
+        yield from self.resume_session(request.session_id, request.received_tokens, context.add_callback)
+
+    def resume_session(
+        self, session_id: str, received_tokens: int, on_client_gone: OnClientGone
+    ) -> Iterator[router_pb2.GenerateResponse]:
+        """The caller's session `session_id` streamed from token `received_tokens` on, continuing its
+        generation if it is still running (on this router or one that died). The HTTP API resumes here."""
+        record, generated = self.load_own(session_id)
+        if not 0 <= received_tokens <= len(generated):
             raise InvalidArgument(f"received_tokens must be in [0, {len(generated)}]")
         if record.status == SessionStatus.RUNNING:  # two routers never drive one session
-            self.state.take_lease(request.session_id)
-            record, generated = self.state.load(request.session_id)  # what the last holder wrote
-        yield from self._stream(record, generated, request.received_tokens, context.add_callback)
+            self.state.take_lease(record.session_id)
+            record, generated = self.state.load(record.session_id, session_id)  # what the last holder wrote
+        return self._stream(record, generated, received_tokens, on_client_gone)
 
     def Cancel(
         self, request: router_pb2.CancelRequest, context: grpc.ServicerContext
     ) -> router_pb2.CancelResponse:
-        check_session_id(request.session_id)
-        check_owner(self.state.load(request.session_id)[0].owner)  # NOT_FOUND for unknown ids
+        session_id = self.load_own(request.session_id)[0].session_id  # NOT_FOUND for unknown ids
         # Deleting the state is the cancellation: whichever router runs the session finds it gone at its
         # next round, stops, and releases the draft and target sessions.
-        self.state.delete(request.session_id)
+        self.state.delete(session_id)
         with self._lock:
-            event = self._cancel_events.get(request.session_id)
+            event = self._cancel_events.get(session_id)
         if event is not None:
             event.set()
         return router_pb2.CancelResponse()
@@ -234,11 +261,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         on_client_gone: OnClientGone,
         logprobs: int | None = None,
     ) -> Iterator[router_pb2.GenerateResponse]:
-        session_id = record.session_id
+        session_id, public_id = record.session_id, record.public_id  # the responses carry the caller's id
         cancel = threading.Event()
         with self._lock:
             if session_id in self._cancel_events:
-                raise InvalidArgument(f"session {session_id!r} is already streaming on this router")
+                raise InvalidArgument(f"session {public_id!r} is already streaming on this router")
             self._cancel_events[session_id] = cancel
         on_client_gone(cancel.set)  # the client went away or its deadline passed
         out: queue.Queue = queue.Queue()
@@ -266,17 +293,17 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     item = out.get(timeout=STREAM_POLL_SECONDS)
                 except queue.Empty:
                     if cancel.is_set():  # Cancel RPC (a client that went away gets nothing)
-                        yield self._cancelled(session_id, index)
+                        yield self._cancelled(public_id, index)
                         return
                     continue
                 if isinstance(item, Cancelled):
-                    yield self._cancelled(session_id, index)
+                    yield self._cancelled(public_id, index)
                     return
                 if isinstance(item, BaseException):
                     raise item
                 if isinstance(item, Done):
                     yield router_pb2.GenerateResponse(
-                        session_id=session_id,
+                        session_id=public_id,
                         index=index,
                         text=text.add([], final_text=item.text),
                         finish_reason=finish_to_pb(item.reason),
@@ -285,7 +312,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     return
                 if isinstance(item, Round):
                     yield router_pb2.GenerateResponse(
-                        session_id=session_id,
+                        session_id=public_id,
                         token_ids=item.token_ids,
                         index=index,
                         text=text.add(item.token_ids),
@@ -301,7 +328,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                     index += len(item.token_ids)
                     continue
                 yield router_pb2.GenerateResponse(  # tokens generated before a Resume
-                    session_id=session_id, token_ids=item, index=index, text=text.add(item)
+                    session_id=public_id, token_ids=item, index=index, text=text.add(item)
                 )
                 index += len(item)
         finally:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import threading
 import time
@@ -95,6 +96,22 @@ return 1
 """
 
 
+def scoped_session_id(owner: str, session_id: str) -> str:
+    """The id a session is stored and run under (its Redis keys, its target and draft sessions), from
+    the id its caller named or was given and the caller's principal (serving/auth.py): that id itself
+    without auth (one tenant), else a digest of both. Tenants' ids never meet: another tenant's id is a
+    key nobody wrote, answered exactly as an unknown one, and Generate with it starts the caller's own
+    session."""
+    if not owner:
+        return session_id
+    return hashlib.blake2b(f"{owner}/{session_id}".encode(), digest_size=16).hexdigest()
+
+
+def unknown_session(session_id: str) -> NotFound:
+    """The one answer for an id the caller has no session under, whoever else may use it."""
+    return NotFound(f"no session {session_id!r} (finished long ago, cancelled, or never started)")
+
+
 class SessionStatus:
     RUNNING = "running"
     FINISHED = "finished"
@@ -103,7 +120,7 @@ class SessionStatus:
 
 @dataclass
 class SessionRecord:
-    session_id: str
+    session_id: str  # the id it is stored and run under (scoped_session_id)
     prompt_ids: list[int]
     request: GenerationRequest  # validated, its seed fixed (GenerationRequest.with_seed)
     status: str = SessionStatus.RUNNING
@@ -113,6 +130,10 @@ class SessionRecord:
     draft: str = ""
     created_unix: float = field(default_factory=time.time)
     owner: str = ""  # the creator's principal (serving/auth.py); "" when auth is off
+    public_id: str = ""  # the id its creator named or was given, which its responses carry; "" = session_id
+
+    def __post_init__(self) -> None:
+        self.public_id = self.public_id or self.session_id
 
     def to_fields(self) -> dict[str, Any]:
         """The Redis hash's fields (each stored as JSON)."""
@@ -198,7 +219,7 @@ class SessionState:
     def create(self, record: SessionRecord) -> None:
         # Atomic: a second Generate with the same id loses (unless the first was cancelled).
         if not self._write_record(record, replace=False):
-            raise InvalidArgument(f"session {record.session_id!r} already exists")
+            raise InvalidArgument(f"session {record.public_id!r} already exists")
         self._remember(record, [])
         self._retrying(lambda: self.redis.delete(self.key(record.session_id) + ":lease"))  # a predecessor's
         self.take_lease(record.session_id, wait_seconds=0.0)
@@ -251,7 +272,10 @@ class SessionState:
                 except redis.RedisError:
                     pass  # Redis is restarting: appends retry; the lease is renewed when it is back
 
-    def load(self, session_id: str) -> tuple[SessionRecord, list[int]]:
+    def load(self, session_id: str, public_id: str = "") -> tuple[SessionRecord, list[int]]:
+        """The session stored under `session_id`; NotFound (naming `public_id`, the caller's name for it)
+        if there is none, or it was cancelled."""
+
         def read() -> list:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hgetall(self.key(session_id))
@@ -261,11 +285,11 @@ class SessionState:
         raw, tokens = self._retrying(read)
         values = {k.decode(): json.loads(v) for k, v in raw.items()}
         if not raw or values.get("status") == SessionStatus.CANCELLED:
-            raise NotFound(f"no session {session_id!r} (finished long ago, cancelled, or never started)")
+            raise unknown_session(public_id or session_id)
         try:
             record, generated = SessionRecord.from_fields(values), [int(t) for t in tokens]
         except (TypeError, ValueError, KeyError):
-            raise NotFound(f"session {session_id!r} has an unreadable record") from None
+            raise NotFound(f"session {public_id or session_id!r} has an unreadable record") from None
         self._remember(record, list(generated))
         return record, generated
 

@@ -5,8 +5,10 @@ re-read when it changes, so tokens rotate without a restart. A call without a va
 `authorization: Bearer <token>` gets UNAUTHENTICATED with one fixed message: nothing says whether the
 token was unknown, malformed or missing. Health checks stay open (probes carry no token).
 
-A session is bound to its creator: the router stores the creator's `principal` (a hash of the token,
-never the token) with the session, and Resume and Cancel from anyone else get PERMISSION_DENIED.
+A session belongs to its creator: the router stores the creator's `principal` (a hash of the token,
+never the token) with the session and keys it by principal and id (services/router/state.py
+`scoped_session_id`), so another token's Resume, Cancel or Generate with that id never reaches it: an
+id another tenant uses is answered exactly as an unknown one.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from specserve.errors import InvalidArgument, PermissionDenied
+from specserve.errors import InvalidArgument
 from specserve.serving.handlers import Continuation, within
 
 logger = logging.getLogger(__name__)
@@ -95,12 +97,6 @@ def as_caller(caller: str) -> Iterator[None]:
         yield
     finally:
         _CALLER.reset(token)
-
-
-def check_owner(owner: str) -> None:
-    """Resume and Cancel: only the session's creator. Sessions created without auth have no owner."""
-    if owner and not hmac.compare_digest(owner, current_caller()):
-        raise PermissionDenied("this session belongs to other credentials")
 
 
 class TokenSet:

@@ -316,8 +316,8 @@ class Output:
     def __init__(self, servicer: RouterServicer, body, record, model: str, method: str) -> None:
         self.tokenizer = servicer.tokenizer
         self.body = body
-        self.id = f"{self.id_prefix}{record.session_id}"
-        self.session_id = record.session_id
+        self.id = f"{self.id_prefix}{record.public_id}"
+        self.session_id = record.public_id
         self.prompt_tokens = len(record.prompt_ids)
         self.model, self.method = model, method
         self.created = int(time.time())

@@ -47,7 +47,6 @@ def generate(info: target_pb2.ModelInfo, **overrides) -> router_pb2.GenerateRequ
         pytest.param({"sampling": common_pb2.SamplingParams(temperature=-0.5)}, id="temperature-below-0"),
         pytest.param({"sampling": common_pb2.SamplingParams(top_p=1.5)}, id="top-p-above-1"),
         pytest.param({"sampling": common_pb2.SamplingParams(top_k=-1)}, id="top-k-below-0"),
-        pytest.param({"max_new_tokens": 0}, id="max-new-tokens-0"),
         pytest.param({"max_new_tokens": -3}, id="max-new-tokens-negative"),
         pytest.param(
             {"max_new_tokens": lambda info: info.max_new_tokens_limit + 1}, id="max-new-tokens-above-limit"

@@ -4,7 +4,7 @@ bearer tokens at the router, Redis with a password and append-only persistence, 
 its children.
 
 - tokens: no or a wrong token gets UNAUTHENTICATED with one fixed message (SDK and CLI); a session is
-  bound to its creator (Resume and Cancel with another token get PERMISSION_DENIED);
+  bound to its creator (Resume and Cancel with another token get NOT_FOUND, as an unknown id);
 - peers: the target refuses plaintext and certificates of the wrong name; StreamKV is the draft's alone;
 - faults: SIGKILL of Redis, the router and the target mid-generation: each is restarted by the stack
   (with its log line) while the others keep serving, and the SDK with its default retries finishes with
@@ -35,7 +35,7 @@ import pytest
 import redis
 
 from specserve.client import Client
-from specserve.errors import PermissionDenied, Unauthenticated, Unavailable
+from specserve.errors import NotFound, Unauthenticated, Unavailable
 from specserve.serving import tls
 from specserve.serving.stack import free_port
 from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
@@ -173,9 +173,9 @@ def test_a_session_is_bound_to_its_creator(stack, reference) -> None:
     with client(stack) as alice:
         done = alice.generate(PROMPT, max_new_tokens=4, timeout=300)
     with client(stack, TOKENS[1]) as bob:
-        with pytest.raises(PermissionDenied):
+        with pytest.raises(NotFound):
             list(bob.resume(done.session_id))
-        with pytest.raises(PermissionDenied):
+        with pytest.raises(NotFound):
             bob.cancel(done.session_id)
     with client(stack) as alice:
         resumed = [t for chunk in alice.resume(done.session_id) for t in chunk.token_ids]
