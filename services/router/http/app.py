@@ -16,16 +16,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from importlib.resources import files
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.router.http.body import Body, BodyBounds, read_body
-from services.router.http.errors import HttpError, error_body, from_specserve, too_large
+from services.router.http.errors import HttpError, error_body, from_specserve, invalid, too_large
 from services.router.http.generation import (
     FINISH_REASONS,
     Generation,
@@ -37,8 +39,13 @@ from services.router.http.generation import (
     generation_request,
     usage,
 )
-from services.router.http.openapi import GENERATION_RESPONSES, MODEL_RESPONSES, install_openapi
-from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.router.http.openapi import (
+    GENERATION_RESPONSES,
+    MODEL_RESPONSES,
+    RESUME_RESPONSES,
+    install_openapi,
+)
+from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from specserve import __version__
@@ -48,6 +55,8 @@ from specserve.v1 import router_pb2
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_ID = r"^(chatcmpl|cmpl)-[A-Za-z0-9_-]{1,64}$"  # a streamed response's id: its kind and session id
+MAX_TOKENS_PARAM = 2**31 - 1  # received_tokens: the wire's int32, as gRPC Resume takes it
 
 
 class BodyLimit:
@@ -126,6 +135,14 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
     async def _specserve_error(request: Request, error: SpecserveError) -> JSONResponse:
         converted = from_specserve(error)
         return JSONResponse(error_body(converted), converted.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _parameter_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        # A path or query parameter (the bodies are read by body.py): 400 naming it, as a body field.
+        first = error.errors()[0]
+        param = str(first["loc"][-1]) if first.get("loc") else None
+        body = error_body(invalid(f"{param}: {first['msg']}" if param else first["msg"], param))
+        return JSONResponse(body, 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _route_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -221,11 +238,42 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
             # In the request's context: the caller's principal (serving/auth.py BearerTokenASGI) binds the
             # session to its creator, as over gRPC.
             record = await asyncio.to_thread(start)
-            generation = Generation(servicer, record)
+            generation = Generation(record.session_id, lambda gone: servicer.stream_session(record, gone))
         except BaseException:
             release()
             raise
         output = output_type(servicer, body, record, served, record.request.method)
+        return await _respond(request, body, generation, output, release)
+
+    @app.get("/v1/streams/{stream_id}", responses=RESUME_RESPONSES)
+    async def resume_stream(
+        request: Request,
+        stream_id: Annotated[str, Path(pattern=STREAM_ID)],
+        received_tokens: Annotated[int | None, Query(ge=0, le=MAX_TOKENS_PARAM)] = None,
+        include_usage: bool = False,
+    ) -> Response:
+        """specserve's extension: a streamed completion continued from its `received_tokens`-th token
+        (else the `Last-Event-ID` header, else 0), for a client whose stream was cut (docs/api.md,
+        Streaming). `stream_id` is the stream's `id` (`chatcmpl-...` or `cmpl-...`)."""
+        output_type, session_id = _stream_kind(stream_id)
+        received = received_tokens if received_tokens is not None else _last_event_id(request)
+        release = admission.enter()
+        try:
+            served = await model_name()
+            record, generated = await asyncio.to_thread(servicer.load_own, session_id)
+            body = output_type.resumed_body(record, include_usage)
+            generation = Generation(
+                record.session_id, lambda gone: servicer.resume_session(session_id, received, gone)
+            )
+        except BaseException:
+            release()
+            raise
+        output = output_type(
+            servicer, body, record, served, record.request.method, received=generated[:received]
+        )
+        return await _respond(request, body, generation, output, release)
+
+    async def _respond(request: Request, body, generation: Generation, output: Output, release) -> Response:
         loop = asyncio.get_running_loop()
         deadline = None if body.timeout_seconds is None else loop.time() + body.timeout_seconds
 
@@ -255,6 +303,29 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
     return app
 
 
+def _stream_kind(stream_id: str) -> tuple[type[Output], str]:
+    """The output a stream id names (by its prefix) and its session id."""
+    for output_type in (ChatOutput, CompletionOutput):
+        if stream_id.startswith(output_type.id_prefix):
+            return output_type, stream_id.removeprefix(output_type.id_prefix)
+    raise HttpError(
+        400,
+        f"a stream id is a streamed response's id, chatcmpl-... or cmpl-..., got {quoted(stream_id)}",
+        "invalid_request_error",
+        "stream_id",
+    )
+
+
+def _last_event_id(request: Request) -> int:
+    """The tokens the client has by the server-sent events' own reconnection header (0 without it)."""
+    value = request.headers.get("last-event-id", "").strip()
+    if not value:
+        return 0
+    if not value.isdigit() or len(value) > len(str(MAX_TOKENS_PARAM)):
+        raise invalid(f"Last-Event-ID must be a token count, got {quoted(value)}", "Last-Event-ID")
+    return int(value)
+
+
 def _model_card(name: str) -> dict:
     return {"id": name, "object": "model", "created": 0, "owned_by": "specserve"}
 
@@ -280,21 +351,23 @@ class SessionStream(StreamingResponse):
             self.on_close()
 
 
-def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+def _sse(data: dict, event_id: int | None = None) -> str:
+    """One event; `event_id`: the tokens the client has once it read this event (where to resume)."""
+    event = f"data: {json.dumps(data, separators=(',', ':'))}\n"
+    return event + ("" if event_id is None else f"id: {event_id}\n") + "\n"
 
 
 async def _events(output, generation: Generation, first, deadline: float | None) -> AsyncIterator[str]:
     try:
         for chunk in output.start_chunks():
-            yield _sse(chunk)
+            yield _sse(chunk, output.num_tokens)
         message = first
         while message is not None:
             for chunk in output.add(message):
-                yield _sse(chunk)
+                yield _sse(chunk, output.num_tokens)
             message = await generation.next(deadline)
         for chunk in output.end_chunks():
-            yield _sse(chunk)
+            yield _sse(chunk, output.num_tokens)
         yield "data: [DONE]\n\n"
     except HttpError as e:  # after the first event the status is sent: the error is an event
         yield _sse(error_body(e))
@@ -313,15 +386,19 @@ class Output:
     object_name = ""
     id_prefix = ""
 
-    def __init__(self, servicer: RouterServicer, body, record, model: str, method: str) -> None:
+    def __init__(
+        self, servicer: RouterServicer, body, record, model: str, method: str, received: Sequence[int] = ()
+    ) -> None:
+        """received: the tokens a resumed stream's client already has; the chunks continue from them."""
         self.tokenizer = servicer.tokenizer
+        self.num_tokens = len(received)  # the tokens the client has once it read the last chunk
         self.body = body
         self.id = f"{self.id_prefix}{record.public_id}"
         self.session_id = record.public_id
         self.prompt_tokens = len(record.prompt_ids)
         self.model, self.method = model, method
         self.created = int(time.time())
-        self.text = TextAssembler(self.tokenizer, body.stop_strings)
+        self.text = TextAssembler(self.tokenizer, body.stop_strings, received)
         self.logprobs: list = []
         self.finish_reason: str | None = None
         self.stats: router_pb2.GenerationStats | None = None
@@ -333,6 +410,7 @@ class Output:
             self.stats = message.stats
             rest = self.text.finish()
             return [self._chunk(rest, [], None)] if rest else []
+        self.num_tokens += len(message.token_ids)
         num_accepted = message.round.num_accepted_tokens
         num_suffix = min(message.round.num_suffix_accepted_tokens, num_accepted)
         accepted, target, suffix = self.text.add(list(message.token_ids), num_accepted, num_suffix)
@@ -353,6 +431,12 @@ class Output:
     def usage(self) -> dict:
         assert self.stats is not None
         return usage(self.prompt_tokens, self.stats, self.method, self.session_id)
+
+    @classmethod
+    def resumed_body(cls, record: SessionRecord, include_usage: bool) -> Any:
+        """The stream options of a resumed session's chunks, as its first request's body gave them
+        (stop strings and log-probabilities are the session's own)."""
+        raise NotImplementedError
 
     def start_chunks(self) -> list[dict]:
         return []
@@ -389,8 +473,20 @@ class ChatOutput(Output):
     object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
 
+    @classmethod
+    def resumed_body(cls, record: SessionRecord, include_usage: bool) -> ChatCompletionRequest:
+        request = record.request
+        return ChatCompletionRequest.model_construct(
+            stop=list(request.stopping.stop),
+            logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs,
+            stream=True,
+            stream_options=StreamOptions(include_usage=include_usage),
+        )
+
     def start_chunks(self) -> list[dict]:
-        return [self._choice({"role": "assistant", "content": ""})]
+        # A resumed stream's client has had the role (in the first chunk) already.
+        return [] if self.num_tokens else [self._choice({"role": "assistant", "content": ""})]
 
     def _choice(self, delta: dict, logprobs: dict | None = None, finish: str | None = None) -> dict:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -431,6 +527,16 @@ class CompletionOutput(Output):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.text_offset = 0
+
+    @classmethod
+    def resumed_body(cls, record: SessionRecord, include_usage: bool) -> CompletionRequest:
+        request = record.request
+        return CompletionRequest.model_construct(
+            stop=list(request.stopping.stop),
+            logprobs=request.num_top_logprobs,
+            stream=True,
+            stream_options=StreamOptions(include_usage=include_usage),
+        )
 
     def _logprobs(self, logprobs: list) -> dict | None:
         if self.body.logprobs is None:

@@ -9,15 +9,15 @@ calls: the router then stops the session and frees its draft, target and Redis s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.router.http.errors import HttpError, from_specserve, invalid
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
-from services.router.servicer import RouterServicer
-from services.router.state import SessionRecord
+from services.router.servicer import OnClientGone, RouterServicer
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.core.request import GenerationRequest, InvalidField
 from specserve.errors import SpecserveError, quoted
@@ -71,8 +71,11 @@ class TextAssembler:
     string, nor the start of one, ever shows), each split into the part the draft's accepted tokens
     produced and the target's own part."""
 
-    def __init__(self, tokenizer: RouterTokenizer, stops: Sequence[str] = ()) -> None:
-        self.incremental = IncrementalText(tokenizer, stops=stops)
+    def __init__(
+        self, tokenizer: RouterTokenizer, stops: Sequence[str] = (), received: Sequence[int] = ()
+    ) -> None:
+        # received: tokens the client has already (a resumed stream continues their text exactly)
+        self.incremental = IncrementalText(tokenizer, received, stops)
 
     def add(self, token_ids: Sequence[int], num_accepted: int, num_suffix: int = 0) -> tuple[str, str, str]:
         """Returns (accepted text, target text, the accepted text's suffix-index tail) of a round:
@@ -103,18 +106,24 @@ class TextAssembler:
 
 
 class Generation:
-    """A session's stream on a thread of its own, consumed from the event loop."""
+    """A session's stream on a thread of its own, consumed from the event loop. `stream` starts it (on
+    that thread: a resumed one may wait for a dead router's lease), given what registers a callback for
+    when the client goes away: the router's `stream_session` of a new session, or `resume_session`."""
 
-    def __init__(self, servicer: RouterServicer, record: SessionRecord) -> None:
-        self.record = record
-        self.session_id = record.session_id
+    def __init__(
+        self, session_id: str, stream: Callable[[OnClientGone], Iterator[router_pb2.GenerateResponse]]
+    ) -> None:
+        self.session_id = session_id
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._lock = threading.Lock()
         self._on_gone: list[Callable[[], None]] = []
         self._gone = False
-        iterator = servicer.stream_session(record, self._register)
-        threading.Thread(target=self._pump, args=(iterator,), name="http-generation", daemon=True).start()
+        # In the request's context: the caller's principal (serving/auth.py) finds the caller's sessions.
+        context = contextvars.copy_context()
+        threading.Thread(
+            target=context.run, args=(self._pump, stream), name="http-generation", daemon=True
+        ).start()
 
     def _register(self, callback: Callable[[], None]) -> None:
         with self._lock:
@@ -131,15 +140,18 @@ class Generation:
         for callback in callbacks:
             callback()
 
-    def _pump(self, iterator) -> None:
+    def _pump(self, stream: Callable[[OnClientGone], Iterator[router_pb2.GenerateResponse]]) -> None:
         item: object = _END
+        iterator = None
         try:
+            iterator = stream(self._register)
             for message in iterator:
                 self._put(message)
         except BaseException as e:
             item = e
         finally:
-            iterator.close()
+            if isinstance(iterator, Generator):
+                iterator.close()
         self._put(item)
 
     def _put(self, item: object) -> None:

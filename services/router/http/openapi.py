@@ -52,6 +52,17 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: _error("no target or Redis reachable"),
     504: _error("`timeout_seconds` passed"),
 }
+# GET /v1/streams/{stream_id}: a cut stream continued (docs/api.md, Streaming).
+RESUME_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "server-sent events of the stream's chunks from `received_tokens` on",
+        "content": {"text/event-stream": {}},
+    },
+    400: _error("a malformed stream id, or `received_tokens` beyond the tokens the session has"),
+    404: _error("no session of the caller's with that id (finished long ago, cancelled, or never started)"),
+    429: _error("the router's limit of concurrent generations is reached"),
+    503: _error("no target or Redis reachable, or another router still drives the session"),
+}
 # GET /v1/models/{model_id}: the served model's card, or this.
 MODEL_RESPONSES: dict[int | str, dict[str, Any]] = {404: _error("no model by that id is served")}
 UNAUTHENTICATED = "no valid `Authorization: Bearer` token (the API key)"

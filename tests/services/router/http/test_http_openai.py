@@ -22,8 +22,9 @@ import openai
 import pytest
 import redis
 
+from services.router.state import SessionState, scoped_session_id
 from specserve.client import Client, Completion
-from specserve.serving.stack import LocalStack
+from specserve.serving.auth import principal
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
 
@@ -288,8 +289,11 @@ def test_a_deadline_gets_504_and_frees_the_session(client, model) -> None:
     assert chat(client, model, max_tokens=2).usage.completion_tokens == 2  # its slot is free again
 
 
-def session_running(stack: LocalStack, session_id: str) -> bool:
-    status = redis.Redis.from_url(stack.redis_url).hget(f"specserve:session:{session_id}", "status")
+def session_running(http_router, session_id: str) -> bool:
+    """Whether the router's tenant's session of that id is running (its key in Redis is the tenant's own:
+    services/router/state.py, scoped_session_id)."""
+    key = SessionState.key(scoped_session_id(principal(http_router.token), session_id))
+    status = redis.Redis.from_url(http_router.stack.redis_url).hget(key, "status")
     return status is not None and b"running" in status
 
 
@@ -297,14 +301,14 @@ def test_overload_gets_429_and_a_disconnect_cancels_the_session(client, model, h
     long = {"max_tokens": 400, "extra_body": {"ignore_eos": True}, "stream": True}
     streams = [chat(client, model, **long) for _ in range(http_router.max_concurrent)]
     session_ids = [next(iter(stream)).id.removeprefix("chatcmpl-") for stream in streams]
-    assert all(session_running(http_router.stack, s) for s in session_ids)
+    assert all(session_running(http_router, s) for s in session_ids)
     with pytest.raises(openai.RateLimitError) as raised:
         chat(client, model, max_tokens=2)
     assert raised.value.status_code == 429
     for stream in streams:
         stream.close()  # the client goes away mid-stream
     deadline = time.monotonic() + 30
-    while any(session_running(http_router.stack, s) for s in session_ids):
+    while any(session_running(http_router, s) for s in session_ids):
         assert time.monotonic() < deadline, "a disconnected client's session kept running"
         time.sleep(0.2)
     assert chat(client, model, max_tokens=2).usage.completion_tokens == 2  # the slots are free again
@@ -366,7 +370,10 @@ def test_curl_reads_the_event_stream_to_done(http_router, model: str) -> None:
     events = [e for e in result.stdout.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    # Each event: its data line, then its id, the tokens the client has once it read it (docs/api.md).
+    data, ids = zip(*(e.split("\n") for e in events[:-1]), strict=True)
+    chunks = [json.loads(d.removeprefix("data: ")) for d in data]
+    assert ids[-1] == "id: 6" and all(i.startswith("id: ") for i in ids)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert (
         sum(len(c["specserve"]["round"]["token_ids"]) for c in chunks if "round" in c.get("specserve", {}))

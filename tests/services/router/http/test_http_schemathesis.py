@@ -34,6 +34,7 @@ OPERATIONS = [
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "GET /v1/methods",
+    "GET /v1/streams/{stream_id}",
     "POST /v1/chat/completions",
     "POST /v1/completions",
 ]

@@ -15,6 +15,8 @@ from specserve.errors import Unavailable
 class Output:
     """The chunks a stream sends for its messages (the API's own Output folds real ones)."""
 
+    num_tokens = 0  # what each event's `id:` says the client has
+
     def start_chunks(self) -> list[dict]:
         return [{"start": True}]
 
@@ -56,7 +58,8 @@ def last_error(stream: list[str]) -> dict:
 def test_a_failure_the_router_reports_ends_the_stream_with_its_error() -> None:
     # A target, draft or Redis that stayed away past its retries reaches the stream as UNAVAILABLE.
     stream = events(from_specserve(Unavailable("redis: Connection refused")))
-    assert [json.loads(e.removeprefix("data: ")) for e in stream[:3]] == [
+    assert all(e.endswith("\nid: 0\n\n") for e in stream[:3])
+    assert [json.loads(e.removeprefix("data: ").split("\n")[0]) for e in stream[:3]] == [
         {"start": True},
         {"text": "first"},
         {"text": "second"},
