@@ -43,12 +43,15 @@ from services.router.http.openapi import (
     GENERATION_RESPONSES,
     MODEL_RESPONSES,
     RESUME_RESPONSES,
+    RuntimeBounds,
     install_openapi,
+    nullable,
 )
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from specserve import __version__
+from specserve.catalog import CATALOG, Method
 from specserve.errors import SpecserveError, quoted
 from specserve.v1 import router_pb2
 
@@ -121,7 +124,7 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
         version=__version__,
         docs_url=None,  # the interactive pages load scripts from a CDN; the schema is enough for tools
         redoc_url=None,
-        openapi_url="/openapi.json",
+        openapi_url=None,  # served below, built off the event loop
     )
     admission = Admission(settings.max_concurrent_rpcs)
 
@@ -297,9 +300,56 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
             watcher.cancel()
             close()
 
+    def runtime_bounds() -> RuntimeBounds:
+        """What this router accepts beyond the static bounds (schemas.py): the served model's name, its
+        token limit, vocabulary and prompt bound, log-probabilities if its target reports them, the
+        methods served here, and which of them need allow_lossy (or temperature 0: 1 when unset)."""
+        info = servicer.model
+        max_tokens = {"type": "integer", "minimum": 1, "maximum": info.max_new_tokens_limit}
+        common = {
+            "model": nullable({"enum": [info.model_name, ""]}),
+            "method": nullable({"enum": sorted(servicer.methods)}),
+            "max_tokens": nullable(max_tokens),
+        }
+        token_ids = {"type": "integer", "minimum": 0, "maximum": info.vocab_size - 1}
+        prompt = {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+                {"type": "array", "items": token_ids, "minItems": 1, "maxItems": info.max_prompt_tokens},
+            ]
+        }
+        chat: dict[str, Any] = common | {"max_completion_tokens": nullable(max_tokens)}
+        completion: dict[str, Any] = common | {"prompt": prompt}
+        if not info.supports_logprobs:
+            chat |= {"logprobs": {"const": False, "default": False}, "top_logprobs": nullable({"const": 0})}
+            completion |= {"logprobs": {"type": "null", "default": None}}
+        lossy = sorted(m for m in servicer.methods if not CATALOG[Method(m)].lossless)
+        conditions = {}
+        if lossy:
+            conditions["lossy"] = {
+                "if": {"properties": {"method": {"enum": lossy}}, "required": ["method"]},
+                "then": {
+                    "anyOf": [
+                        {"properties": {"allow_lossy": {"const": True}}, "required": ["allow_lossy"]},
+                        {"properties": {"temperature": {"const": 0}}, "required": ["temperature"]},
+                    ]
+                },
+            }
+        return {"ChatCompletionRequest": chat, "CompletionRequest": completion, "allOf": conditions}
+
     install_openapi(
-        app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}, secured
+        app,
+        {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest},
+        secured,
+        runtime_bounds,
     )
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_document() -> JSONResponse:
+        # Built once, off the event loop: its first build asks a target for the model's bounds.
+        return JSONResponse(await asyncio.to_thread(app.openapi))
+
     return app
 
 

@@ -9,6 +9,7 @@ and generated tests know which requests need a token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -69,9 +70,25 @@ UNAUTHENTICATED = "no valid `Authorization: Bearer` token (the API key)"
 SECURITY_SCHEME = "bearer"
 
 
-def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]], secured: bool) -> None:
+# A body model's name -> its properties' schemas as this router accepts them (replacing the static ones),
+# and "allOf" -> conditions every body must meet: what depends on the served model and the router.
+RuntimeBounds = dict[str, dict[str, Any]]
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}], "default": None}
+
+
+def install_openapi(
+    app: FastAPI,
+    bodies: dict[str, type[BaseModel]],
+    secured: bool,
+    runtime_bounds: Callable[[], RuntimeBounds],
+) -> None:
     """`app.openapi()` (what /openapi.json serves) with `bodies` (POST path -> model) as the request
-    bodies of those routes; `secured`: bearer tokens are required outside OPEN_PATHS."""
+    bodies of those routes, their properties narrowed by `runtime_bounds()` (asked once, when the
+    document is first served; it may ask a target); `secured`: bearer tokens are required outside
+    OPEN_PATHS."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -80,9 +97,12 @@ def install_openapi(app: FastAPI, bodies: dict[str, type[BaseModel]], secured: b
             )
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             _drop_validation_errors(document, schemas)
+            bounds = runtime_bounds()
             for path, model in bodies.items():
                 schema = model.model_json_schema(ref_template=SCHEMA_REF)
                 schemas.update(schema.pop("$defs", {}))
+                schema["properties"].update(bounds.get(model.__name__, {}))
+                schema.setdefault("allOf", []).extend(bounds.get("allOf", {}).values())
                 schemas[model.__name__] = schema
                 document["paths"][path]["post"]["requestBody"] = {
                     "required": True,

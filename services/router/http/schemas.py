@@ -6,23 +6,25 @@ their neutral value (n = 1, no penalties, no logit bias, echo false). specserve'
 `allow_lossy`, `top_k`, `ignore_eos`, `timeout_seconds`) go in the body next to OpenAI's (the `openai`
 client's `extra_body`).
 
-Types are JSON's, strictly: a boolean is not a number, a string is not a boolean, a float is not an
-integer, and numbers are finite (pydantic's strict mode; NaN, Infinity and numbers beyond a double's
+Types are JSON's, strictly: a boolean is not a number, a string is not a boolean, a number with a
+fractional part is not an integer (one without, such as `1.0` or `1e2`, is: JSON Schema's "integer"),
+and numbers are finite (pydantic's strict mode; NaN, Infinity and numbers beyond a double's
 range are refused), so a value never means something its sender did not write.
 
-The OpenAPI document states the bounds that do not depend on the served model (`documented`): the
+The OpenAPI document states the bounds that do not depend on the served model here (`documented`): the
 sampling and stopping bounds GenerationRequest.build checks, from the same constants, the neutral values
 of the unsupported fields, and which field needs which. They are only documented here: the checks stay
 where they are (gRPC and HTTP refuse the same input with the same message). What depends on the model
-or the router (method names, `max_tokens` up to the server's limit, token ids, prompt length) is
-checked at run time only.
+or the router (the model's name, method names and the lossy ones, `max_tokens` up to the server's
+limit, token ids, log-probabilities) is added to the document when it is served (openapi.py,
+`runtime_bounds`).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from services.router.http.errors import invalid
 from specserve.core.request import (
@@ -35,6 +37,19 @@ from specserve.core.request import (
 )
 
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
+
+
+def _integral(value: Any) -> Any:
+    """A JSON number with no fractional part as the integer it is (`1.0`, `1e2`): JSON Schema's
+    "integer" is any such number, and the OpenAPI document says "integer". Anything else, a boolean
+    included, is left for strict validation to refuse."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer field: any integral JSON number (JSON Schema's "integer").
+JsonInt = Annotated[int, BeforeValidator(_integral)]
 
 
 def documented(schema: dict[str, Any], default: Any = None, nullable: bool = True) -> Any:
@@ -100,17 +115,17 @@ class GenerationFields(Strict):
     """What chat and completions share: sampling, stopping, streaming and specserve's extensions."""
 
     model: str | None = None  # None = the served model; any other name is 404
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: JsonInt | None = Field(default=None, ge=1)
     # OpenAI's default is 1
     temperature: float | None = documented({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE})
     top_p: float | None = documented({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
-    seed: int | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_SEED - 1})
+    seed: JsonInt | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_SEED - 1})
     stop: str | list[str] | None = documented(
         {"anyOf": [STOP_STRING, {"type": "array", "items": STOP_STRING, "maxItems": MAX_STOP_STRINGS}]}
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = documented({"const": 1})
+    n: JsonInt | None = documented({"const": 1})
     presence_penalty: float | None = documented({"const": 0})
     frequency_penalty: float | None = documented({"const": 0})
     logit_bias: dict[str, float] | None = documented({"type": "object", "maxProperties": 0})
@@ -119,7 +134,7 @@ class GenerationFields(Strict):
     method: str | None = None  # draft method; "target" turns speculation off; None = the router's default
     allow_lossy: bool = False  # opt in to a lossy method at temperature > 0
     # checked with the rest of the request (GenerationRequest.build)
-    top_k: int | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_TOP_K})
+    top_k: JsonInt | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_TOP_K})
     ignore_eos: bool = False
     timeout_seconds: float | None = Field(default=None, gt=0)  # 504 when the generation takes longer
 
@@ -160,9 +175,9 @@ class ChatCompletionRequest(GenerationFields):
     )
 
     messages: list[ChatMessage] = Field(min_length=1, json_schema_extra={"contains": NON_BLANK_MESSAGE})
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: JsonInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _chat(self) -> ChatCompletionRequest:
@@ -192,7 +207,7 @@ class CompletionRequest(GenerationFields):
     )
 
     # one text (a list of one, as OpenAI's batch form), or token ids; never empty
-    prompt: str | list[str] | list[int] = documented(
+    prompt: str | list[str] | list[JsonInt] = documented(
         {
             "anyOf": [
                 {"type": "string", "minLength": 1},
@@ -203,10 +218,10 @@ class CompletionRequest(GenerationFields):
         default=...,
         nullable=False,
     )
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    logprobs: JsonInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = documented({"const": False}, default=False, nullable=False)
     suffix: str | None = documented({"type": "string", "maxLength": 0})
-    best_of: int | None = documented({"const": 1})
+    best_of: JsonInt | None = documented({"const": 1})
 
     @model_validator(mode="after")
     def _completion(self) -> CompletionRequest:

@@ -20,13 +20,35 @@ from services.router.http.errors import HttpError
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
 from specserve.core.request import GenerationRequest, InvalidField
 from specserve.serving.settings import RouterServiceSettings
+from specserve.v1 import target_pb2
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"prompt": "hi"}
 
 
-def document(secured: bool = True) -> dict[str, Any]:
-    return create_app(SimpleNamespace(settings=RouterServiceSettings()), secured).openapi()
+# What a router knows of its model and methods when it serves the document (the rest of RouterServicer
+# is not needed to build it).
+MODEL = target_pb2.ModelInfo(
+    model_name="tiny",
+    vocab_size=100,
+    max_new_tokens_limit=4096,
+    max_prompt_tokens=1536,
+    max_context=8192,
+    supports_logprobs=True,
+)
+METHODS = frozenset({"target", "eagle-cape-suffix", "mcsd"})
+
+
+def router(**model: Any) -> SimpleNamespace:
+    info = target_pb2.ModelInfo()
+    info.CopyFrom(MODEL)
+    for name, value in model.items():
+        setattr(info, name, value)
+    return SimpleNamespace(settings=RouterServiceSettings(), model=info, methods=METHODS)
+
+
+def document(secured: bool = True, **model: Any) -> dict[str, Any]:
+    return create_app(router(**model), secured).openapi()
 
 
 def body_validator(model: type) -> jsonschema.Validator:
@@ -147,3 +169,39 @@ def test_a_method_a_path_does_not_take_gets_405_with_allow() -> None:
         assert response.status_code == 405
         assert response.headers["allow"] == allowed  # RFC 9110: a 405 names the methods that work
         assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_the_document_states_the_served_models_bounds() -> None:
+    chat = body_validator(ChatCompletionRequest)
+    completion = body_validator(CompletionRequest)
+    limit = MODEL.max_new_tokens_limit
+    for field in ("max_tokens", "max_completion_tokens"):
+        assert chat.is_valid(CHAT | {field: limit}) and not chat.is_valid(CHAT | {field: limit + 1})
+    assert not chat.is_valid(CHAT | {"method": "no-such-method"}) and chat.is_valid(
+        CHAT | {"method": "target"}
+    )
+    assert not chat.is_valid(CHAT | {"model": "another"}) and chat.is_valid(CHAT | {"model": "tiny"})
+    assert completion.is_valid({"prompt": [MODEL.vocab_size - 1]})
+    assert not completion.is_valid({"prompt": [MODEL.vocab_size]})
+    assert not document(supports_logprobs=False)["components"]["schemas"]["CompletionRequest"]["properties"][
+        "logprobs"
+    ].get("anyOf")
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (ChatCompletionRequest, CHAT | {"max_tokens": 1.0, "seed": 1e2, "n": 1.0, "top_k": 4.0}),
+        (ChatCompletionRequest, CHAT | {"max_completion_tokens": 2e1, "logprobs": True, "top_logprobs": 2.0}),
+        (CompletionRequest, {"prompt": [1.0, 2e0], "logprobs": 1.0, "best_of": 1.0}),
+    ],
+)
+def test_integral_numbers_are_integers_as_the_document_says(model: type, body: dict) -> None:
+    assert body_validator(model).is_valid(body)  # JSON Schema: 1.0 and 1e2 are integers
+    assert not refused_by_the_api(model, body)
+
+
+@pytest.mark.parametrize("value", [1.5, True, "1"])
+def test_numbers_with_a_fraction_and_other_types_are_not_integers(value: object) -> None:
+    assert not body_validator(CompletionRequest).is_valid({"prompt": "hi", "max_tokens": value})
+    assert refused_by_the_api(CompletionRequest, {"prompt": "hi", "max_tokens": value})
