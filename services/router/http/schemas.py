@@ -22,9 +22,9 @@ limit, token ids, log-probabilities) is added to the document when it is served 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.router.http.errors import invalid
 from specserve.core.request import (
@@ -41,15 +41,11 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
 
 def _integral(value: Any) -> Any:
     """A JSON number with no fractional part as the integer it is (`1.0`, `1e2`): JSON Schema's
-    "integer" is any such number, and the OpenAPI document says "integer". Anything else, a boolean
-    included, is left for strict validation to refuse."""
+    "integer" is any such number, and the OpenAPI document says "integer" (what the integer fields'
+    validators below apply). Anything else, a boolean included, is left for strict validation to refuse."""
     if type(value) is float and value.is_integer():
         return int(value)
     return value
-
-
-# An integer field: any integral JSON number (JSON Schema's "integer").
-JsonInt = Annotated[int, BeforeValidator(_integral)]
 
 
 def documented(schema: dict[str, Any], default: Any = None, nullable: bool = True) -> Any:
@@ -115,17 +111,17 @@ class GenerationFields(Strict):
     """What chat and completions share: sampling, stopping, streaming and specserve's extensions."""
 
     model: str | None = None  # None = the served model; any other name is 404
-    max_tokens: JsonInt | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     # OpenAI's default is 1
     temperature: float | None = documented({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE})
     top_p: float | None = documented({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
-    seed: JsonInt | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_SEED - 1})
+    seed: int | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_SEED - 1})
     stop: str | list[str] | None = documented(
         {"anyOf": [STOP_STRING, {"type": "array", "items": STOP_STRING, "maxItems": MAX_STOP_STRINGS}]}
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: JsonInt | None = documented({"const": 1})
+    n: int | None = documented({"const": 1})
     presence_penalty: float | None = documented({"const": 0})
     frequency_penalty: float | None = documented({"const": 0})
     logit_bias: dict[str, float] | None = documented({"type": "object", "maxProperties": 0})
@@ -134,9 +130,14 @@ class GenerationFields(Strict):
     method: str | None = None  # draft method; "target" turns speculation off; None = the router's default
     allow_lossy: bool = False  # opt in to a lossy method at temperature > 0
     # checked with the rest of the request (GenerationRequest.build)
-    top_k: JsonInt | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_TOP_K})
+    top_k: int | None = documented({"type": "integer", "minimum": 0, "maximum": MAX_TOP_K})
     ignore_eos: bool = False
     timeout_seconds: float | None = Field(default=None, gt=0)  # 504 when the generation takes longer
+
+    @field_validator("max_tokens", "seed", "n", "top_k", mode="before")
+    @classmethod
+    def _integers(cls, value: Any) -> Any:
+        return _integral(value)
 
     @model_validator(mode="after")
     def _unsupported(self) -> GenerationFields:
@@ -175,9 +176,14 @@ class ChatCompletionRequest(GenerationFields):
     )
 
     messages: list[ChatMessage] = Field(min_length=1, json_schema_extra={"contains": NON_BLANK_MESSAGE})
-    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: JsonInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("max_completion_tokens", "top_logprobs", mode="before")
+    @classmethod
+    def _chat_integers(cls, value: Any) -> Any:
+        return _integral(value)
 
     @model_validator(mode="after")
     def _chat(self) -> ChatCompletionRequest:
@@ -207,7 +213,7 @@ class CompletionRequest(GenerationFields):
     )
 
     # one text (a list of one, as OpenAI's batch form), or token ids; never empty
-    prompt: str | list[str] | list[JsonInt] = documented(
+    prompt: str | list[str] | list[int] = documented(
         {
             "anyOf": [
                 {"type": "string", "minLength": 1},
@@ -218,10 +224,20 @@ class CompletionRequest(GenerationFields):
         default=...,
         nullable=False,
     )
-    logprobs: JsonInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = documented({"const": False}, default=False, nullable=False)
     suffix: str | None = documented({"type": "string", "maxLength": 0})
-    best_of: JsonInt | None = documented({"const": 1})
+    best_of: int | None = documented({"const": 1})
+
+    @field_validator("logprobs", "best_of", mode="before")
+    @classmethod
+    def _completion_integers(cls, value: Any) -> Any:
+        return _integral(value)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _token_ids(cls, value: Any) -> Any:
+        return [_integral(v) for v in value] if isinstance(value, list) else value
 
     @model_validator(mode="after")
     def _completion(self) -> CompletionRequest:

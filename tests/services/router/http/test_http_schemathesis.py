@@ -74,7 +74,7 @@ def bounded(case: schemathesis.Case) -> None:
         # an integer, or an integral number such as 1e3 (JSON Schema's integer too)
         if type(value) in (int, float) and value == int(value) and value > MAX_NEW_TOKENS:
             body[key] = MAX_NEW_TOKENS
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:  # absent or null
         body["max_tokens"] = MAX_NEW_TOKENS
     timeout = body.get("timeout_seconds")
     if type(timeout) in (int, float) and 0 < timeout < MIN_TIMEOUT_SECONDS:
