@@ -53,6 +53,12 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "onednn", "native"],
         help="linear layers' matrix kernel: auto (packed oneDNN on CPU, cuBLAS on CUDA), onednn, native",
     )
+    group.add_argument(
+        "--weights",
+        choices=["dense", "as-shipped"],
+        help="the target's weights: dense (the converted checkpoint in --dtype) or as-shipped (the model "
+        "file's own 4-bit codes on torch's int4 kernel)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +134,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         device=getattr(args, "device", None),
         dtype=getattr(args, "dtype", None),
         linear_kernel=getattr(args, "linear_kernel", None),
+        weights=getattr(args, "weights", None),
     )
 
 

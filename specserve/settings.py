@@ -15,6 +15,7 @@ from specserve.models.profiles import DEFAULT_PROFILE, PROFILES
 
 _ENV_PREFIX = "SPECSERVE_"
 _DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS = ("dense", "as-shipped")
 
 
 def _default_cache_dir() -> Path:
@@ -77,6 +78,10 @@ class EngineSettings:
     # The matrix kernel of every served model's linear layers (runtime/kernels.py): auto = packed oneDNN
     # weights on CPU for float32/bfloat16, torch's own kernel (cuBLAS) elsewhere; onednn; native.
     linear_kernel: str = "auto"
+    # Where the target's weights come from: "dense" = the converted checkpoint in `dtype`; "as-shipped" =
+    # the model file's own quantized weights on torch's int4 kernel (runtime/int4.py; the profiles' GGUF
+    # files), norms and attention still in `dtype`.
+    weights: str = "dense"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:
@@ -103,6 +108,8 @@ class EngineSettings:
             raise InvalidArgument("draft_layers must be >= 1")
         if self.linear_kernel not in ("auto", "onednn", "native"):
             raise InvalidArgument(f"linear_kernel must be auto, onednn or native, got {self.linear_kernel!r}")
+        if self.weights not in WEIGHTS:
+            raise InvalidArgument(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         if self.max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
         return self

@@ -71,6 +71,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="also offer the router's methods as remote:<method> (e.g. --methods glide,remote:glide)",
     )
+    p.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        help="llama.cpp's llama-server binary for the llama.cpp peer methods (llama.cpp, llama.cpp-ngram, "
+        "llama.cpp-draft) on the profile's own GGUF file (default: $LLAMA_SERVER)",
+    )
     return p
 
 
@@ -118,16 +124,26 @@ def run_bench_command(
         from specserve.bench.remote import WithRemote
 
         engine = remote = WithRemote(engine, args.remote)
-    result = run_bench(
-        engine,
-        prompts,
-        methods,
-        request,
-        progress=not getattr(args, "no_progress", False),
-        settings=settings,
-        prompts_file=prompts_path,
-        limit=args.limit,
-    )
+    peers = None
+    if any(m.startswith("llama.cpp") for m in methods):
+        from specserve.bench.llamacpp import WithLlamaCpp, server_binary
+
+        server_binary(getattr(args, "llama_server", None))  # before loading anything: say how to get one
+        engine = peers = WithLlamaCpp(engine, settings.model, getattr(args, "llama_server", None))
+    try:
+        result = run_bench(
+            engine,
+            prompts,
+            methods,
+            request,
+            progress=not getattr(args, "no_progress", False),
+            settings=settings,
+            prompts_file=prompts_path,
+            limit=args.limit,
+        )
+    finally:
+        if peers is not None:
+            peers.close()
     if remote is not None:
         result["remote_breakdown"] = remote.breakdown()
     print(format_table(result))

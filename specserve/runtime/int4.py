@@ -1,0 +1,275 @@
+"""Linear layers and embeddings on a GGUF file's own 4-bit codes (`models/gguf_quant.py`): weights as shipped.
+
+A step of a small model streams its weights once per token: in float32 that is 5-8x the bytes of the file
+the model shipped in. Here each weight stays in its file's codes, packed once at load for torch's int4
+kernel (`_weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm` on CUDA), which computes
+`(code - 8) * scale + zero` per group of 32 inputs in a float32 accumulator. Formats of more than 4 bits
+are two 4-bit parts over a widened input (`widen_input`), so one kernel call per product still covers them.
+
+The kernel reads its input, scales and zeros in `compute_dtype` (bfloat16 or float16) and its output is
+cast back to the model's dtype, so the residual stream, norms and attention stay as they were. Measured
+on CPU: a row of an M-row product is bit-identical to the same row computed alone (the kernel's
+accumulation order per row does not depend on M), so a tree forward and a one-token forward agree
+exactly and speculative output equals the target alone's (tests/specserve/runtime/test_int4.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.models.gguf_quant import GROUP, QuantizedWeight
+from specserve.runtime.kernels import FUSED_GROUPS, FusedPart
+
+COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def int4_available(device: torch.device | str) -> bool:
+    """Whether torch has an int4 kernel for `device`."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    return kind == "cuda" and hasattr(torch.ops.aten, "_weight_int4pack_mm")
+
+
+def widen_input(x: torch.Tensor, parts: int, group: int) -> torch.Tensor:
+    """[M, K] -> the kernel's input for a weight of `parts` parts in groups of `group`: each group of 16
+    padded with 16 zeros to the kernel's 32, the whole repeated once per part. [M, parts * K * 32 / group]."""
+    if group != GROUP:
+        x = F.pad(x.reshape(x.shape[0], -1, group), (0, GROUP - group)).reshape(x.shape[0], -1)
+    return x if parts == 1 else x.repeat(1, parts)
+
+
+def _kernel_layout(weight: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes [N, W], scales and zeros [N, W // 32] of the widened weight (parts side by side along the
+    inputs, groups of 16 padded with code 8 = value `zero`, which meets a zero input)."""
+    parts, n, k = weight.codes.shape
+    codes, scales, zeros = weight.codes, weight.scales, weight.zeros
+    if weight.group != GROUP:
+        grouped = codes.reshape(parts, n, k // weight.group, weight.group)
+        pad = np.full((*grouped.shape[:-1], GROUP - weight.group), 8, dtype=np.uint8)
+        codes = np.concatenate([grouped, pad], axis=-1).reshape(parts, n, -1)
+    return (
+        np.concatenate(list(codes), axis=-1),
+        np.concatenate(list(scales), axis=-1),
+        np.concatenate(list(zeros), axis=-1),
+    )
+
+
+class Int4Weight:
+    """One weight [N, K] packed for the device's int4 kernel; `matmul` is the product with it."""
+
+    def __init__(
+        self,
+        weight: QuantizedWeight,
+        device: torch.device | str = "cpu",
+        compute_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        self.source = weight
+        self.parts, self.group = int(weight.codes.shape[0]), weight.group
+        self.out_features, self.in_features = weight.shape
+        self.compute_dtype = compute_dtype
+        self.device = torch.device(device)
+        codes, scales, zeros = _kernel_layout(weight)
+        self.packed = pack_int4(torch.from_numpy(codes), self.device)
+        # [W // 32, N, 2]: the kernel's scale-and-zero layout.
+        pairs = np.stack([scales.T, zeros.T], axis=-1)
+        self.scales_zeros = torch.from_numpy(np.ascontiguousarray(pairs)).to(self.device, compute_dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> x @ W.T [..., N], in x's dtype."""
+        rows = x.reshape(-1, self.in_features)
+        wide = widen_input(rows.to(self.compute_dtype), self.parts, self.group)
+        y = int4_mm(wide, self.packed, self.scales_zeros)  # [M, N]
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dense(self) -> torch.Tensor:
+        """[N, K] float32: the weight's values as the file defines them (a draft's copy, the tests)."""
+        return torch.from_numpy(self.source.dequantize()).to(self.device)
+
+
+def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[N, W] uint8 codes 0..15 -> the int4 kernel's packed weight on `device`."""
+    if device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    # CUDA's layout takes two codes a byte, the even one in the high nibble, in tiles of 16 inputs times
+    # 2, 4 or 8 (the most that divides the row).
+    width = codes.shape[1]
+    tiles = next((t for t in (8, 4, 2) if width % (16 * t) == 0), 0)
+    if not tiles:
+        raise ValueError(f"a row of {width} inputs is not whole tiles of 32 for the int4 kernel")
+    pairs = (codes[:, 0::2] << 4 | codes[:, 1::2]).to(torch.uint8).to(device)
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, tiles)
+
+
+def int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """[M, W] in compute dtype @ packed int4 [N, W].T -> [M, N]."""
+    if x.device.type == "cpu":
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_zeros)
+    return torch.ops.aten._weight_int4pack_mm(x, packed, GROUP, scales_zeros)
+
+
+def _concat(weights: Sequence[QuantizedWeight]) -> QuantizedWeight:
+    """Weights over the same inputs stacked along their outputs (one product for q/k/v or gate/up)."""
+    return QuantizedWeight(
+        codes=np.concatenate([w.codes for w in weights], axis=1),
+        scales=np.concatenate([w.scales for w in weights], axis=1),
+        zeros=np.concatenate([w.zeros for w in weights], axis=1),
+        group=weights[0].group,
+        source=weights[0].source,
+    )
+
+
+class Int4Linear(nn.Module):
+    """A frozen linear layer on its file's 4-bit codes."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.int4 = weight
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.int4.dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.int4.matmul(x)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        source = self.int4.source.source
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={source}"
+
+
+class Int4Product:
+    """The fused product of projections that read the same input (runtime/kernels.FusedPart's product)."""
+
+    def __init__(
+        self,
+        weights: Sequence[QuantizedWeight],
+        biases: Sequence[torch.Tensor | None],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.weight = Int4Weight(_concat(weights), device, dtype)
+        self.widths = [w.shape[0] for w in weights]
+        self.total = sum(self.widths)
+        self.bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b.detach() if b is not None else torch.zeros(width, device=device)
+                    for b, width in zip(biases, self.widths, strict=True)
+                ]
+            )
+        )
+        self._input: torch.Tensor | None = None
+        self._slices: list[torch.Tensor] = []
+
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        y = self.weight.matmul(x)
+        if self.bias is not None:
+            y = y + self.bias
+        return list(y.split(self.widths, dim=-1))
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if index == 0 or self._input is not x:
+            self._slices, self._input = self.parts(x), x
+        out = self._slices[index]
+        if index == len(self.widths) - 1:
+            self._input, self._slices = None, []
+        return out
+
+    def dense(self) -> torch.Tensor:
+        return self.weight.dense()
+
+
+class Int4Embedding(nn.Module):
+    """An embedding table on its file's codes: the looked-up rows are decoded exactly, in float32."""
+
+    def __init__(self, weight: QuantizedWeight, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.source = weight
+        self.dtype = dtype
+        self.group = weight.group
+        self.num_embeddings, self.embedding_dim = weight.shape
+        # [V, P, K] codes, [V, P, G] scales and zeros: one gather per lookup.
+        self.codes = torch.from_numpy(np.ascontiguousarray(weight.codes.transpose(1, 0, 2))).to(device)
+        self.scales = torch.from_numpy(np.ascontiguousarray(weight.scales.transpose(1, 0, 2))).to(device)
+        self.zeros = torch.from_numpy(np.ascontiguousarray(weight.zeros.transpose(1, 0, 2))).to(device)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.from_numpy(self.source.dequantize()).to(self.codes.device, self.dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., K]
+        flat = input_ids.reshape(-1)
+        codes = self.codes[flat].float()  # [n, P, K]
+        n, parts, k = codes.shape
+        grouped = codes.reshape(n, parts, k // self.group, self.group) - 8.0
+        values = grouped * self.scales[flat][..., None] + self.zeros[flat][..., None]  # [n, P, G, group]
+        return values.sum(1).reshape(*input_ids.shape, k).to(self.dtype)
+
+
+def apply_as_shipped(
+    model: nn.Module, weights: Mapping[str, QuantizedWeight], compute_dtype: torch.dtype = torch.bfloat16
+) -> int:
+    """Replaces every linear layer and embedding of `model` whose weight `weights` holds (by parameter
+    name) with its int4 form; the LM head of a tied model runs on the embedding's codes. Returns how many
+    modules were replaced. Projections that read the same input become one product (q/k/v, gate/up)."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    replaced = 0
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    with torch.no_grad():
+        for path, module in list(model.named_modules()):
+            prefix = f"{path}." if path else ""
+            replaced += _fuse(module, prefix, weights, device, compute_dtype)
+            for name, child in list(module.named_children()):
+                key = f"{prefix}{name}.weight"
+                if key not in weights:
+                    continue
+                if isinstance(child, nn.Embedding):
+                    setattr(module, name, Int4Embedding(weights[key], device, dtype))
+                elif type(child) is nn.Linear:
+                    bias = child.bias
+                    setattr(module, name, Int4Linear(Int4Weight(weights[key], device, compute_dtype), bias))
+                else:
+                    continue
+                replaced += 1
+        head_key = "model.embed_tokens.weight"
+        if tied and "lm_head.weight" not in weights and head_key in weights and hasattr(model, "lm_head"):
+            model.lm_head = Int4Linear(Int4Weight(weights[head_key], device, compute_dtype), None)
+            replaced += 1
+    return replaced
+
+
+def _fuse(
+    module: nn.Module,
+    prefix: str,
+    weights: Mapping[str, QuantizedWeight],
+    device: torch.device,
+    compute_dtype: torch.dtype,
+) -> int:
+    """Turns each complete same-input group of `module` with one layout into parts of one product."""
+    fused = 0
+    for group in FUSED_GROUPS:
+        linears = [getattr(module, name, None) for name in group]
+        keys = [f"{prefix}{name}.weight" for name in group]
+        if not all(type(linear) is nn.Linear for linear in linears) or not all(k in weights for k in keys):
+            continue
+        members = [weights[k] for k in keys]
+        if len({(w.codes.shape[0], w.group, w.shape[1]) for w in members}) != 1:
+            continue  # parts or groups differ (a Q6_K v beside Q4_K q/k): each keeps its own product
+        biases = [linear.bias for linear in linears if isinstance(linear, nn.Linear)]
+        product = Int4Product(members, biases, device, compute_dtype)
+        for index, name in enumerate(group):
+            setattr(module, name, FusedPart(product, index, members[0].shape[1]))  # type: ignore[arg-type]
+        fused += len(group)
+    return fused

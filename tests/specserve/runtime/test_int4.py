@@ -1,0 +1,179 @@
+"""Linear layers and embeddings on a file's 4-bit codes: products against the exact dequantized weight,
+rows independent of the batch (what keeps speculation lossless), the fused groups, and greedy
+speculative output equal to the same quantized target alone on tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from tiny_llama import noisy_copy, tiny_llama
+
+from specserve.core.finish import FinishChecker
+from specserve.core.loop import speculative_generate
+from specserve.core.sampling_params import SamplingParams
+from specserve.models.gguf_quant import QuantizedWeight, decode
+from specserve.runtime.drafter import DraftShape, ModelDrafter
+from specserve.runtime.int4 import (
+    Int4Embedding,
+    Int4Linear,
+    Int4Weight,
+    apply_as_shipped,
+    pack_int4,
+    widen_input,
+)
+from specserve.runtime.kernels import FusedPart
+from specserve.runtime.runner import ModelRunner
+from specserve.runtime.target import LocalVerifier
+
+
+def quantize(weight: torch.Tensor, type_name: str) -> QuantizedWeight:
+    """A float weight [N, K] written in a GGUF block format (the gguf package's quantizer), then decoded."""
+    array = weight.detach().float().numpy()
+    data = quants.quantize(array, GGMLQuantizationType[type_name])
+    return decode(type_name, data, *array.shape)
+
+
+def quantize_model(model: torch.nn.Module, linear: str = "Q4_1", embedding: str = "Q8_0") -> dict:
+    """Every linear weight and the embedding of a tiny model, as a GGUF file would ship them."""
+    out = {}
+    for name, param in model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            out[name] = quantize(param, embedding)
+        elif param.dim() == 2:
+            out[name] = quantize(param, linear)
+    return out
+
+
+def random_weight(type_name: str, n: int = 64, k: int = 256, seed: int = 0) -> QuantizedWeight:
+    return quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.1, type_name)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q8_0"])
+def test_the_product_is_the_dequantized_weights_at_the_kernels_input_precision(type_name):
+    weight = random_weight(type_name)
+    x = torch.randn(5, 256)
+    y = Int4Weight(weight).matmul(x)  # [5, 64]
+    dense = torch.from_numpy(weight.dequantize())
+    expected = x.bfloat16().float() @ dense.T  # the kernel reads its input in bf16
+    assert y.dtype == torch.float32 and y.shape == (5, 64)
+    # the output is rounded to bf16 once: relative error <= 2^-8 of the largest output
+    assert (y - expected).abs().max() <= expected.abs().max() * 2**-7
+
+
+def test_groups_of_16_are_padded_to_the_kernels_32_with_zero_input():
+    x = torch.arange(64, dtype=torch.float32).reshape(2, 32)
+    wide = widen_input(x, parts=2, group=16)  # [2, 128]: (16 inputs, 16 zeros) x 2, twice
+    assert wide.shape == (2, 128)
+    assert torch.equal(wide[:, :16], x[:, :16]) and not wide[:, 16:32].any()
+    assert torch.equal(wide[:, 64:], wide[:, :64])
+    # a Q6_K-like weight: two parts in groups of 16, through the kernel
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, (2, 32, 64), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.02, (2, 32, 4)).astype(np.float32)
+    zeros = rng.uniform(-0.1, 0.1, (2, 32, 4)).astype(np.float32)
+    weight = QuantizedWeight(codes, scales, zeros, 16, "Q6_K")
+    x = torch.randn(3, 64)
+    expected = x.bfloat16().float() @ torch.from_numpy(weight.dequantize()).T
+    assert (Int4Weight(weight).matmul(x) - expected).abs().max() <= expected.abs().max() * 2**-7
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_a_row_of_a_many_row_product_is_bit_identical_to_the_row_alone(type_name):
+    kernel = Int4Weight(random_weight(type_name, n=128, k=512))
+    x = torch.randn(24, 512)
+    together = kernel.matmul(x)
+    for m in (1, 2, 3, 4, 5, 8, 16, 24):
+        assert torch.equal(kernel.matmul(x[:m]), together[:m]), m
+    alone = torch.cat([kernel.matmul(x[i : i + 1]) for i in range(24)])
+    assert torch.equal(alone, together)
+
+
+def test_the_embedding_decodes_exactly_the_rows_it_looks_up():
+    weight = random_weight("Q8_0", n=96, k=64)
+    embedding = Int4Embedding(weight, "cpu", torch.float32)
+    ids = torch.tensor([[3, 95, 0], [3, 7, 7]])
+    rows = embedding(ids)
+    assert rows.shape == (2, 3, 64)
+    assert torch.equal(rows, torch.from_numpy(weight.dequantize())[ids])
+    assert torch.equal(embedding.weight, torch.from_numpy(weight.dequantize()))
+
+
+def test_a_model_runs_every_projection_on_the_codes_with_q_k_v_and_gate_up_fused():
+    model = tiny_llama(vocab_size=64, hidden=32)
+    weights = quantize_model(model)
+    replaced = apply_as_shipped(model, weights)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, FusedPart) and isinstance(layer.mlp.up_proj, FusedPart)
+    assert layer.self_attn.q_proj.product is layer.self_attn.v_proj.product
+    assert isinstance(layer.self_attn.o_proj, Int4Linear) and isinstance(model.lm_head, Int4Linear)
+    assert isinstance(model.model.embed_tokens, Int4Embedding)
+    assert replaced == len(weights)
+    # every dense view is the file's values
+    for name, weight in weights.items():
+        module_name = name.removesuffix(".weight")
+        module = model.get_submodule(module_name)
+        assert torch.equal(module.weight, torch.from_numpy(weight.dequantize())), name
+
+
+def test_a_tied_head_runs_on_the_embeddings_codes():
+    from tiny_llama import tiny_qwen2
+
+    model = tiny_qwen2(vocab_size=64, hidden=32)
+    assert model.config.tie_word_embeddings
+    weights = quantize_model(model)
+    weights.pop("lm_head.weight", None)
+    apply_as_shipped(model, weights)
+    assert isinstance(model.lm_head, Int4Linear)
+    assert torch.equal(
+        model.lm_head.weight, torch.from_numpy(weights["model.embed_tokens.weight"].dequantize())
+    )
+
+
+@pytest.fixture(scope="module")
+def quantized_target() -> ModelRunner:
+    model = tiny_llama(vocab_size=64, hidden=32)
+    apply_as_shipped(model, quantize_model(model))
+    return ModelRunner(model)
+
+
+def test_a_tree_forward_gives_each_node_the_logits_of_its_path_decoded_alone(quantized_target):
+    runner = quantized_target
+    prompt = [3, 17, 5, 9, 41, 2]
+    tree_ids, parents = [7, 11, 13, 2], [-1, 0, 0, 1]  # root 7, children 11 and 13, 2 under 11
+    cache = runner.new_cache(64)
+    runner.forward(cache, prompt, last_only=True)
+    tree_logits = runner.forward(cache, tree_ids, parents)  # [4, V]
+    for node, path in enumerate([[7], [7, 11], [7, 13], [7, 11, 2]]):
+        alone = runner.new_cache(64)
+        runner.forward(alone, prompt, last_only=True)
+        logits = None
+        for token in path:
+            logits = runner.forward(alone, [token])
+        assert torch.equal(tree_logits[node], logits[-1]), node
+
+
+def test_greedy_speculative_output_equals_the_quantized_target_alone(quantized_target):
+    draft = ModelRunner(noisy_copy(tiny_llama(vocab_size=64, hidden=32), scale=0.6))
+    prompt = [3, 17, 5, 9, 41, 2, 33, 8]
+
+    def run(drafter):
+        finish = FinishChecker(48, frozenset())
+        verifier = LocalVerifier(quantized_target, 256, sampling=SamplingParams())
+        stats = speculative_generate(prompt, verifier, drafter, 0, finish)
+        return finish.generated, stats
+
+    reference, _ = run(None)
+    for depth in (2, 4):
+        generated, stats = run(ModelDrafter(draft, 256, DraftShape(depth)))
+        assert generated == reference
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_the_cuda_layout_packs_on_the_meta_device():
+    codes = torch.zeros(64, 576, dtype=torch.uint8, device="meta")
+    packed = pack_int4(codes, torch.device("meta"))  # CUDA's packing path (not the CPU's)
+    assert packed.device.type == "meta" and packed.shape[0] == 64 // 8
+    with pytest.raises(ValueError, match="tiles of 32"):
+        pack_int4(torch.zeros(64, 40, dtype=torch.uint8, device="meta"), torch.device("meta"))
