@@ -143,14 +143,23 @@ class Engine(ServedModels):
         if sampling:
             assert request.seed is not None  # generate_ids fixed it
             torch.manual_seed(request.seed)
-        with torch.inference_mode():
-            # Any: some transformers releases type generate's `self` as a Protocol no model meets.
-            output = cast(Any, self.reference_model).generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                generation_config=config,
-                assistant_model=assistant,
-            )
+        model = cast(Any, self.reference_model)
+        # transformers fills an unset eos from the model's own generation config; ignore_eos (an empty
+        # eos set) must not stop at it, so the model's is cleared for this call.
+        model_eos = model.generation_config.eos_token_id
+        if not finish.eos_token_ids:
+            model.generation_config.eos_token_id = None
+        try:
+            with torch.inference_mode():
+                # Any: some transformers releases type generate's `self` as a Protocol no model meets.
+                output = model.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    generation_config=config,
+                    assistant_model=assistant,
+                )
+        finally:
+            model.generation_config.eos_token_id = model_eos
         elapsed = time.perf_counter() - start
         new_tokens = output[0, len(prompt_ids) :].tolist()
         kept = finish.extend(new_tokens)

@@ -7,13 +7,16 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specserve.app.sampling_args import add_sampling_options, request_from_args
 from specserve.bench.workloads import resolve_prompts_path
 from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from specserve.bench.prompts import Prompt
 
 DEFAULT_METHODS = "target,hf,vanilla"
 
@@ -91,8 +94,6 @@ def run_bench_command(
     """
     # Imported here: they pull in tqdm/matplotlib, which `specserve --help` should not pay for.
     from specserve.bench.prompts import load_prompts, per_category
-    from specserve.bench.report import format_table, plot
-    from specserve.bench.runner import run_bench
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
@@ -117,6 +118,31 @@ def run_bench_command(
 
         engine_factory = Engine
     engine = engine_factory(settings)
+    peers = None
+    if any(m.startswith("llama.cpp") for m in methods):
+        from specserve.bench.llamacpp import WithLlamaCpp, server_binary
+
+        server_binary(getattr(args, "llama_server", None))  # a clear error before anything runs
+        engine = peers = WithLlamaCpp(engine, settings.model, getattr(args, "llama_server", None))
+    try:
+        return _run_measurements(args, engine, prompts, prompts_path, methods, request, settings)
+    finally:
+        if peers is not None:
+            peers.close()
+
+
+def _run_measurements(
+    args: argparse.Namespace,
+    engine: Any,
+    prompts: list[Prompt],
+    prompts_path: Path,
+    methods: list[str],
+    request: GenerationRequest,
+    settings: EngineSettings,
+) -> int:
+    from specserve.bench.report import format_table, plot
+    from specserve.bench.runner import run_bench
+
     if getattr(args, "concurrency", None):
         return _run_concurrency(args, engine, [p.text for p in prompts], methods, request, settings)
     remote = None
@@ -124,26 +150,16 @@ def run_bench_command(
         from specserve.bench.remote import WithRemote
 
         engine = remote = WithRemote(engine, args.remote)
-    peers = None
-    if any(m.startswith("llama.cpp") for m in methods):
-        from specserve.bench.llamacpp import WithLlamaCpp, server_binary
-
-        server_binary(getattr(args, "llama_server", None))  # before loading anything: say how to get one
-        engine = peers = WithLlamaCpp(engine, settings.model, getattr(args, "llama_server", None))
-    try:
-        result = run_bench(
-            engine,
-            prompts,
-            methods,
-            request,
-            progress=not getattr(args, "no_progress", False),
-            settings=settings,
-            prompts_file=prompts_path,
-            limit=args.limit,
-        )
-    finally:
-        if peers is not None:
-            peers.close()
+    result = run_bench(
+        engine,
+        prompts,
+        methods,
+        request,
+        progress=not getattr(args, "no_progress", False),
+        settings=settings,
+        prompts_file=prompts_path,
+        limit=args.limit,
+    )
     if remote is not None:
         result["remote_breakdown"] = remote.breakdown()
     print(format_table(result))

@@ -29,6 +29,7 @@ from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 
 REMOTE_PREFIX = "remote:"
+LLAMA_CPP_PREFIX = "llama.cpp"
 
 
 @dataclass
@@ -139,6 +140,24 @@ def _run_remote(address: str, prompts: Sequence[str], request: GenerationRequest
     }
 
 
+def _run_llamacpp(engine: Any, method: str, prompts: Sequence[str], request: GenerationRequest) -> dict:
+    """N sessions at once on a llama-server with N slots (bench/llamacpp.py), streamed."""
+    ids = [engine.encode_prompt(p) for p in prompts]
+    timelines = [_Timeline(0.0) for _ in prompts]
+    start = time.perf_counter()
+    for timeline in timelines:
+        timeline.start = start
+    engine.stream_many(method, ids, request, [t.record for t in timelines])
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "timelines": timelines,
+        "token_ids": [t.token_ids for t in timelines],
+        "num_accepted_tokens": 0,
+        "num_rounds": 0,
+    }
+
+
 def run_concurrency(
     engine: Any,
     prompts: Sequence[str],
@@ -155,10 +174,15 @@ def run_concurrency(
         raise InvalidArgument("no prompts to benchmark")
     if any(m.startswith(REMOTE_PREFIX) for m in methods) and remote_address is None:
         raise InvalidArgument("remote: methods need --remote HOST:PORT")
-    if requests is not None and (requests < 1 or any(m.startswith(REMOTE_PREFIX) for m in methods)):
-        raise InvalidArgument("--requests must be >= 1 and runs in process only (no remote: methods)")
+    outside = (REMOTE_PREFIX, LLAMA_CPP_PREFIX)
+    if requests is not None and (requests < 1 or any(m.startswith(outside) for m in methods)):
+        raise InvalidArgument(
+            "--requests must be >= 1 and runs in process only (no remote: or llama.cpp methods)"
+        )
 
     def run(method: str, batch: Sequence[str], request: GenerationRequest, slots: int) -> dict:
+        if method.startswith(LLAMA_CPP_PREFIX):
+            return _run_llamacpp(engine, method, batch, replace(request, method=method))
         if method.startswith(REMOTE_PREFIX):
             assert remote_address is not None
             remote = replace(request, method=method.removeprefix(REMOTE_PREFIX))

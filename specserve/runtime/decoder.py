@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.runtime.int4 import runs_on_int4
 from specserve.runtime.kernels import FusedPart
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class NativeDecoder:
         config = model.config
         inner = model.model
         self.embed_tokens: nn.Module = inner.embed_tokens
-        self.device: torch.device = inner.embed_tokens.weight.device
+        self.device: torch.device = inner.norm.weight.device  # a plain parameter on every path
         self.layers: Sequence[Any] = list(inner.layers)  # Llama-family decoder layers (duck-typed)
         self.norm: nn.Module = inner.norm
         self.rotary_emb: nn.Module = inner.rotary_emb
@@ -86,6 +87,11 @@ class NativeDecoder:
             for layer in self.layers
         ]
         self.gate_up = [_projections([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.layers]
+        # On int4 weights the kernel reads its input in bfloat16, so attention's last-bit noise (torch's
+        # attention kernels round a row differently as the number of rows changes) would flip bf16
+        # roundings downstream and a tree's logits would leave the same path decoded alone. In float64
+        # that noise (~1e-16) vanishes when the output is rounded back: tree rows stay bit-identical.
+        self.attention_dtype: torch.dtype = torch.float64 if runs_on_int4(model) else inner.norm.weight.dtype
 
     @staticmethod
     def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -140,13 +146,15 @@ class NativeDecoder:
                 )  # [1, Hkv, prefix + n, D] each
                 outputs.append(
                     F.scaled_dot_product_attention(
-                        q[lo:hi].transpose(0, 1)[None],
-                        keys,
-                        values,
+                        q[lo:hi].transpose(0, 1)[None].to(self.attention_dtype),
+                        keys.to(self.attention_dtype),
+                        values.to(self.attention_dtype),
                         attn_mask=mask,
                         scale=self.scaling,
                         enable_gqa=True,
-                    )[0].transpose(0, 1)  # [n, Hq, D]
+                    )[0]
+                    .transpose(0, 1)
+                    .to(hidden.dtype)  # [n, Hq, D]
                 )
             attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [N, Hq, D]
             hidden = hidden + attn.o_proj(attended.reshape(-1, n_q * d))

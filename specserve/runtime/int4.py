@@ -15,6 +15,7 @@ exactly and speculative output equals the target alone's (tests/specserve/runtim
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -204,8 +205,9 @@ class Int4Embedding(nn.Module):
         self.scales = torch.from_numpy(np.ascontiguousarray(weight.scales.transpose(1, 0, 2))).to(device)
         self.zeros = torch.from_numpy(np.ascontiguousarray(weight.zeros.transpose(1, 0, 2))).to(device)
 
-    @property
+    @functools.cached_property
     def weight(self) -> torch.Tensor:
+        """[V, K] the table's values, decoded once on first use (drafts borrow the target's embedding)."""
         return torch.from_numpy(self.source.dequantize()).to(self.codes.device, self.dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., K]
@@ -215,6 +217,14 @@ class Int4Embedding(nn.Module):
         grouped = codes.reshape(n, parts, k // self.group, self.group) - 8.0
         values = grouped * self.scales[flat][..., None] + self.zeros[flat][..., None]  # [n, P, G, group]
         return values.sum(1).reshape(*input_ids.shape, k).to(self.dtype)
+
+
+def runs_on_int4(model: nn.Module) -> bool:
+    """Whether any linear layer of `model` runs on int4 codes (this module's)."""
+    return any(
+        isinstance(m, Int4Linear) or (isinstance(m, FusedPart) and isinstance(m.product, Int4Product))
+        for m in model.modules()
+    )
 
 
 def apply_as_shipped(

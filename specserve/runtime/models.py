@@ -120,6 +120,14 @@ class ServedModels:
             return Path(self.model_dir)
         return as_shipped_dir(self.profile, self.settings.cache_dir)
 
+    @property
+    def _draft_as_shipped_dir(self) -> Path | None:
+        """The profile's own draft model's file weights when the target runs on its file's weights too."""
+        own = self._profiles_own_draft and self.profile.draft is not None
+        if self.settings.weights != "as-shipped" or not own or self.profile.draft is None:
+            return None
+        return as_shipped_dir(model_profile(self.profile.draft), self.settings.cache_dir)
+
     @functools.cached_property
     def target_model(self) -> CausalLM:
         return load_causal_lm(
@@ -148,7 +156,7 @@ class ServedModels:
     def reference_model(self) -> CausalLM:
         """The `hf` method's model: transformers as users run it, with torch's own linear kernel. The
         served target when that is what it runs; otherwise a second, plain copy, loaded on first use."""
-        if self.linear_kernel is LinearKernel.NATIVE:
+        if self.linear_kernel is LinearKernel.NATIVE and self.settings.weights == "dense":
             return self.target_model
         return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
 
@@ -179,7 +187,11 @@ class ServedModels:
             draft = early_exit_draft(self.target_model, self.settings.draft_layers)
         else:
             draft = load_causal_lm(
-                self.draft_model_dir, self.settings.device, self.draft_dtype, self.settings.linear_kernel
+                self.draft_model_dir,
+                self.settings.device,
+                self.draft_dtype,
+                self.settings.linear_kernel,
+                as_shipped=self._draft_as_shipped_dir,
             )
         if draft.config.vocab_size != self.target_vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")

@@ -110,6 +110,7 @@ SPECIAL = {
     "draft_dtype": "float16",
     "model": "qwen2.5-coder-1.5b-instruct",
     "linear_kernel": "native",
+    "weights": "as-shipped",
     "device": "cuda:1",
     "max_context": 8192,
     "max_prompt_tokens": 4096,

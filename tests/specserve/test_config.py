@@ -68,6 +68,9 @@ def test_engine_and_service_settings_read_their_variables() -> None:
     assert router.target_addresses == ("t1:1", "t2:2")
     with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
         TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
+    assert EngineSettings.from_env({"SPECSERVE_WEIGHTS": "as-shipped"}).weights == "as-shipped"
+    with pytest.raises(InvalidArgument, match="weights must be one of dense, as-shipped"):
+        EngineSettings.from_env({"SPECSERVE_WEIGHTS": "int4"})
     with pytest.raises(InvalidArgument, match="max_prompt_tokens"):  # validation still runs
         EngineSettings.from_env({"SPECSERVE_MAX_CONTEXT": "100", "SPECSERVE_MAX_PROMPT_TOKENS": "200"})
 

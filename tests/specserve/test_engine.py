@@ -87,3 +87,16 @@ def test_bad_requests_are_invalid_arguments(engine, prompt, request_):
     """Requests built without `GenerationRequest.build`: the engine validates what it is given."""
     with pytest.raises(InvalidArgument):
         engine.generate(prompt, request_)
+
+
+@pytest.mark.model
+def test_transformers_with_ignore_eos_runs_past_eos_as_the_target_does(engine: Engine) -> None:
+    """transformers fills an unset eos from the model's config; with ignore_eos it must not stop there."""
+    ids = engine.encode_prompt("Say only: yes.")
+    request = GenerationRequest.build(method="target", max_new_tokens=40, ignore_eos=True)
+    target = engine.generate_ids(ids, request)
+    assert any(t in engine.eos_token_ids for t in target.token_ids)  # the answer ends early: eos inside
+    hf = engine.generate_ids(ids, replace(request, method="hf"))
+    assert hf.token_ids == target.token_ids and hf.finish_reason == "length"
+    stopped = engine.generate_ids(ids, GenerationRequest.build(method="hf", max_new_tokens=40))
+    assert stopped.finish_reason == "eos" and len(stopped.token_ids) < 40

