@@ -265,14 +265,20 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     steps = {n: round(v, 3) for n, v in verify_in_steps(single).items()}
     print(json.dumps({"path": str(path), **about, **cost.to_json(), "verify_in_steps": steps}))
     if args.plot is not None:
-        curves = {_curve_label(about["linear_kernel"], about["forward"], single): single}
+        curves = {_curve_label(_weights_kernel(about), about["forward"], single): single}
         for other in args.compare:
             record = json.loads(other.read_text())
             points = {int(n): s for n, s in record["verify_s"].items() if int(n) <= max(VERIFY_SIZES)}
-            kernel, forward = record.get("linear_kernel", "native"), record.get("forward", "transformers")
-            curves[_curve_label(kernel, forward, points)] = points
+            curves[_curve_label(_weights_kernel(record), record.get("forward", "transformers"), points)] = (
+                points
+            )
         plot_verify_curves(curves, args.plot)
     return 0
+
+
+def _weights_kernel(record: dict) -> str:
+    """What a calibration's linear layers ran on: int4 for weights as shipped, else the linear kernel."""
+    return "int4" if record.get("weights") == "as-shipped" else record.get("linear_kernel", "native")
 
 
 def _curve_label(kernel: str, forward: str, verify_s: dict[int, float]) -> str:

