@@ -144,10 +144,10 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
     d = _f16(blocks[..., 208:210])  # [N, B]
     # Two halves of 128 values: ql's 64 bytes give the low nibbles of 4 runs of 32 (bytes 0-31 low, 32-63
     # low, 0-31 high, 32-63 high), qh's 32 bytes their 2-bit high parts at shifts 0, 2, 4, 6.
-    low = ql.reshape(n, -1, 2, 1, 2, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1, 1)
-    low = (low & 0x0F).reshape(n, -1, 2, 4, 32)
-    high = qh.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
-    high = (high & 0x03).reshape(n, -1, 2, 4, 32)
+    low_shifts = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1, 1)
+    low = ((ql.reshape(n, -1, 2, 1, 2, 32) >> low_shifts) & 0x0F).reshape(n, -1, 2, 4, 32)
+    high_shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    high = ((qh.reshape(n, -1, 2, 1, 32) >> high_shifts) & 0x03).reshape(n, -1, 2, 4, 32)
     q = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
     scale = (d[..., None] * sc).reshape(n, -1)  # [N, K // 16]
     return _split_signed(q.reshape(n, k), scale, 16, "Q6_K")

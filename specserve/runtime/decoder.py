@@ -91,7 +91,8 @@ class NativeDecoder:
         # attention kernels round a row differently as the number of rows changes) would flip bf16
         # roundings downstream and a tree's logits would leave the same path decoded alone. In float64
         # that noise (~1e-16) vanishes when the output is rounded back: tree rows stay bit-identical.
-        self.attention_dtype: torch.dtype = torch.float64 if runs_on_int4(model) else inner.norm.weight.dtype
+        self.exact_attention = runs_on_int4(model)
+        self.attention_dtype = torch.float64 if self.exact_attention else inner.norm.weight.dtype
 
     @staticmethod
     def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -141,14 +142,15 @@ class NativeDecoder:
             outputs = []
             for segment, (lo, hi), mask in zip(segments, bounds, masks, strict=True):
                 cache_layer = segment.cache.positional_layers[index]
-                keys, values = cache_layer.update(
+                update = cache_layer.update_exact if self.exact_attention else cache_layer.update
+                keys, values = update(
                     k[lo:hi].transpose(0, 1)[None], v[lo:hi].transpose(0, 1)[None]
-                )  # [1, Hkv, prefix + n, D] each
+                )  # [1, Hkv, prefix + n, D] each, float64 for exact attention
                 outputs.append(
                     F.scaled_dot_product_attention(
                         q[lo:hi].transpose(0, 1)[None].to(self.attention_dtype),
-                        keys.to(self.attention_dtype),
-                        values.to(self.attention_dtype),
+                        keys,
+                        values,
                         attn_mask=mask,
                         scale=self.scaling,
                         enable_gqa=True,

@@ -280,6 +280,6 @@ def _fuse(
         biases = [linear.bias for linear in linears if isinstance(linear, nn.Linear)]
         product = Int4Product(members, biases, device, compute_dtype)
         for index, name in enumerate(group):
-            setattr(module, name, FusedPart(product, index, members[0].shape[1]))  # type: ignore[arg-type]
+            setattr(module, name, FusedPart(product, index, members[0].shape[1]))
         fused += len(group)
     return fused

@@ -32,6 +32,9 @@ class PositionalLayer(CacheLayerMixin):
         self.capacity = capacity  # most positions this layer may ever hold
         self.allocated = 0  # positions its buffers hold now
         self.length = 0
+        # float64 copies of (keys, values) for exact attention (update_exact), valid up to exact_length
+        self.exact: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.exact_length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -65,6 +68,32 @@ class PositionalLayer(CacheLayerMixin):
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def update_exact(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`update`, returning the keys and values in float64 from a copy kept beside the cache, so that
+        attention in float64 converts only the new positions, not the whole cache, every forward.
+        key_states: [B, H_kv, n, D] -> [B, H_kv, length + n, D] float64 each."""
+        start = self.length
+        self.update(key_states, value_states)
+        end = self.length
+        shadow = self.exact
+        if shadow is None or shadow[0].shape[2] != self.allocated:
+            keys = self.keys.new_zeros(self.keys.shape, dtype=torch.float64)  # [B, H_kv, allocated, D]
+            values = torch.zeros_like(keys)
+            if shadow is not None:
+                kept = min(self.exact_length, shadow[0].shape[2])
+                keys[:, :, :kept] = shadow[0][:, :, :kept]
+                values[:, :, :kept] = shadow[1][:, :, :kept]
+            shadow = self.exact = (keys, values)
+        exact_keys, exact_values = shadow
+        # Positions written by a plain `update` since (none on the paths that use this): converted now.
+        fresh = min(self.exact_length, start)
+        exact_keys[:, :, fresh:end] = self.keys[:, :, fresh:end]
+        exact_values[:, :, fresh:end] = self.values[:, :, fresh:end]
+        self.exact_length = end
+        return exact_keys[:, :, :end], exact_values[:, :, :end]
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 
@@ -76,9 +105,10 @@ class PositionalLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         self.length = max(0, self.length + tokens_to_remove) if tokens_to_remove < 0 else tokens_to_remove
+        self.exact_length = min(self.exact_length, self.length)
 
     def reset(self) -> None:
-        self.length = 0
+        self.length = self.exact_length = 0
 
 
 class FeatureBuffer:
@@ -159,6 +189,7 @@ class PositionalKVCache(Cache):
     def truncate(self, length: int) -> None:
         for layer in self.positional_layers:
             layer.length = length
+            layer.exact_length = min(layer.exact_length, length)
         if self.features is not None:
             self.features.length = min(length, self.features.length)
 
@@ -175,6 +206,9 @@ class PositionalKVCache(Cache):
                 dst = slice(start, start + len(node_indices))
                 layer.keys[:, :, dst] = layer.keys.index_select(2, src)
                 layer.values[:, :, dst] = layer.values.index_select(2, src)
+                if layer.exact is not None and layer.exact_length > start:
+                    for shadow in layer.exact:
+                        shadow[:, :, dst] = shadow.index_select(2, src)
             if self.features is not None:
                 states = self.features.states
                 states[:, start : start + len(node_indices)] = states.index_select(1, src)
