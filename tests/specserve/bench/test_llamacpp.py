@@ -5,6 +5,7 @@ refusal without a binary. With LLAMA_SERVER set, a real server answers on the de
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,12 @@ from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.models.profiles import PROFILES
 
 
+def peer_request(max_new_tokens: int, **options: object) -> GenerationRequest:
+    """A validated request for the peers (the bench renames a validated request per method, as here)."""
+    request = GenerationRequest.build(method="target", max_new_tokens=max_new_tokens, **options)
+    return replace(request, method=PLAIN)
+
+
 def test_peers_follow_the_profile_a_draft_model_peer_only_with_a_draft():
     assert peer_methods(PROFILES["smollm2-135m-instruct"]) == [PLAIN, NGRAM]
     assert peer_methods(PROFILES["qwen2.5-coder-1.5b-instruct"]) == [PLAIN, NGRAM, DRAFT]
@@ -41,11 +48,11 @@ def test_command_lines_run_one_slot_on_the_same_file():
 
 
 def test_a_request_is_the_same_token_ids_greedy_with_no_prompt_reuse():
-    request = GenerationRequest.build(method=PLAIN, max_new_tokens=64, ignore_eos=True)
+    request = peer_request(64, ignore_eos=True)
     body = completion_body([1, 2, 3], request)
     assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 64 and body["ignore_eos"] is True
     assert body["temperature"] == 0.0 and body["cache_prompt"] is False and body["return_tokens"] is True
-    sampled = GenerationRequest.build(method=PLAIN, max_new_tokens=8, temperature=0.7)
+    sampled = peer_request(8, temperature=0.7)
     with pytest.raises(InvalidArgument, match="greedy only"):
         completion_body([1], sampled)
 
@@ -73,7 +80,7 @@ def test_a_real_server_generates_the_requested_length_on_the_default_models_file
     peers = WithLlamaCpp(engine, "smollm2-135m-instruct")
     try:
         assert PLAIN in peers.methods and "target" in peers.methods
-        request = GenerationRequest.build(method=PLAIN, max_new_tokens=12, ignore_eos=True)
+        request = peer_request(12, ignore_eos=True)
         result = peers.generate("Write a haiku.", request)
         assert len(result.token_ids) == 12 and result.stats.num_generated_tokens == 12
         assert result.text == engine.decode(result.token_ids)
@@ -87,7 +94,7 @@ def test_a_real_server_generates_the_requested_length_on_the_default_models_file
 def test_a_real_server_streams_several_sessions_at_once(default_engine):
     peers = WithLlamaCpp(default_engine, "smollm2-135m-instruct")
     try:
-        request = GenerationRequest.build(method=PLAIN, max_new_tokens=10, ignore_eos=True)
+        request = peer_request(10, ignore_eos=True)
         prompts = [default_engine.encode_prompt(p) for p in ("Write a haiku.", "Name a colour.")]
         streamed: list[list[int]] = [[], []]
         peers.stream_many(PLAIN, prompts, request, [streamed[0].extend, streamed[1].extend])
