@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from specserve.errors import InvalidArgument
+from specserve.runtime.int4 import Int4Linear, Int4Weight
 from specserve.runtime.kernels import apply_linear_kernel
 
 
@@ -31,16 +32,25 @@ def kept_token_ids(vocab_size: int, rows: int, always: Iterable[int]) -> torch.T
 class ReducedHead(nn.Module):
     """Scores the kept rows of a head; -inf everywhere else. [..., H] -> [..., V]."""
 
-    def __init__(self, weight: torch.Tensor, keep: torch.Tensor, kernel: str = "native") -> None:
+    def __init__(self, weight: torch.Tensor | Int4Linear, keep: torch.Tensor, kernel: str = "native") -> None:
         super().__init__()
+        self.keep: torch.Tensor
+        self.rows: nn.Module
+        if isinstance(weight, Int4Linear):  # a head on its file's codes keeps them: the kept rows' codes
+            source = weight.int4
+            self.vocab_size = weight.out_features
+            self.register_buffer("keep", keep.to(source.device), persistent=False)  # [K]
+            kept = Int4Weight(source.source.rows(keep.numpy()), source.device, source.compute_dtype)
+            self.rows = Int4Linear(kept, None)
+            return
         vocab_size, hidden = weight.shape  # [V, H]
         self.vocab_size = vocab_size
-        self.keep: torch.Tensor
         self.register_buffer("keep", keep.to(weight.device), persistent=False)  # [K]
-        self.rows = nn.Linear(hidden, len(keep), bias=False, device=weight.device, dtype=weight.dtype)
+        rows = nn.Linear(hidden, len(keep), bias=False, device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            self.rows.weight.copy_(weight.detach()[self.keep])  # [K, H]
-        self.rows.weight.requires_grad_(False)
+            rows.weight.copy_(weight.detach()[self.keep])  # [K, H]
+        rows.weight.requires_grad_(False)
+        self.rows = rows
         apply_linear_kernel(self, kernel)  # the same packed kernel as the model's other layers
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -52,5 +62,8 @@ class ReducedHead(nn.Module):
 def cut_head(model: nn.Module, rows: int, always: Iterable[int], kernel: str = "native") -> None:
     """Replaces a causal LM's output head, in place, by one over its first `rows` ids plus `always`."""
     head = model.get_output_embeddings()  # type: ignore[operator]
+    if isinstance(head, Int4Linear):
+        model.lm_head = ReducedHead(head, kept_token_ids(head.out_features, rows, always), kernel)
+        return
     weight = head.weight  # [V, H]; a packed head unpacks on demand
     model.lm_head = ReducedHead(weight, kept_token_ids(weight.shape[0], rows, always), kernel)

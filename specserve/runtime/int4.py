@@ -76,6 +76,13 @@ class Int4Weight:
         self.compute_dtype = compute_dtype
         self.device = torch.device(device)
         codes, scales, zeros = _kernel_layout(weight)
+        # The kernel packs outputs in tiles of 16: a weight with other row counts (a draft head cut to its
+        # kept ids) gets rows of value zero, whose outputs are dropped.
+        self.padding = -self.out_features % 16
+        if self.padding:
+            codes = np.concatenate([codes, np.full((self.padding, codes.shape[1]), 8, dtype=np.uint8)])
+            scales = np.concatenate([scales, np.zeros((self.padding, scales.shape[1]), dtype=np.float32)])
+            zeros = np.concatenate([zeros, np.zeros((self.padding, zeros.shape[1]), dtype=np.float32)])
         self.packed = pack_int4(torch.from_numpy(codes), self.device)
         # [W // 32, N, 2]: the kernel's scale-and-zero layout.
         pairs = np.stack([scales.T, zeros.T], axis=-1)
@@ -85,7 +92,9 @@ class Int4Weight:
         """x [..., K] -> x @ W.T [..., N], in x's dtype."""
         rows = x.reshape(-1, self.in_features)
         wide = widen_input(rows.to(self.compute_dtype), self.parts, self.group)
-        y = int4_mm(wide, self.packed, self.scales_zeros)  # [M, N]
+        y = int4_mm(wide, self.packed, self.scales_zeros)  # [M, N + padding]
+        if self.padding:
+            y = y[:, : self.out_features]
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dense(self) -> torch.Tensor:

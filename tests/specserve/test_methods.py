@@ -110,6 +110,8 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
     fp32, bf16, cuda = default_path(), default_path(dtype="bfloat16"), default_path(device="cuda:0")
     native = default_path(linear_kernel="native")
     assert len({fp32, bf16, cuda, native}) == 4
+    # int4 weights as shipped have costs of their own
+    assert default_path(weights="as-shipped").endswith("-cpu-float32-int4.json")
     assert bf16.endswith("-cpu-bfloat16-onednn.json") and cuda.endswith("-cuda0-float32-native.json")
     assert fp32.endswith("-cpu-float32-onednn.json") and native.endswith("-cpu-float32-native.json")
     # an AVX2-only CPU runs bf16 on torch's own kernel, and its costs are kept apart from the packed ones
@@ -122,7 +124,8 @@ def test_the_calibration_records_the_kernel_and_forward_it_measured(engine):
     record = json.loads(engine.calibration_path.read_text())
     assert record["linear_kernel"] == engine.linear_kernel.value == "onednn"
     assert record["forward"] == "lean"  # the tiny Llama runs the lean forward
-    assert engine.runtime_info() == {"linear_kernel": "onednn", "forward": "lean"}
+    assert engine.runtime_info() == {"linear_kernel": "onednn", "weights": "dense", "forward": "lean"}
+    assert record["weights"] == "dense"
 
 
 def test_only_float32_is_promised_token_for_token(tiny_target_dir, tmp_path, caplog):

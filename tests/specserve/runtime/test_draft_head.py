@@ -35,6 +35,25 @@ def test_kept_rows_score_as_the_full_head_and_the_others_never(kernel):
     assert torch.isneginf(logits[:, outside]).all()
 
 
+def test_a_head_on_its_files_codes_stays_on_them_when_cut():
+    from gguf import GGMLQuantizationType, quants
+
+    from specserve.models.gguf_quant import decode
+    from specserve.runtime.int4 import Int4Linear, Int4Weight
+
+    torch.manual_seed(0)
+    dense = torch.randn(64, 32) * 0.1  # [V, H]
+    codes = decode("Q8_0", quants.quantize(dense.numpy(), GGMLQuantizationType.Q8_0), 64, 32)
+    head = Int4Linear(Int4Weight(codes), None)
+    keep = kept_token_ids(64, 20, [63])
+    cut = ReducedHead(head, keep)
+    assert isinstance(cut.rows, Int4Linear) and cut.rows.out_features == len(keep)
+    hidden = torch.randn(3, 32)
+    logits = cut(hidden)  # [n, V]
+    assert torch.equal(logits[:, keep], head(hidden)[:, keep])  # the same codes, the same kernel rows
+    assert torch.isneginf(logits[:, 20:63]).all()
+
+
 def test_a_cut_draft_head_proposes_only_kept_ids_and_keeps_the_output(tiny_target_dir, tmp_path):
     """The target itself as the separate draft: with its whole head every drafted token is accepted, so
     any difference in the output or any token proposed outside the kept ids would show."""

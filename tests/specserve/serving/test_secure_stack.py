@@ -104,13 +104,20 @@ def free_base_port() -> int:
             return base
 
 
+def free_port_outside(base: int) -> int:
+    """A free port that is none of the stack's own (base .. base + 3), which are not bound yet."""
+    while (port := free_port()) in range(base, base + 4):
+        pass
+    return port
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     base = free_base_port()
     command = [sys.executable, "-m", "specserve.cli", "stack", "--base-port", str(base), "--tls"]
     command += [arg for token in TOKENS for arg in ("--token", token)]
     command += ["--max-new-tokens", "4", "Name a prime number."]
-    metrics_ports = {"target": free_port(), "draft": free_port()}
+    metrics_ports = {"target": free_port_outside(base), "draft": free_port_outside(base)}
     env = os.environ | {
         "SPECSERVE_TARGET_SESSION_LEASE_SECONDS": str(LEASE_SECONDS),
         "SPECSERVE_DRAFT_SESSION_LEASE_SECONDS": str(LEASE_SECONDS),
