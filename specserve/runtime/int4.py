@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.models.gguf_quant import GROUP, QuantizedWeight
-from specserve.runtime.kernels import FUSED_GROUPS, FusedPart
+from specserve.runtime.kernels import FUSED_GROUPS, FusedPart, SplitProduct
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -156,7 +156,7 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weights={source}"
 
 
-class Int4Product:
+class Int4Product(SplitProduct):
     """The fused product of projections that read the same input (runtime/kernels.FusedPart's product)."""
 
     def __init__(
@@ -166,6 +166,7 @@ class Int4Product:
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
+        super().__init__()
         self.weight = Int4Weight(_concat(weights), device, dtype)
         self.widths = [w.shape[0] for w in weights]
         self.total = sum(self.widths)
@@ -179,22 +180,12 @@ class Int4Product:
                 ]
             )
         )
-        self._input: torch.Tensor | None = None
-        self._slices: list[torch.Tensor] = []
 
     def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
         y = self.weight.matmul(x)
         if self.bias is not None:
             y = y + self.bias
         return list(y.split(self.widths, dim=-1))
-
-    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if index == 0 or self._input is not x:
-            self._slices, self._input = self.parts(x), x
-        out = self._slices[index]
-        if index == len(self.widths) - 1:
-            self._input, self._slices = None, []
-        return out
 
     def dense(self) -> torch.Tensor:
         return self.weight.dense()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -119,15 +118,39 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel=onednn"
 
 
-class FusedProduct:
-    """One packed product over the concatenated weights of projections that read the same input.
+class SplitProduct:
+    """One kernel call whose output is split among projections that read the same input: the first
+    projection computes the whole product and keeps the others' slices for their calls; a projection
+    called on another input (a model whose code differs) computes its own slice: correct, only slower.
+    Subclasses set `widths` and implement `parts`."""
 
-    The first projection computes the whole product and keeps the others' slices for their calls; a
-    projection called on another input (a model whose code differs) computes its own slice: correct,
-    only slower.
-    """
+    widths: list[int]
+
+    def __init__(self) -> None:
+        self._input: torch.Tensor | None = None
+        self._slices: list[torch.Tensor] = []
+
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def dense(self) -> torch.Tensor:
+        """[sum(out), in]: the concatenated weights as dense values (rare readers)."""
+        raise NotImplementedError
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if index == 0 or self._input is not x:
+            self._slices, self._input = self.parts(x), x
+        out = self._slices[index]
+        if index == len(self.widths) - 1:  # the last reader: drop the references
+            self._input, self._slices = None, []
+        return out
+
+
+class FusedProduct(SplitProduct):
+    """One packed oneDNN product over the concatenated weights of projections that read the same input."""
 
     def __init__(self, linears: Sequence[nn.Linear]):
+        super().__init__()
         weight = torch.cat([linear.weight.detach() for linear in linears])  # [sum(out), in]
         biases = [linear.bias for linear in linears]
         self.bias = (
@@ -143,8 +166,6 @@ class FusedProduct:
         self.packed = pack_weight(weight)
         self.widths = [linear.out_features for linear in linears]
         self.total = sum(self.widths)
-        self._input: torch.Tensor | None = None
-        self._slices: list[torch.Tensor] = []
 
     def dense(self) -> torch.Tensor:
         """[sum(out), in]: the concatenated weights, unpacked on demand."""
@@ -154,29 +175,11 @@ class FusedProduct:
         """x [..., in] -> every projection's output, [..., out_i] each, from one kernel call."""
         return list(packed_linear(x, self.packed, self.bias, self.total).split(self.widths, dim=-1))
 
-    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if index == 0 or self._input is not x:
-            self._slices, self._input = self.parts(x), x
-        out = self._slices[index]
-        if index == len(self.widths) - 1:  # the last reader: drop the references
-            self._input, self._slices = None, []
-        return out
-
-
-class Product(Protocol):
-    """One kernel call over the concatenated weights of same-input projections (oneDNN's or int4's)."""
-
-    widths: list[int]
-
-    def parts(self, x: torch.Tensor) -> list[torch.Tensor]: ...
-    def part(self, index: int, x: torch.Tensor) -> torch.Tensor: ...
-    def dense(self) -> torch.Tensor: ...
-
 
 class FusedPart(nn.Module):
     """One projection of a fused group (q, k or v; gate or up)."""
 
-    def __init__(self, product: Product, index: int, in_features: int):
+    def __init__(self, product: SplitProduct, index: int, in_features: int):
         super().__init__()
         self.product, self.index = product, index
         self.in_features, self.out_features = in_features, product.widths[index]
