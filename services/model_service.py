@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from specserve.runtime.models import ServedModels
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.server import RunningServer, start_server
 from specserve.serving.settings import ServerSettings
@@ -25,9 +24,10 @@ class ModelService:
     role: str  # "target" or "draft": names the model thread
     pb2: ModuleType  # the generated messages (one service per proto file)
     pb2_grpc: ModuleType  # the generated registration glue
-    servicer: Callable[..., Any]  # (models, settings, metrics, model thread) -> the servicer
+    runtime: Callable[[EngineSettings], Any]  # the role's runtime: what it loads (runtime/*_runtime.py)
+    servicer: Callable[..., Any]  # (runtime, settings, metrics, model thread) -> the servicer
     metrics: Callable[[], Any]  # -> the role's metrics (with a .registry)
-    warm_up: Callable[[ServedModels], object]  # loads, before SERVING, what the first request would wait for
+    warm_up: Callable[[Any], object]  # loads, before SERVING, what the first request would wait for
 
 
 def start_model_service(
@@ -37,7 +37,7 @@ def start_model_service(
     add_to_server = getattr(service.pb2_grpc, f"add_{descriptor.name}Servicer_to_server")
     release_request = getattr(service.pb2, descriptor.methods_by_name["Release"].input_type.name)
     model = ModelThread.for_settings(f"{service.role}-model", settings)
-    models = model.run(_load, engine_settings, service.warm_up)
+    models = model.run(_load, service, engine_settings)
     metrics = service.metrics()
     servicer = service.servicer(models, settings, metrics, model)
     return start_server(
@@ -50,7 +50,7 @@ def start_model_service(
     )
 
 
-def _load(engine_settings: EngineSettings, warm_up: Callable[[ServedModels], object]) -> ServedModels:
-    models = ServedModels(engine_settings)
-    warm_up(models)
-    return models
+def _load(service: ModelService, engine_settings: EngineSettings) -> Any:
+    runtime = service.runtime(engine_settings)
+    service.warm_up(runtime)
+    return runtime

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import GenerationConfig
@@ -17,12 +17,17 @@ from specserve.core.loop import speculative_generate
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.errors import InvalidArgument
 from specserve.methods import method_spec
-from specserve.models import encode_chat
+from specserve.models import encode_chat, load_causal_lm
 from specserve.results import GenerationResult, GenerationStats
 from specserve.runtime.batching import Scheduler
+from specserve.runtime.early_exit import early_exit_draft
+from specserve.runtime.kernels import LinearKernel
 from specserve.runtime.models import ServedModels
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from specserve.models.loading import CausalLM
 
 
 def request_limits(settings: EngineSettings, vocab_size: int | None = None) -> RequestLimits:
@@ -41,6 +46,24 @@ class Engine(ServedModels):
     @property
     def methods(self) -> list[str]:
         return [m.value for m in Method]
+
+    # transformers' baselines (the `hf` methods): in process only, never in a service.
+    @functools.cached_property
+    def reference_model(self) -> CausalLM:
+        """The `hf` method's model: transformers as users run it, with torch's own linear kernel. The
+        served target when that is what it runs; otherwise a second, plain copy, loaded on first use."""
+        if self.linear_kernel is LinearKernel.NATIVE and self.settings.weights == "dense":
+            return self.target_model
+        return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
+
+    @functools.cached_property
+    def assistant_model(self) -> CausalLM:
+        """The `hf-assisted` method's `assistant_model`, run by transformers as users run it (torch's own
+        linear kernel): the separate draft model of the vanilla methods, else the reference model's first
+        `draft_layers` layers (transformers cannot run a trained one-block draft)."""
+        if self.draft_model_dir is None:
+            return cast("CausalLM", early_exit_draft(self.reference_model, self.settings.draft_layers))
+        return load_causal_lm(self.draft_model_dir, self.settings.device, self.draft_dtype)
 
     @property
     def limits(self) -> RequestLimits:

@@ -56,8 +56,10 @@ class DraftSources(Protocol):
     @property
     def eagle_draft(self) -> EagleDraft: ...
 
-    @property
-    def cost_model(self) -> CostModel: ...
+    def cost_model_for(self, kind: str | None) -> CostModel:
+        """The serving target's verify curve with `kind`'s draft step on the draft's host (None: no draft
+        forward)."""
+        ...
 
 
 class TargetSource(TargetKVSource, HiddenStateSource, Protocol):
@@ -130,7 +132,7 @@ def _cape_cost(family: Callable[[DraftShape, bool], DrafterFactory], draft: str)
     def make(
         engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter | None:
-        cost_model = engine.cost_model.for_draft(draft)
+        cost_model = engine.cost_model_for(draft)
         settings = StopSettings(
             cost_model=cost_model,
             batch_sessions=other_sessions,
@@ -169,7 +171,7 @@ def _with_suffix(inner: DrafterFactory | None, draft: str = "glide") -> DrafterF
             # A sampled session's tree decides its random draws: sized the same wherever it runs (the
             # router has no calibration) and whatever else runs, so a seed gives the same text.
             return SuffixDrafter(model, engine.settings.max_tree_nodes, NOMINAL_CPU_COST)
-        cost = engine.cost_model.for_draft(draft)
+        cost = engine.cost_model_for(draft if inner is not None else None)
         return SuffixDrafter(model, engine.settings.max_tree_nodes, cost, batch_load=other_sessions)
 
     return make

@@ -51,6 +51,10 @@ class KVMirror:
         self.received_bytes = 0
         self.changed = threading.Condition()
 
+    def read_layers(self, layers: Sequence[int]) -> None:
+        """The target layers whose K/V the feed must carry (the drafter's declared reads), before any."""
+        self.layers = [layer % self.num_layers for layer in layers]
+
     def write(self, chunk: target_pb2.KVChunk) -> None:
         """Stores a chunk; start_position may be below `length` (a rebuilt target re-sending)."""
         start, n = chunk.start_position, chunk.num_positions

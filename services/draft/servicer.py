@@ -26,17 +26,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+import torch
 
+from services.draft.costs import PublishedCosts
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal, cost_policy_of
-from specserve.catalog import CATALOG
 from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
 from specserve.runtime.batching import other_sessions
-from specserve.runtime.models import ServedModels
+from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def __init__(
         self,
-        models: ServedModels,
+        models: DraftRuntime,
         settings: DraftServiceSettings,
         metrics: DraftMetrics,
         model: ModelThread | None = None,  # the thread that loaded the models (serving/model_thread.py)
@@ -74,6 +75,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.priors = AcceptancePriors()  # where new sessions' cost policies start (priors.py)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self.target_costs = PublishedCosts(self.channel_for)
 
     def channel_for(self, address: str) -> grpc.Channel:
         with self._channels_lock:
@@ -95,32 +97,33 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if not request.target_address:
             raise InvalidArgument("target_address is empty")
         check_target_address(request.target_address, self.settings.target_addresses)
-        check_token_ids(request.token_ids, self.models.target_model.config.vocab_size)
+        check_token_ids(request.token_ids, self.models.target_vocab_size)
         if not len(request.token_ids) < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
-        # A hidden-state draft reads no K/V: its drafter asks the mirror for hidden states instead.
-        reads_kv = not CATALOG[spec.method].hidden_states
+        sources = self.models.for_target(self.target_costs.of(request.target_address))
         mirror = KVMirror(
-            self.models.glide_draft.config.feed_layers if reads_kv else [],
-            self.models.target_model.config.num_hidden_layers,
-            request.capacity,
-            self.models.target_runner.device,
+            [], self.models.target_config.num_hidden_layers, request.capacity, torch.device(limits.device)
         )
         sampling = sampling_from_pb(request.sampling)  # the session's, for every Propose
-        drafter = self.model.run(spec.make_drafter, self.models, request.capacity, mirror, sampling)
+        drafter = self.model.run(spec.make_drafter, sources, request.capacity, mirror, sampling)
         if drafter is None:
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
         self.priors.seed(request.method, drafter)
-        subscriber = FeedSubscriber(
-            request.session_id,
-            mirror,
-            request.target_address,
-            self.channel_for,
-            on_chunk=lambda chunk: self._on_chunk(request.session_id, chunk),
-            on_resync=self.metrics.kv_feed_resyncs.inc,
-            run=self.model.run,  # the mirror's tensors are written where the drafter reads them
-        )
-        ahead = request.HasField("request_seed") and self.settings.prepare_ahead
+        # The feed carries what the drafter declared it reads (a hidden-state draft asked the mirror for
+        # features when built); a drafter that reads nothing of the target opens no feed at all.
+        mirror.read_layers(drafter.reads.kv_layers)
+        subscriber = None
+        if drafter.reads.anything:
+            subscriber = FeedSubscriber(
+                request.session_id,
+                mirror,
+                request.target_address,
+                self.channel_for,
+                on_chunk=lambda chunk: self._on_chunk(request.session_id, chunk),
+                on_resync=self.metrics.kv_feed_resyncs.inc,
+                run=self.model.run,  # the mirror's tensors are written where the drafter reads them
+            )
+        ahead = request.HasField("request_seed") and self.settings.prepare_ahead and subscriber is not None
         request_seed = request.request_seed if ahead else None
         # A session preparing ahead builds from the feed's chunks, so it follows the feed from the start;
         # any other follows it from its first round that drafts.
@@ -135,7 +138,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 request_seed,
             )
         )
-        subscriber.start(follow=request_seed is not None)
+        if subscriber is not None:
+            subscriber.start(follow=request_seed is not None)
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftPrefillResponse()
 
@@ -147,7 +151,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.recent.touch(request.session_id, request.batch_sessions)
         if not math.isfinite(request.overhead_seconds) or request.overhead_seconds < 0:
             raise InvalidArgument("overhead_seconds must be a finite number >= 0")
-        check_token_ids(request.new_token_ids, self.models.target_model.config.vocab_size)
+        check_token_ids(request.new_token_ids, self.models.target_vocab_size)
         if request.target_address:
             check_target_address(request.target_address, self.settings.target_addresses)
         session = self.store.get(request.session_id)
@@ -163,17 +167,21 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         ):
             raise InvalidArgument("the session's tokens do not fit its capacity")
         session.token_ids = token_ids
-        session.subscriber.retarget(request.target_address)
+        feed = session.subscriber
+        if feed is not None:
+            feed.retarget(request.target_address)
         _charge_overhead(session.drafter, request.overhead_seconds)
         idle = None
         if session.request_seed is None and isinstance(session.drafter, RoundOpeningDrafter):
             idle = self.model.run(self._round_of_the_root_alone, session, token_ids, request.step_seed)
         waited = 0.0
-        if idle is None:  # the round drafts: it reads the target's K/V up to the root
-            session.subscriber.follow()
+        if feed is None:
+            pass  # the drafter reads nothing of the target: nothing to wait for
+        elif idle is None:  # the round drafts: it reads the target's K/V up to the root
+            feed.follow()
             waited = session.mirror.wait_for(len(token_ids) - 1, self.settings.kv_wait_seconds)
         else:
-            session.subscriber.pause()
+            feed.pause()
         self.metrics.kv_wait.observe(waited)
         with telemetry.span(telemetry.SPAN_PROPOSE, **{telemetry.ATTR_SESSION: request.session_id}) as span:
             if idle is None:

@@ -47,7 +47,7 @@ class DraftSession:
     token_ids: list[int]
     drafter: Drafter
     mirror: KVMirror
-    subscriber: FeedSubscriber
+    subscriber: FeedSubscriber | None  # None: the drafter reads nothing of the target, so no feed
     # The request seed (Prefill), from which each round's draft seed derives (core/rng.py,
     # draft_round_seed); None = never prepare proposals ahead.
     request_seed: int | None = None
@@ -74,7 +74,8 @@ class DraftSession:
         released under it, and one queued behind this sees `closed`."""
         wait_until(lambda: not self.drafting)
         self.closed = True
-        self.subscriber.close()
+        if self.subscriber is not None:
+            self.subscriber.close()
         self.drafter.release()
 
 

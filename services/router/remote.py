@@ -23,7 +23,7 @@ from typing import Protocol
 
 import grpc
 
-from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.protocols import READS_NOTHING, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
 from specserve.serving.convert import outcome_from_pb, sampling_to_pb, tree_from_pb, tree_to_pb
@@ -247,6 +247,7 @@ class RemoteDrafter:
     ) -> None:
         self.session_id = session_id
         self.method = method
+        self.reads = READS_NOTHING  # the draft service reads the target's state, not the router
         self.sampling = sampling  # the session's: sent once, in Prefill
         self.request_seed = request_seed
         self.on_propose = on_propose  # seconds of each Propose round trip (fallbacks included)

@@ -16,9 +16,15 @@ from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.request import MAX_TOP_LOGPROBS
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
 from specserve.results import TokenLogprob
-from specserve.runtime.models import ServedModels
+from specserve.runtime.target_runtime import TargetRuntime
 from specserve.serving import telemetry
-from specserve.serving.convert import check_session_id, logprobs_to_pb, sampling_from_pb, tree_from_pb
+from specserve.serving.convert import (
+    check_session_id,
+    costs_to_pb,
+    logprobs_to_pb,
+    sampling_from_pb,
+    tree_from_pb,
+)
 from specserve.serving.metrics import TargetMetrics
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.recent import RecentSessions
@@ -33,7 +39,7 @@ R = TypeVar("R")
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def __init__(
         self,
-        models: ServedModels,
+        models: TargetRuntime,
         settings: TargetServiceSettings,
         metrics: TargetMetrics,
         model: ModelThread | None = None,  # the thread that loaded the models (serving/model_thread.py)
@@ -72,6 +78,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             num_layers=self.models.target_model.config.num_hidden_layers,
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
+            costs=costs_to_pb(self.models.verify_points, self.models.costs_version),
         )
 
     def Prefill(

@@ -113,6 +113,59 @@ class CostModel:
             raise InvalidArgument(f"not a cost calibration: {e}") from None
 
 
+GLIDE_DRAFT = "glide"  # the draft whose step a calibration record's draft_step_s holds
+
+VerifyPoints = tuple[tuple[int, float], ...]  # (num_nodes, seconds), num_nodes increasing
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """What one kind of draft costs on the host that runs it (seconds): a step, and a proposal's fixed
+    part. Measured by the draft's host, combined with the serving target's verify curve."""
+
+    step_s: float
+    overhead_s: float = 0.0
+
+    def with_verify(self, verify_points: VerifyPoints) -> CostModel:
+        return CostModel(verify_points, self.step_s, self.overhead_s)
+
+
+def verify_points_from_json(data: dict) -> VerifyPoints:
+    """The target's verify curve in a calibration record (its draft costs, if any, are not read)."""
+    try:
+        points = tuple(sorted((int(n), float(s)) for n, s in data["verify_s"].items()))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InvalidArgument(f"not a verify cost calibration: {e}") from None
+    return CostModel(points, draft_step_s=0.0).verify_points  # checked as a cost model checks them
+
+
+def draft_costs_from_json(data: dict) -> dict[str, DraftCost]:
+    """Every draft's costs in a calibration record: draft_step_s and draft_overhead_s are GliDe's,
+    other_drafts the rest's; {} for a record of the target's curve alone."""
+    try:
+        costs = {
+            str(kind): DraftCost(float(step), float(over))
+            for kind, (step, over) in data.get("other_drafts", {}).items()
+        }
+        if "draft_step_s" in data:
+            costs[GLIDE_DRAFT] = DraftCost(
+                float(data["draft_step_s"]), float(data.get("draft_overhead_s", 0.0))
+            )
+    except (TypeError, ValueError, AttributeError) as e:
+        raise InvalidArgument(f"not a draft cost calibration: {e}") from None
+    return costs
+
+
+def draft_costs_to_json(costs: dict[str, DraftCost]) -> dict:
+    """The inverse of `draft_costs_from_json` (GliDe's in draft_step_s when measured)."""
+    record: dict = {}
+    glide = costs.get(GLIDE_DRAFT)
+    if glide is not None:
+        record.update(draft_step_s=glide.step_s, draft_overhead_s=glide.overhead_s)
+    others = {kind: [c.step_s, c.overhead_s] for kind, c in costs.items() if kind != GLIDE_DRAFT}
+    return {**record, **({"other_drafts": others} if others else {})}
+
+
 @dataclass(frozen=True)
 class BatchLoad:
     """What the rest of a batched forward holds besides this session's tree."""

@@ -77,7 +77,27 @@ class DraftTree:
         return self.tree.num_nodes - 1 - self.num_seeded
 
 
+@dataclass(frozen=True)
+class TargetReads:
+    """What a drafter reads of the target's committed state: the K/V of some target layers (GliDe), its
+    hidden states (a hidden-state draft, with the decoder layers they come from; () = the final one), or
+    nothing. A draft replica subscribes to the target's feed for what is declared, and only then."""
+
+    kv_layers: tuple[int, ...] = ()  # as configured: -1 is the last layer
+    hidden_states: bool = False
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def anything(self) -> bool:
+        return bool(self.kv_layers) or self.hidden_states
+
+
+READS_NOTHING = TargetReads()
+
+
 class Drafter(Protocol):
+    reads: TargetReads  # declared once, when the drafter is built
+
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         """token_ids: the whole committed sequence (prompt + generated); its last token is the root.
         round_seed: this round's draft seed (core/rng.py, draft_round_seed)."""

@@ -33,7 +33,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specserve.core.cost import CostModel, load_like_this, smoothed
-from specserve.core.protocols import CandidateKind, Drafter, DraftTree, RoundOpeningDrafter
+from specserve.core.protocols import (
+    READS_NOTHING,
+    CandidateKind,
+    Drafter,
+    DraftTree,
+    RoundOpeningDrafter,
+    TargetReads,
+)
 from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
 from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import InvalidArgument
@@ -91,6 +98,7 @@ class SuffixDrafter:
         if max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
         self.inner = inner
+        self.reads: TargetReads = READS_NOTHING if inner is None else inner.reads  # the suffix index's own
         self.max_tree_nodes = max_tree_nodes
         self.cost = cost
         self.settings = settings

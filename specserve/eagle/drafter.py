@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from specserve.core.cape import CapeSettings
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import DraftTree, TargetReads
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.eagle.model import EagleDraft
 from specserve.errors import FailedPrecondition
@@ -102,6 +102,7 @@ class EagleDrafter(WidthDrafter):
         super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
         self.model = model
         self.source = source
+        self.reads = TargetReads(hidden_states=True, feature_layers=tuple(model.config.feature_layers))
         source.keep_features(model.config.feature_layers)
         self.cache = PositionalKVCache(1, capacity + 1)  # the draft's own KV (room for the drafted spine)
         self._cached_ids: list[int] = []  # x[t + 1] of each position the cache holds from target features

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 from specserve.core.cape import CapeSettings
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import READS_NOTHING, DraftTree, TargetReads
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.errors import FailedPrecondition
 from specserve.glide.batch import GlideSegment, glide_batcher
@@ -56,9 +56,20 @@ class GlideDrafter(WidthDrafter):
         super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
         self.model = model
         self.target_kv = target_kv
+        # The block without cross-attention (the vanilla methods' trained draft) reads no target state.
+        reads_kv = model.config.cross_attention
+        self.reads = TargetReads(kv_layers=tuple(model.config.feed_layers)) if reads_kv else READS_NOTHING
         self.device = next(model.parameters()).device
         self.cache = PositionalKVCache(model.config.num_layers, capacity)  # the draft's self-attention KV
         self._cached_ids: list[int] = []  # committed tokens (never the root) whose KV `cache` holds
+
+    def _read_target_kv(self) -> list[TargetKV]:
+        """Each block's target layer's K/V; nothing read for a block without cross-attention (empty)."""
+        layers = self.model.config.layers_read
+        if self.reads.anything:
+            return [self.target_kv.layer_kv(layer) for layer in layers]
+        empty = torch.zeros((1, 1, 0, 1), device=self.device)
+        return [(empty, empty)] * len(layers)
 
     @torch.inference_mode()
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
@@ -70,8 +81,8 @@ class GlideDrafter(WidthDrafter):
             # the next round that drafts.
             return DraftTree.root_only(token_ids[-1])
         # per block, views: [1, Hkv, L, D]
-        target_kv = [self.target_kv.layer_kv(layer) for layer in self.model.config.layers_read]
-        if target_kv[0][0].shape[2] != root_position:
+        target_kv = self._read_target_kv()
+        if self.reads.anything and target_kv[0][0].shape[2] != root_position:
             raise FailedPrecondition(
                 f"the target cache holds {target_kv[0][0].shape[2]} positions; the draft needs the "
                 f"{root_position} committed tokens before the root"

@@ -35,6 +35,7 @@ def load_causal_lm(
     dtype: str = "float32",
     linear_kernel: str = "native",
     as_shipped: Path | None = None,
+    num_layers: int | None = None,
 ) -> CausalLM:
     """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`.
 
@@ -43,6 +44,7 @@ def load_causal_lm(
     (oneDNN on CPU), "onednn" insists on it.
     as_shipped: a directory holding the model file's quantized weights (models/gguf_quant.py); every
     linear layer and embedding they cover then runs on them (runtime/int4.py), the rest on `linear_kernel`.
+    num_layers: load only the first decoder layers (an early-exit draft on a host without the target).
     """
     model_dir = _check_model_dir(Path(model_dir).expanduser())
     torch_dtype = _torch_dtype(dtype)
@@ -54,8 +56,10 @@ def load_causal_lm(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a sub-second load needs no bar; it would interleave with output
+    overrides = {} if num_layers is None else {"config": _first_layers(model_dir, num_layers)}
     model = AutoModelForCausalLM.from_pretrained(
         model_dir,
+        **overrides,
         local_files_only=True,
         use_safetensors=True,
         attn_implementation="sdpa",
@@ -78,6 +82,19 @@ def load_causal_lm(
 
     apply_linear_kernel(model, linear_kernel)  # after `to`: packed weights do not move with the model
     return model
+
+
+def _first_layers(model_dir: Path, num_layers: int) -> object:
+    """The checkpoint's config cut to its first `num_layers` decoder layers (the rest are not loaded)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    if not 1 <= num_layers <= config.num_hidden_layers:
+        raise InvalidArgument(f"num_layers must be in [1, {config.num_hidden_layers}], got {num_layers}")
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    return config
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:

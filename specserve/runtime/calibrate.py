@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from specserve.core.cost import CostModel
+from specserve.core.cost import CostModel, DraftCost
 from specserve.core.protocols import DraftTree
 from specserve.core.tree import tree_depths
 from specserve.core.tree_mask import tree_attention_mask
@@ -121,6 +123,64 @@ def measure_draft_costs(
     return step, max(0.0, t_short - short * step)
 
 
+class SyntheticTargetState:
+    """Stands in for a session's committed target state when a draft's step is timed where the target is
+    not (a draft replica holds no target layer): random K/V of the target's shape for any layer read,
+    random features of any width asked. A forward's time depends on shapes, not on values."""
+
+    def __init__(
+        self, config: Any, num_positions: int, device: str | torch.device, dtype: torch.dtype
+    ) -> None:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        generator = torch.Generator().manual_seed(0)
+        kv = torch.randn(2, 1, kv_heads, num_positions, head_dim, generator=generator)  # [2, 1, Hkv, L, D]
+        self._kv = kv.to(device=device, dtype=dtype)
+        self._features = torch.randn(1, num_positions, config.hidden_size, generator=generator).to(
+            device, dtype
+        )
+        self._width = config.hidden_size
+
+    def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._kv[0], self._kv[1]  # every layer alike
+
+    def keep_features(self, layers: Sequence[int] = ()) -> None:
+        self._width = self._features.shape[2] * max(1, len(layers))
+
+    def hidden_states(self) -> torch.Tensor:
+        """[1, L, F]: the final hidden states, or k layers' outputs side by side."""
+        copies = self._width // self._features.shape[2]
+        return self._features.repeat(1, 1, copies)
+
+
+def measure_draft_cost(
+    make_drafter: Callable[[SyntheticTargetState, int], Any],  # (target state, chain depth) -> a drafter
+    target_config: Any,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    repeats: int = 3,
+) -> DraftCost:
+    """One kind of draft's step and fixed costs on this host, over a prompt of PROMPT_TOKENS committed
+    positions of synthetic target state: no target forward is needed, so a draft replica measures its
+    own costs. The drafters are released after."""
+    state = SyntheticTargetState(target_config, PROMPT_TOKENS, device, dtype)
+    prompt = [i % target_config.vocab_size for i in range(10, 11 + PROMPT_TOKENS)]  # the root last
+    drafters: dict[int, Any] = {}  # one per depth, kept: its cache holds the prompt
+
+    def propose(depth: int) -> DraftTree:
+        if depth not in drafters:
+            drafters[depth] = make_drafter(state, depth)
+        return drafters[depth].propose(prompt, round_seed=0)
+
+    try:
+        step, overhead = measure_draft_costs(propose, repeats=repeats)
+    finally:
+        for drafter in drafters.values():
+            drafter.release()
+    return DraftCost(step, overhead)
+
+
 def measure_batch_verify_s(
     runner: ModelRunner,
     totals: Sequence[int] = BATCH_TOTALS,
@@ -171,13 +231,26 @@ def _timed(
 
 
 def load_calibration(path: Path) -> CostModel:
+    return CostModel.from_json(load_record(path))
+
+
+def load_record(path: Path) -> dict:
+    """A calibration record as saved: a whole cost model (`specserve calibrate`), a target's verify curve
+    or a draft host's draft costs."""
     if not path.is_file():
         raise NotFound(f"no cost calibration at {path}; write one with `specserve calibrate`")
-    return CostModel.from_json(json.loads(path.read_text()))
+    return json.loads(path.read_text())
 
 
 def save_calibration(cost: CostModel, path: Path, about: dict) -> Path:
+    return save_record(cost.to_json(), path, about)
+
+
+def save_record(costs: dict, path: Path, about: dict) -> Path:
+    """Writes atomically: the target and draft services of one host may start together."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {**cost.to_json(), **about, "threads": torch.get_num_threads(), "created": time.time()}
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    record = {**costs, **about, "threads": torch.get_num_threads(), "created": time.time()}
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.replace(path)
     return path

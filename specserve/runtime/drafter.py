@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
-from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, TargetReads
 from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import (
@@ -81,6 +81,8 @@ class PolicyDrafter:
     One policy per drafter, i.e. per request: it holds online state. `stop_policy` is public so a
     caller may swap in its own StopPolicy.
     """
+
+    reads: TargetReads = READS_NOTHING  # a drafter of the target's state says which (GliDe, eagle)
 
     def __init__(
         self, sampled_kind: CandidateKind, stop_policy: StopPolicy, sampling: SamplingParams

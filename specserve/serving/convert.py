@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from specserve.core.cost import VerifyPoints, verify_points_from_json
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
 from specserve.core.sampling_params import SamplingParams
@@ -181,3 +182,15 @@ def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.Gene
     for name, value in extra.items():  # the router's own counters, by field name (rpc_bytes, ...)
         setattr(message, name, value)
     return message
+
+
+def costs_to_pb(verify_points: VerifyPoints, version: str) -> target_pb2.TargetCosts:
+    verify = [target_pb2.VerifyCost(num_nodes=n, seconds=s) for n, s in verify_points]
+    return target_pb2.TargetCosts(verify=verify, version=version)
+
+
+def costs_from_pb(message: target_pb2.TargetCosts) -> VerifyPoints:
+    """A replica's published verify curve, checked as a calibration is (increasing sizes, costs > 0)."""
+    if not message.verify:
+        raise InvalidArgument("the target published no verify costs")
+    return verify_points_from_json({"verify_s": {str(c.num_nodes): c.seconds for c in message.verify}})

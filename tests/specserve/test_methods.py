@@ -14,6 +14,7 @@ import torch
 from scipy.stats import chisquare
 from tiny_llama import EACH_ARCHITECTURE
 
+from specserve.core.cost import GLIDE_DRAFT, DraftCost, draft_costs_from_json, verify_points_from_json
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.request import GenerationRequest, StoppingParams
@@ -23,7 +24,7 @@ from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
 from specserve.models.tiny import Architecture
-from specserve.runtime.calibrate import BATCH_TOTALS, load_calibration
+from specserve.runtime.calibrate import BATCH_TOTALS, load_record
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -92,7 +93,13 @@ def test_transformers_assisted_generation_and_the_separate_draft_methods_equal_t
 
 def test_the_cost_method_measured_this_machine_once(engine):
     cost = engine.cost_model  # measured by an earlier test's cost method, or now when run alone
-    assert engine.calibration_path.is_file() and load_calibration(engine.calibration_path) == cost
+    # The target's curve and the drafts' steps are recorded apart: a draft replica records its own only.
+    assert verify_points_from_json(load_record(engine.calibration_path)) == cost.verify_points
+    drafts = draft_costs_from_json(load_record(engine.drafts.draft_costs_path))
+    assert drafts[GLIDE_DRAFT] == DraftCost(cost.draft_step_s, cost.draft_overhead_s)
+    assert {kind: (c.step_s, c.overhead_s) for kind, c in drafts.items() if kind != GLIDE_DRAFT} == {
+        kind: (step, overhead) for kind, step, overhead in cost.other_drafts
+    }
     assert cost.verify_points[0][0] == 1 and cost.draft_step_s >= 0
     assert cost.verify_points[-1][0] == BATCH_TOTALS[-1]  # batched forwards are calibrated too
 

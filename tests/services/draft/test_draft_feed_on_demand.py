@@ -152,3 +152,23 @@ def test_a_hidden_state_drafts_feed_carries_its_hidden_states_and_no_kv(
         assert response.kv_feed_bytes == (session.known - 1) * hidden_size * 4
     finally:
         session.release()
+
+
+@pytest.mark.parametrize("method", ["vanilla", "vanilla-cape-cost", "mcsd"])
+def test_a_draft_that_reads_nothing_of_the_target_opens_no_feed(channels, shared_stack, method):
+    """The vanilla methods' drafts read no target state (their drafters declare so): their sessions draft
+    every round without a KV-feed subscription, so not a byte of K/V reaches the draft and no round waits."""
+    target = target_pb2_grpc.TargetServiceStub(channels["target"])
+    draft = draft_pb2_grpc.DraftServiceStub(channels["draft"])
+    session = open_greedy(
+        target, draft, shared_stack.address("target"), f"no-feed-{method}", PROMPT_IDS, method
+    )
+    try:
+        time.sleep(RECENT_SECONDS)  # alone: every round drafts
+        for _ in range(3):
+            response = session.propose(load=0, overhead_seconds=ROUND_TRIP_SECONDS)
+            assert len(response.tree.token_ids) > 1
+            assert response.kv_feed_bytes == 0 and response.kv_wait_seconds == 0
+            session.verify(response.tree)
+    finally:
+        session.release()

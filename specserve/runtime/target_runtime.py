@@ -1,0 +1,205 @@
+"""The target's runtime: its weights, runner, tokenizer and limits, and its own measured verify cost curve.
+
+What a target replica loads, and all of it: no draft. The curve is the replica's own (one forward over n
+tree nodes on this host, model, dtype and kernel), loaded from its calibration file or measured once; the
+target service publishes it (ModelInfo.costs) so that drafts and the router size trees from the costs of
+the target that verifies them, wherever they run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from specserve.core.cost import VerifyPoints, default_calibration_name, verify_points_from_json
+from specserve.drafts import DraftKind, shipped_draft_dir
+from specserve.eagle.config import EagleConfig
+from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
+from specserve.models.install import as_shipped_dir
+from specserve.models.profiles import ModelProfile, model_profile
+from specserve.runtime.kernels import LinearKernel, resolve_kernel
+from specserve.runtime.runner import ModelRunner
+from specserve.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from specserve.models.loading import CausalLM
+
+logger = logging.getLogger(__name__)
+
+
+def apply_process_settings(settings: EngineSettings) -> None:
+    """What every model process sets once: its torch threads."""
+    if settings.num_threads > 0:
+        torch.set_num_threads(settings.num_threads)
+
+
+def shipped_for(settings: EngineSettings, kind: DraftKind) -> Path | None:
+    """A shipped draft was trained for its profile's own checkpoint, not for a --model-dir."""
+    return shipped_draft_dir(kind, settings.model) if settings.model_dir is None else None
+
+
+def weights_label(settings: EngineSettings) -> str:
+    """What the target's linear layers run on, for file names and records: the linear kernel, or `int4`
+    for weights as shipped. Decided by the settings alone, so naming a calibration file loads no model."""
+    if settings.weights == "as-shipped":
+        return "int4"
+    return resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
+
+
+def calibration_file(settings: EngineSettings, model_dir: Path, prefix: str = "calibration") -> Path:
+    """The set calibration file, else `<cache_dir>/<prefix>-<model>-<device>-<dtype>-<kernel>.json`."""
+    if prefix == "calibration" and settings.calibration_path is not None:
+        return settings.calibration_path
+    name = default_calibration_name(
+        Path(model_dir).name, settings.device, settings.dtype, weights_label(settings)
+    )
+    return settings.cache_dir / name.replace("calibration", prefix, 1)
+
+
+class TargetRuntime:
+    """Loads lazily, each part once: constructing one loads nothing."""
+
+    def __init__(self, settings: EngineSettings | None = None) -> None:
+        self.settings = settings or EngineSettings.from_env()
+        apply_process_settings(self.settings)
+        if self.settings.dtype != "float32":
+            # Measured (docs/benchmarks.md, bfloat16): in bf16 greedy output left the target's own decoding
+            # after 5-112 tokens on most prompts, because a forward over a tree rounds differently from a
+            # forward over one token. The distribution is still the target's, up to that rounding.
+            logger.warning(
+                "dtype %s: speculative output equals the target's own decoding only up to rounding; "
+                "use float32 where greedy output must match token for token",
+                self.settings.dtype,
+            )
+
+    @functools.cached_property
+    def profile(self) -> ModelProfile:
+        return model_profile(self.settings.model)
+
+    @functools.cached_property
+    def model_dir(self) -> Path:
+        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir, self.settings.model)
+
+    @functools.cached_property
+    def target_vocab_size(self) -> int:
+        """From the target's config.json, without loading its weights."""
+        return int(json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"])
+
+    @functools.cached_property
+    def tokenizer(self):
+        return load_tokenizer(self.model_dir)
+
+    @functools.cached_property
+    def as_shipped_dir(self) -> Path | None:
+        """The target file's quantized weights when `weights` is as-shipped: the profile's (built once
+        from its file), or a --model-dir's own; None for dense weights."""
+        if self.settings.weights != "as-shipped":
+            return None
+        if self.settings.model_dir is not None:
+            return Path(self.model_dir)
+        return as_shipped_dir(self.profile, self.settings.cache_dir)
+
+    @functools.cached_property
+    def target_model(self) -> CausalLM:
+        return load_causal_lm(
+            self.model_dir,
+            self.settings.device,
+            self.settings.dtype,
+            self.settings.linear_kernel,
+            as_shipped=self.as_shipped_dir,
+        )
+
+    @functools.cached_property
+    def target_runner(self) -> ModelRunner:
+        return ModelRunner(self.target_model, label="target")
+
+    @functools.cached_property
+    def linear_kernel(self) -> LinearKernel:
+        """The kernel the served models' linear layers run on (recorded by calibration and the bench);
+        decided by the settings alone, so naming a calibration file loads no model."""
+        return resolve_kernel(
+            self.settings.linear_kernel, self.settings.device, getattr(torch, self.settings.dtype)
+        )
+
+    @property
+    def weights_label(self) -> str:
+        return weights_label(self.settings)
+
+    @property
+    def eagle_dir(self) -> Path | None:
+        """This target's hidden-state draft: the settings', else the shipped one, else None."""
+        return self.settings.eagle_dir or shipped_for(self.settings, DraftKind.EAGLE)
+
+    @functools.cached_property
+    def eagle_feature_layers(self) -> tuple[int, ...]:
+        """What a session whose draft reads hidden states keeps: the layers of this target's hidden-state
+        draft (read from its config, no weights loaded: the target feeds a draft it never loads); () =
+        the final hidden state."""
+        directory = self.eagle_dir
+        if directory is None:
+            return ()
+        return EagleConfig.load(Path(directory) / "config.json").feature_layers
+
+    @functools.cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids = {self.tokenizer.eos_token_id}
+        configured = self.target_model.generation_config.eos_token_id
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return frozenset(i for i in ids if i is not None)
+
+    # --- costs ------------------------------------------------------------------------------------
+
+    @property
+    def calibration_path(self) -> Path:
+        return calibration_file(self.settings, self.model_dir)
+
+    @property
+    def costs_version(self) -> str:
+        """What the verify curve holds for: it changes whenever the model, device, dtype or kernel does,
+        so a draft that cached a replica's curve knows when to take the new one."""
+        settings = self.settings
+        return "/".join((Path(self.model_dir).name, settings.device, settings.dtype, self.weights_label))
+
+    @functools.cached_property
+    def verify_points(self) -> VerifyPoints:
+        """This replica's verify curve, single forwards and batches: loaded, or measured once and saved
+        (~30 s on 2 cores). A calibration record of a whole cost model holds it too."""
+        from specserve.runtime.calibrate import load_record, save_record
+
+        path = self.calibration_path
+        if path.is_file():
+            return verify_points_from_json(load_record(path))
+        logger.warning("no cost calibration at %s: measuring this target's verify costs once", path)
+        points = self.measure_verify_points()
+        save_record({"verify_s": {str(n): s for n, s in points}}, path, self.calibration_about())
+        return points
+
+    def measure_verify_points(self, repeats: int = 3) -> VerifyPoints:
+        from specserve.runtime.calibrate import measure_batch_verify_s, measure_verify_s
+
+        runner = self.target_runner
+        points = measure_verify_s(runner, repeats=repeats) + measure_batch_verify_s(runner, repeats=repeats)
+        logger.info("calibrated: verify %s s", dict(points))
+        return points
+
+    def runtime_info(self) -> dict[str, str]:
+        """The linear kernel and forward the specserve methods run on (benchmarks record it)."""
+        return {
+            "linear_kernel": self.linear_kernel.value,
+            "weights": self.settings.weights,
+            "forward": "lean" if self.target_runner.native is not None else "transformers",
+        }
+
+    def calibration_about(self) -> dict:
+        """What a calibration was measured on, saved beside it (no path of this host: the model's name)."""
+        return {
+            "model": Path(self.model_dir).name,
+            "device": self.settings.device,
+            "dtype": self.settings.dtype,
+            **self.runtime_info(),
+        }

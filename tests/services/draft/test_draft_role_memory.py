@@ -1,0 +1,80 @@
+"""A draft replica holds what it reads, never the target: no target decoder layer, no tensor equal to one of
+the target's decoder weights, and a fraction of a target replica's memory.
+
+Each role loads in a fresh process as its service does at start-up (the draft: its warm-up, then every
+draft of the default model; the target: its model), beside an idle process importing the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
+
+PRELUDE = """
+import gc, json, torch
+import services.draft.main, services.target.main
+from specserve.settings import EngineSettings
+
+def rss_mb():
+    gc.collect()
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+"""
+
+DRAFT = """
+from services.draft.main import warm_up
+from specserve.runtime.draft_runtime import DraftRuntime
+runtime = DraftRuntime(EngineSettings.from_env())
+warm_up(runtime)
+# every trained draft of the default model (the early-exit draft of MCSD is the target's first layers)
+loaded = [runtime.glide_draft, runtime.eagle_draft, runtime.vanilla_glide_draft]
+rss = rss_mb()
+modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+layers = [m for m in modules if type(m).__name__.endswith("DecoderLayer")]
+from safetensors import safe_open
+# dense tensors (a packed oneDNN weight is a draft's own, in a layout no checkpoint tensor has)
+tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta]
+held = [t for t in tensors if t.layout == torch.strided and not t.is_mkldnn]
+equal = []
+with safe_open(str(runtime.model_dir / "model.safetensors"), framework="pt") as weights:
+    decoder_keys = [k for k in weights.keys() if ".layers." in k]
+    for key in decoder_keys:
+        weight = weights.get_tensor(key)
+        equal += [key for t in held if t.shape == weight.shape and torch.equal(t.float(), weight.float())]
+print(json.dumps({"rss": rss, "decoder_layers": len(layers), "equal": equal, "keys": len(decoder_keys)}))
+"""
+
+TARGET = """
+from specserve.runtime.target_runtime import TargetRuntime
+runtime = TargetRuntime(EngineSettings.from_env())
+runtime.target_runner
+print(json.dumps({"rss": rss_mb()}))
+"""
+
+IDLE = """
+print(json.dumps({"rss": rss_mb()}))
+"""
+
+
+def run(code: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, timeout=500, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_draft_process_holds_no_target_decoder_layer_and_half_a_targets_memory(default_model_dir) -> None:
+    draft = run(DRAFT)
+    assert draft["decoder_layers"] == 0
+    assert draft["keys"] > 0 and draft["equal"] == []  # not one target decoder weight, by value
+    idle, target = run(IDLE), run(TARGET)
+    draft_mb, target_mb = draft["rss"] - idle["rss"], target["rss"] - idle["rss"]
+    print(f"above an idle process: draft {draft_mb:.0f} MB, target {target_mb:.0f} MB")
+    assert draft_mb <= 0.5 * target_mb, (draft_mb, target_mb)

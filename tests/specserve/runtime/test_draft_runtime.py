@@ -1,0 +1,84 @@
+"""The draft role's runtime (runtime/draft_runtime.py, runtime/target_share.py): the drafts and the few target
+tensors they share, read from the target's checkpoint; its own draft costs; trees sized by a given target's
+verify curve. Tiny random checkpoints stand in for real ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.draft.main import warm_up
+from specserve.core.cost import GLIDE_DRAFT, DraftCost
+from specserve.core.protocols import READS_NOTHING, TargetReads
+from specserve.errors import FailedPrecondition
+from specserve.models import load_causal_lm
+from specserve.runtime.draft_runtime import DraftRuntime
+from specserve.runtime.drafter import DraftShape
+from specserve.runtime.models import ServedModels
+from specserve.runtime.target_share import read_target_share
+from specserve.settings import EngineSettings
+
+FLAT = ((1, 0.01), (64, 0.0101))
+
+
+@pytest.fixture
+def settings(tiny_target_dir: Path, tmp_path: Path) -> EngineSettings:
+    return EngineSettings(model_dir=tiny_target_dir, cache_dir=tmp_path, draft_layers=1)
+
+
+def test_the_shared_tensors_are_the_targets_own_and_no_layer(settings: EngineSettings) -> None:
+    target = load_causal_lm(settings.model_dir, linear_kernel="native")
+    share = read_target_share(settings.model_dir, "cpu", torch.float32)
+    assert torch.equal(share.get_input_embeddings().weight, target.get_input_embeddings().weight)
+    assert torch.equal(share.get_output_embeddings().weight, target.get_output_embeddings().weight)
+    assert torch.equal(share.model.norm.weight, target.model.norm.weight)
+    assert not hasattr(share.model, "layers")
+    names = {name for name, _ in share.named_parameters()}
+    assert not any(".layers." in name for name in names), names
+
+
+def test_warm_up_loads_the_default_methods_draft_alone(settings: EngineSettings) -> None:
+    runtime = DraftRuntime(settings)
+    warm_up(runtime)  # the default model's default method reads the target's hidden states
+    assert "eagle_draft" in vars(runtime) and "glide_draft" not in vars(runtime)
+    assert "vanilla_draft_runner" not in vars(runtime)
+    assert runtime.draft_costs_path.is_file()  # its step, measured on this host and recorded once
+    assert set(runtime._draft_costs) == {"eagle"}
+
+
+def test_a_draft_runtime_has_no_curve_of_its_own_and_takes_the_targets(settings: EngineSettings) -> None:
+    runtime = DraftRuntime(settings)
+    with pytest.raises(FailedPrecondition):
+        runtime.cost_model_for(GLIDE_DRAFT)
+    runtime._draft_costs[GLIDE_DRAFT] = DraftCost(0.002, 0.001)
+    cost = runtime.for_target(FLAT).cost_model_for(GLIDE_DRAFT)
+    assert cost.verify_points == FLAT and (cost.draft_step_s, cost.draft_overhead_s) == (0.002, 0.001)
+    assert runtime.for_target(FLAT).cost_model_for(None).draft_step_s == 0  # suffix candidates alone
+
+
+def test_drafters_declare_what_they_read(settings: EngineSettings) -> None:
+    runtime = DraftRuntime(settings)
+    engine = ServedModels(settings)
+    cache = engine.target_runner.new_cache(64)
+    glide = runtime.for_target(FLAT).glide_draft
+    from specserve.eagle.drafter import EagleDrafter
+    from specserve.glide.drafter import GlideDrafter
+
+    assert GlideDrafter(glide, cache, 64, DraftShape(2)).reads == TargetReads(
+        kv_layers=tuple(glide.config.feed_layers)
+    )
+    eagle = EagleDrafter(runtime.eagle_draft, cache, 64, DraftShape(2))
+    assert eagle.reads.hidden_states and not eagle.reads.kv_layers
+    assert runtime.vanilla_drafter(cache, 64, DraftShape(2)).reads == READS_NOTHING
+
+
+def test_an_early_exit_draft_on_a_draft_host_loads_those_layers_alone(settings: EngineSettings) -> None:
+    """Without the target in process the early-exit draft reads just its layers from the checkpoint, and
+    drafts what the in-process one (the target's own modules) drafts."""
+    alone = DraftRuntime(settings).vanilla_draft_runner
+    in_process = ServedModels(settings).vanilla_draft_runner
+    assert alone.model.config.num_hidden_layers == 1 == len(alone.model.model.layers)
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    torch.testing.assert_close(alone.model(ids).logits, in_process.model(ids).logits, rtol=0, atol=1e-5)
