@@ -43,8 +43,10 @@ class EngineSettings:
       the glide methods; None means the one shipped in `specserve/drafts` for the profile when
       `model_dir` is not set (the default has one), else a randomly initialised (untrained) draft with a
       warning.
-    calibration_path: the `cost` stop policy's measured costs (`specserve calibrate` writes them); when
-      the file is missing the engine measures them once at start-up and saves them there.
+    calibration_path: the target's measured verify curve, which the `cost` stop policy reads (`specserve
+      calibrate` writes a whole record there, drafts' steps included); when the file is missing the target
+      measures its curve once at start-up and saves it there. A draft records its own steps beside it
+      (`draft-costs-*.json` in `cache_dir`); a draft replica takes its target's published curve.
     vanilla_dir: a one-layer draft without cross-attention from `specserve train-draft --kind vanilla`,
       used by the vanilla methods when no separate draft model is set; None means the shipped one for
       the profile (the default has one), else the early-exit draft above.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_models import QWEN_0_5B, QWEN_1_5B, install_as
 
 from services.draft.main import warm_up
 from specserve.core.cost import GLIDE_DRAFT, DraftCost
@@ -82,3 +83,17 @@ def test_an_early_exit_draft_on_a_draft_host_loads_those_layers_alone(settings: 
     assert alone.model.config.num_hidden_layers == 1 == len(alone.model.model.layers)
     ids = torch.tensor([[1, 5, 9, 2, 7]])
     torch.testing.assert_close(alone.model(ids).logits, in_process.model(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_a_profiles_draft_replica_loads_its_draft_model_before_serving(
+    tmp_path: Path, tiny_target_dir: Path, tiny_draft_dir: Path
+) -> None:
+    """The Qwen profile's default method drafts with its separate draft model: the replica loads it (and
+    measures its step) at warm-up, so the first session's Prefill loads nothing within its deadline, and
+    it never loads the target (tiny checkpoints stand in for the profile's)."""
+    install_as(QWEN_1_5B, tiny_target_dir, tmp_path)
+    install_as(QWEN_0_5B, tiny_draft_dir, tmp_path)
+    runtime = DraftRuntime(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path))
+    warm_up(runtime)
+    assert "vanilla_draft_runner" in vars(runtime) and set(runtime._draft_costs) == {"vanilla"}
+    assert not any(name in vars(runtime) for name in ("glide_draft", "eagle_draft", "target"))
