@@ -42,8 +42,8 @@ def main() -> int:
     env = {} if args.model is None else {"SPECSERVE_MODEL": args.model}
     if args.model is not None:
         env["SPECSERVE_ROUTER_DEFAULT_METHOD"] = model_profile(args.model).default_method
-    idle = int(subprocess.run([sys.executable, "-c", IDLE], capture_output=True, text=True, check=True).stdout)
-    idle_mb = idle / 1024
+    idle = subprocess.run([sys.executable, "-c", IDLE], capture_output=True, text=True, check=True)
+    idle_mb = int(idle.stdout) / 1024
     with tempfile.TemporaryDirectory() as logs, LocalStack(log_dir=Path(logs), env=env) as stack:
         with Client(stack.router_address) as client:
             client.generate("Explain what a hash table is.", max_new_tokens=32)
