@@ -215,6 +215,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             if session.closed:
                 raise NotFound(f"draft session {session.session_id!r} was released")
             assert isinstance(session.drafter, RoundOpeningDrafter)
+            session.observe_committed(token_ids)
             if session.drafter.open_round(token_ids) > 0:
                 return None
             proposal = _build(session, token_ids, round_seed)
@@ -310,9 +311,11 @@ class IdleRound:
 def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> Proposal:
     """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
     root_position = len(token_ids) - 1
+    session.observe_committed(token_ids)
     session.mirror.visible = root_position
     session.proposed_root = root_position
     draft = session.drafter.propose(list(token_ids), round_seed)
+    session.last_draft = draft
     tree = draft_to_pb(draft)
     return Proposal(tuple(token_ids), round_seed, tree, draft.tree.num_nodes, max(draft.tree.depths()))
 

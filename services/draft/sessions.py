@@ -9,8 +9,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from services.draft.mirror import FeedSubscriber, KVMirror
-from specserve.core.protocols import Drafter
+from specserve.core.outcome import RoundOutcome
+from specserve.core.protocols import Drafter, DraftTree
 from specserve.core.stopping import CostPolicy
+from specserve.core.tree import tree_depths
 from specserve.errors import NotFound
 from specserve.runtime.batching import wait_until
 from specserve.serving.model_thread import run_inline
@@ -53,6 +55,7 @@ class DraftSession:
     request_seed: int | None = None
     # Written and read on the model thread only:
     proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
+    last_draft: DraftTree | None = None  # that tree, until the drafter has observed its round
     prepared: Proposal | None = None  # built ahead, when the KV feed delivered its commit
     closed: bool = False
     # A job is using the drafter. Jobs of many sessions interleave on the model thread (their forwards
@@ -68,6 +71,20 @@ class DraftSession:
             yield
         finally:
             self.drafting = False
+
+    def observe_committed(self, token_ids: Sequence[int]) -> None:
+        """On the model thread, before the next round opens: the drafter observes how its last tree's round
+        went. The router runs the loop and sends tokens only, so the outcome is read from the tokens
+        committed after that tree's root (RoundOutcome.from_committed); a sequence that does not continue
+        it (another root there, or more tokens than one round commits) tells nothing."""
+        draft, self.last_draft = self.last_draft, None
+        root = self.proposed_root
+        if draft is None or len(token_ids) <= root + 1 or token_ids[root] != draft.tree.token_ids[0]:
+            return
+        committed = token_ids[root + 1 :]
+        if len(committed) > max(tree_depths(draft.tree.parent_ids)) + 1:
+            return
+        self.drafter.observe(RoundOutcome.from_committed(draft, committed))
 
     def close(self) -> None:
         """On the model thread (DraftSessionStore's `run`): a tree being built never sees its drafter

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import grpc
 
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import READS_NOTHING, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
@@ -84,8 +85,6 @@ class RemoteVerifier:
         timeout_s: float,
         counters: RoundCounters,
         is_cancelled: Callable[[], bool] = lambda: False,
-        # (draft tokens, accepted, verify seconds, round bytes, suffix-index tokens drafted, accepted)
-        on_round: Callable[[int, int, float, int, int, int], None] = lambda *round_numbers: None,
         logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
         keep_hidden_states: bool = False,  # the session's draft reads the target's hidden states
     ) -> None:
@@ -98,8 +97,10 @@ class RemoteVerifier:
         self.timeout_s = timeout_s
         self.counters = counters
         self.is_cancelled = is_cancelled
-        # (draft tokens, accepted draft tokens, Verify seconds, Propose + Verify bytes) of each round
-        self.on_round = on_round
+        # What the last round cost on the wire: its Verify's seconds, Propose + Verify bytes (the loop's
+        # RoundOutcome says what it drafted and accepted).
+        self.last_verify_s = 0.0
+        self.last_round_bytes = 0
         self._bytes_before_round = 0
         self.history: list[int] = []  # committed tokens; the last is the root
         self.logprobs = logprobs
@@ -148,14 +149,9 @@ class RemoteVerifier:
         outcome = outcome_from_pb(response)
         self._logprobs = list(response.logprobs)
         self.batch_sessions = response.batch_sessions
-        round_bytes = self.counters.rpc_bytes - self._bytes_before_round
+        self.last_verify_s = verify_s
+        self.last_round_bytes = self.counters.rpc_bytes - self._bytes_before_round
         self._bytes_before_round = self.counters.rpc_bytes
-        suffix_accepted = sum(1 for node in outcome.accepted_nodes if node in draft.suffix_nodes)
-        num_accepted = len(outcome.accepted_nodes) - 1
-        suffix_drafted = len(draft.suffix_nodes)
-        self.on_round(
-            draft.num_draft_tokens, num_accepted, verify_s, round_bytes, suffix_drafted, suffix_accepted
-        )
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [response.next_token]
         return outcome
 
@@ -342,6 +338,10 @@ class RemoteDrafter:
         if draft.tree.token_ids[0] != token_ids[-1]:
             raise FailedPrecondition("the draft's tree does not start at the root")
         return WireDraftTree(draft.tree, draft.kind, message=response.tree)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Nothing to send: the next Propose carries the committed tokens, from which the draft service's
+        session reads the same outcome (services/draft/sessions.py, observe_committed)."""
 
     def release(self) -> None:
         try:

@@ -27,6 +27,7 @@ from specserve.catalog import CATALOG, Method
 from specserve.core.cost import NOMINAL_CPU_COST
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import Drafter
 from specserve.core.suffix_drafter import SuffixDrafter
 from specserve.errors import Cancelled, SpecserveError
@@ -113,9 +114,8 @@ class SessionRun:
         self.out, self.cancel, self.logprobs = out, cancel, logprobs
         self.session_id = record.session_id
         self.counters = RoundCounters()
-        # (draft tokens, accepted draft tokens) of the round the loop is about to emit; the prefill's
-        # first token is a round without a draft.
-        self._this_round = (0, 0, 0, 0)  # draft tokens, accepted; of each, the suffix index's
+        # The round the loop is about to emit (None: the prefill's first token, a round without a draft).
+        self._this_round: RoundOutcome | None = None
         self._start = self._last_emit = time.perf_counter()
         self._first = not generated
         self.target: HeldReplica | None = None
@@ -144,6 +144,7 @@ class SessionRun:
                     self._emit,
                     generated_ids=self.generated,
                     round_scope=self._round_scope,
+                    on_round=self._on_round,
                 )
             self._finish(finish, stats)
         except BaseException as e:
@@ -214,7 +215,6 @@ class SessionRun:
             router.settings.target_timeout_seconds,
             self.counters,
             is_cancelled=self.cancel.is_set,
-            on_round=self._on_round,
             logprobs=self.logprobs,
             keep_hidden_states=CATALOG[Method(self.record.request.method)].hidden_states,
         )
@@ -247,17 +247,17 @@ class SessionRun:
         attributes = {telemetry.ATTR_SESSION: self.session_id, "specserve.position": position}
         return telemetry.span(telemetry.SPAN_ROUND, **attributes)
 
-    def _on_round(
-        self,
-        num_draft: int,
-        num_accepted: int,
-        verify_s: float,
-        round_bytes: int,
-        suffix_drafted: int,
-        suffix_accepted: int,
-    ) -> None:
-        self._this_round = (num_draft, num_accepted, suffix_drafted, suffix_accepted)
-        self.router.metrics.observe_round(num_draft, num_accepted, verify_s, round_bytes)
+    def _on_round(self, outcome: RoundOutcome) -> None:
+        """The loop's account of the round, before its tokens are emitted; the wire's from the verifier."""
+        self._this_round = outcome
+        verifier = self.verifier
+        assert verifier is not None
+        self.router.metrics.observe_round(
+            outcome.draft.num_draft_tokens,
+            outcome.num_accepted_tokens,
+            verifier.last_verify_s,
+            verifier.last_round_bytes,
+        )
 
     def _emit(self, token_ids: list[int]) -> None:
         """New tokens: metrics, then Redis, then the client's queue (a resumed stream never misses any)."""
@@ -278,8 +278,11 @@ class SessionRun:
         metrics.redis_latency.observe(time.perf_counter() - t0)
         if not running or self.cancel.is_set():
             raise Cancelled(f"session {self.session_id} was cancelled")
-        num_draft, num_accepted, suffix_drafted, suffix_accepted = self._this_round
-        self._this_round = (0, 0, 0, 0)
+        outcome, self._this_round = self._this_round, None
+        num_draft = 0 if outcome is None else outcome.draft.num_draft_tokens
+        num_accepted = 0 if outcome is None else outcome.num_accepted_tokens
+        suffix_drafted = 0 if outcome is None else outcome.num_suffix_draft_tokens
+        suffix_accepted = 0 if outcome is None else outcome.num_suffix_accepted_tokens
         # The loop keeps a prefix of the round's tokens (it may end inside it).
         logprobs = verifier.take_logprobs()[: len(token_ids)]
         kept_accepted = min(num_accepted, len(token_ids))

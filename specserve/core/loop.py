@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, Verifier
 from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.errors import FailedPrecondition
@@ -23,6 +24,7 @@ def speculative_generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     generated_ids: Sequence[int] = (),
     round_scope: Callable[[int], AbstractContextManager[object]] | None = None,
+    on_round: Callable[[RoundOutcome], None] | None = None,
 ) -> GenerationStats:
     """Generates until `finish` says so; new tokens go to `on_tokens` as soon as they are accepted.
 
@@ -31,7 +33,9 @@ def speculative_generate(
     (request_seed, position) (core/rng.py), so a run is reproducible and resumable:
     `generated_ids` are tokens an earlier run already emitted (a resumed session); they are not emitted
     again, and the result is the same as if the run had never stopped. `round_scope(position)`, if
-    given, wraps each round (the router opens a tracing span there).
+    given, wraps each round (the router opens a tracing span there). Each round's outcome goes to the
+    drafter's `observe` (its stop policy and suffix index learn from it) and to `on_round` (metrics),
+    before its tokens are emitted.
     """
     stats = GenerationStats()
     start = time.perf_counter()
@@ -74,22 +78,22 @@ def speculative_generate(
             else:
                 draft = DraftTree.root_only(token_ids[-1])
             t1 = time.perf_counter()
-            outcome = verifier.verify(draft, verify_round_seed(request_seed, position))
+            verified = verifier.verify(draft, verify_round_seed(request_seed, position))
             t2 = time.perf_counter()
+            outcome = RoundOutcome.of(draft, verified)  # the one account of the round, for every reader
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             stats.num_target_forwards += 1
             stats.num_draft_tokens += draft.num_draft_tokens
-            # a target-rooted path starts with the target's own candidate: not a drafted token
-            stats.num_accepted_tokens += max(0, len(outcome.accepted_nodes) - 1 - min(1, draft.num_seeded))
-            if draft.suffix_nodes:
-                stats.num_suffix_draft_tokens += len(draft.suffix_nodes)
-                stats.num_suffix_accepted_tokens += sum(
-                    1 for i in outcome.accepted_nodes if i in draft.suffix_nodes
-                )
-            accepted = [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
-            root_candidates = outcome.root_candidates
-            emit(accepted if outcome.next_token is None else [*accepted, outcome.next_token])
+            stats.num_accepted_tokens += outcome.num_accepted_tokens
+            stats.num_suffix_draft_tokens += outcome.num_suffix_draft_tokens
+            stats.num_suffix_accepted_tokens += outcome.num_suffix_accepted_tokens
+            if drafter is not None:
+                drafter.observe(outcome)
+            if on_round is not None:
+                on_round(outcome)
+            root_candidates = verified.root_candidates
+            emit(outcome.emitted_token_ids)
 
     stats.elapsed_s = time.perf_counter() - start
     return stats

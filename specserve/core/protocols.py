@@ -17,6 +17,8 @@ from specserve.core.tree import TokenTree
 if TYPE_CHECKING:  # torch stays out of the router, which runs the loop without it
     import torch
 
+    from specserve.core.outcome import RoundOutcome
+
 
 class CandidateKind(StrEnum):
     """How the draft chose the children of each node; decides the acceptance rule at T > 0."""
@@ -101,6 +103,11 @@ class Drafter(Protocol):
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         """token_ids: the whole committed sequence (prompt + generated); its last token is the root.
         round_seed: this round's draft seed (core/rng.py, draft_round_seed)."""
+        ...
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """How the round this drafter proposed ended (core/outcome.py): what its stop policy and suffix
+        index learn from. Called once per verified round, before the next `propose`."""
         ...
 
     def release(self) -> None: ...

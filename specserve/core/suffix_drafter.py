@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specserve.core.cost import CostModel, load_like_this, smoothed
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import (
     READS_NOTHING,
     CandidateKind,
@@ -42,7 +43,7 @@ from specserve.core.protocols import (
     TargetReads,
 )
 from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
-from specserve.core.tree import TokenTree, tree_children
+from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument
 
 # A session's index keeps its most recent tokens only (about 1.5 KB each: ~12 MB at most per session).
@@ -107,8 +108,8 @@ class SuffixDrafter:
         self.index = self._new_index()
         self.trust = settings.initial_trust
         self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
-        # the last round's tree, its predicted suffix tokens and the length of the sequence it was rooted at
-        self._last: tuple[DraftTree, float, int] | None = None
+        # the suffix tokens the last round's tree predicted would be accepted (its trust's yardstick)
+        self._predicted: float | None = None
         # This session's rounds: tree nodes (root included) and tokens emitted, as running means; the
         # other sessions of a batch are taken to send the same. They start as the root alone.
         self.mean_nodes, self.mean_emitted = 1.0, 1.0
@@ -130,20 +131,20 @@ class SuffixDrafter:
         self.index.extend(token_ids[known:])
         self._head.extend(token_ids[len(self._head) : HEAD_TOKENS])
 
-    def _learn(self, token_ids: Sequence[int]) -> None:
-        """Updates trust from the last round: suffix tokens accepted against the score predicted."""
-        if self._last is None:
-            return
-        draft, predicted, length = self._last
-        self._last = None
-        if len(token_ids) <= length:
-            return
-        path, accepted = _accepted_path(draft, token_ids[length:])
-        self.mean_nodes = smoothed(self.mean_nodes, draft.tree.num_nodes)
-        self.mean_emitted = smoothed(self.mean_emitted, path + 1)  # + the bonus token
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Learns from the round this drafter proposed: the running means of its rounds, and trust from
+        the suffix tokens accepted against the score predicted; the model drafter learns too."""
+        if self.inner is not None:
+            self.inner.observe(outcome)
+        predicted, self._predicted = self._predicted, None
+        if predicted is None:
+            return  # not a round of this drafter's (the loop skipped asking it)
+        self.mean_nodes = smoothed(self.mean_nodes, outcome.draft.tree.num_nodes)
+        self.mean_emitted = smoothed(self.mean_emitted, len(outcome.accepted_nodes))  # + the bonus token
         if predicted <= 0:
             return
         alpha = self.settings.trust_smoothing
+        accepted = outcome.num_suffix_accepted_tokens
         self.trust = min(1.5, max(0.05, (1 - alpha) * self.trust + alpha * accepted / predicted))
 
     # -- a round -------------------------------------------------------------------------------------
@@ -179,7 +180,6 @@ class SuffixDrafter:
         return best_k
 
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
-        self._learn(token_ids)
         self._sync(token_ids)
         root = token_ids[-1]
         proposal = self._suffix_proposal(token_ids)
@@ -193,7 +193,7 @@ class SuffixDrafter:
             model = self.inner.propose(token_ids, round_seed)
             draft = self._merged(root, model, proposal)
         predicted = sum(proposal.scores[1 : 1 + k]) if proposal is not None and draft.suffix_nodes else 0.0
-        self._last = (draft, predicted, len(token_ids))
+        self._predicted = predicted
         return draft
 
     def _merged(self, root: int, model: DraftTree, proposal: SuffixProposal | None) -> DraftTree:
@@ -231,19 +231,3 @@ def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTre
         return DraftTree.root_only(root)
     tree = TokenTree(proposal.tree.token_ids[: 1 + k], proposal.tree.parent_ids[: 1 + k])
     return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=frozenset(range(1, 1 + k)))
-
-
-def _accepted_path(draft: DraftTree, committed: Sequence[int]) -> tuple[int, int]:
-    """(draft nodes on the path the target accepted, suffix nodes among them). `committed`: the tokens
-    committed after the round's root. Walking the tree along them is exact: a rejected child is never
-    the recovered token (greedy: it is not the argmax; sampled: its probability was zeroed), so the
-    walk stops where the path did."""
-    children = tree_children(draft.tree.parent_ids)
-    node, path, suffix = 0, 0, 0
-    for token in committed:
-        node = next((c for c in children[node] if draft.tree.token_ids[c] == token), -1)
-        if node < 0:
-            break
-        path += 1
-        suffix += node in draft.suffix_nodes
-    return path, suffix

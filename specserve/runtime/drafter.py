@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, TargetReads
 from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import GREEDY, SamplingParams
@@ -97,7 +98,6 @@ class PolicyDrafter:
         """Starts the round whose root is token_ids[-1]: the policy learns how the last round went, and a
         RoundPolicy sizes this one. Returns the policy's cap; 0 = the round drafts nothing, so a caller
         need not wait for anything the draft reads. `propose` opens the round itself unless this did."""
-        self._feedback.report(token_ids, self.stop_policy)
         if isinstance(self.stop_policy, RoundPolicy):
             self.stop_policy.start_round()
         self._opened = len(token_ids)
@@ -110,6 +110,10 @@ class PolicyDrafter:
         draft = self._draft(token_ids, make_generator(round_seed))
         self._feedback.record(token_ids, draft)
         return draft
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """The stop policy learns how the round it sized went (SpineFeedback)."""
+        self._feedback.report(outcome, self.stop_policy)
 
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         raise NotImplementedError
@@ -296,44 +300,35 @@ def spine_token_ids(tree: TokenTree) -> list[int]:
 class SpineFeedback:
     """Reports each round's (spine tokens drafted, spine tokens accepted) to a stop policy.
 
-    The Drafter protocol has no feedback hook, so the result is read from the next `propose`: the tokens
-    committed after the last root are the accepted path, then one bonus or recovered token. The leading
-    spine tokens among them are the accepted ones. That count is exact under every rule in core/verify.py:
-    a rejected spine token is never emitted at its depth (greedy emits the target's argmax, which differs;
-    the sampled and fixed rules leave it no mass in the residual), and a path through a leaf leaves the
-    spine there.
+    The round's outcome (core/outcome.py) says what it committed: the accepted path, then one bonus or
+    recovered token. The leading tokens of the drafter's own spine among them are the accepted ones. That
+    count is exact under every rule in core/verify.py: a rejected spine token is never emitted at its depth
+    (greedy emits the target's argmax, which differs; the sampled and fixed rules leave it no mass in the
+    residual), and a path through a leaf leaves the spine there. The drafter's own spine is compared, not
+    the verified tree's first children: the tree may be its proposal merged with suffix candidates.
 
     Only spine tokens count as drafted: leaves are alternatives at a depth, not length, and length is
-    what the policies decide (ConfidencePolicy also judges one token per spine position). A sequence that
-    does not continue the last proposal (another root at that position, or more new tokens than one round
-    can commit) reports nothing. The last round of a request is never reported: no proposal follows it.
+    what the policies decide (each judges one token per spine position). An outcome when nothing was
+    proposed since the last (the loop did not ask this drafter) reports nothing.
     """
 
     def __init__(self) -> None:
-        self._root_index: int | None = None  # the last proposal's root position; None = nothing pending
-        self._root_token = -1
-        self._spine: list[int] = []  # the last proposal's spine tokens, root excluded
+        self._spine: list[int] | None = None  # the last proposal's spine tokens, root excluded; None = none
+        self._root_token = -1  # and its root
 
-    def report(self, token_ids: Sequence[int], policy: StopPolicy) -> None:
-        """Call at the start of `propose`, before the policy sizes the new round."""
-        if self._root_index is None:
+    def report(self, outcome: RoundOutcome, policy: StopPolicy) -> None:
+        spine, self._spine = self._spine, None
+        if spine is None or outcome.draft.tree.token_ids[0] != self._root_token:
             return
-        root, root_token, spine = self._root_index, self._root_token, self._spine
-        self.reset()
-        committed = token_ids[root + 1 :]
-        continues = len(token_ids) > root and token_ids[root] == root_token
-        if not continues or not 1 <= len(committed) <= len(spine) + 1:
-            return
-        policy.observe(len(spine), common_prefix_length(spine, committed))
+        policy.observe(len(spine), common_prefix_length(spine, outcome.emitted_token_ids))
 
     def record(self, token_ids: Sequence[int], draft: DraftTree) -> None:
         """Call with the proposal just made from `token_ids`."""
-        self._root_index = len(token_ids) - 1
         self._root_token = token_ids[-1]
         self._spine = spine_token_ids(draft.tree)
 
     def reset(self) -> None:
-        self._root_index, self._root_token, self._spine = None, -1, []
+        self._spine = None
 
 
 def common_prefix_length(cached_ids: Sequence[int], token_ids: Sequence[int]) -> int:

@@ -54,6 +54,9 @@ class EmptyUntil:
             return DraftTree.root_only(token_ids[-1])
         return self.inner.propose(token_ids, round_seed)
 
+    def observe(self, outcome) -> None:
+        self.inner.observe(outcome)
+
     def release(self) -> None:
         self.inner.release()
 

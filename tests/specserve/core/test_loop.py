@@ -85,6 +85,8 @@ class WrongDrafter:
         wrong = [(t + 1) % self.vocab for t in self.reference[nxt : nxt + 3]]
         return DraftTree(TokenTree.chain([token_ids[-1], *wrong]))
 
+    def observe(self, outcome) -> None: ...
+
     def release(self) -> None: ...
 
 

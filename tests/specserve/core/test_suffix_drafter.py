@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from specserve.core.cost import CostModel
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings
 from specserve.core.tree import TokenTree, tree_children
@@ -25,6 +26,9 @@ class CountingDrafter:
     def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
         self.calls += 1
         return DraftTree(TokenTree.chain([token_ids[-1], *self.chain]), self.kind)
+
+    def observe(self, outcome) -> None:
+        pass
 
     def release(self) -> None:
         pass
@@ -71,11 +75,12 @@ def test_sampled_model_trees_are_never_mixed_with_suffix_candidates():
 def test_trust_falls_when_suffix_candidates_are_rejected_and_sizes_fall_with_it():
     drafter = SuffixDrafter(None, 16, FLAT_COST)
     text = [1, 2, 3, 4, 5, 6] * 4
-    first = drafter.propose(text, 0)
+    first = draft = drafter.propose(text, 0)
     start = drafter.trust
     for round_ in range(8):  # the target writes something else after the root, then the pattern again
+        drafter.observe(RoundOutcome.from_committed(draft, [60 + round_]))  # every candidate rejected
         text = [*text, 60 + round_, 1, 2, 3, 4, 5, 6]
-        drafter.propose(text, round_ + 1)
+        draft = drafter.propose(text, round_ + 1)
     assert drafter.trust < start / 2
     assert first.tree.num_nodes > 1
 

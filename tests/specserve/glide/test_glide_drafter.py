@@ -60,6 +60,9 @@ class Recording:
         self.trees.append(draft)
         return draft
 
+    def observe(self, outcome) -> None:
+        self.drafter.observe(outcome)
+
     def release(self) -> None:
         self.drafter.release()
 

@@ -148,6 +148,8 @@ def test_root_candidates_need_a_seeded_drafter_and_a_target_shape(target, draft)
         def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
             return DraftTree(TokenTree.chain([token_ids[-1]]), target_roots=2)
 
+        def observe(self, outcome) -> None: ...
+
         def release(self) -> None: ...
 
     with pytest.raises(FailedPrecondition):

@@ -11,6 +11,7 @@ import torch
 from specserve.core.cape import CapeSettings
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import (
@@ -212,7 +213,7 @@ def test_draft_shape_validates_the_policy_and_sets_the_fixed_depth():
     assert svip.new_stop_policy().max_depth == 3
 
 
-# --- SpineFeedback: each round's result read from the next proposal ---------------------------------
+# --- SpineFeedback: each round's result from its outcome --------------------------------------------
 
 ROOT, SPINE = 7, [10, 11, 12]
 LEAFY = DraftTree(TokenTree((ROOT, 10, 20, 11, 21, 12), (-1, 0, 0, 1, 1, 3)))  # spine 10 11 12, 2 leaves
@@ -226,8 +227,6 @@ LEAFY = DraftTree(TokenTree((ROOT, 10, 20, 11, 21, 12), (-1, 0, 0, 1, 1, 3)))  #
         ([31], [(3, 0)]),  # the first spine token rejected
         ([20, 31], [(3, 0)]),  # the leaf at depth 1 taken: no spine token accepted
         ([10, 21, 31], [(3, 1)]),
-        ([], []),  # proposed again without a verification in between: nothing to report
-        ([10, 11, 12, 30, 31], []),  # more than one round can commit: not a continuation
     ],
 )
 def test_feedback_counts_the_accepted_spine_prefix(new_tokens, expected):
@@ -235,19 +234,22 @@ def test_feedback_counts_the_accepted_spine_prefix(new_tokens, expected):
     token_ids = [1, 2, ROOT]
     assert spine_token_ids(LEAFY.tree) == SPINE
     feedback.record(token_ids, LEAFY)
-    feedback.report([*token_ids, *new_tokens], policy)
+    outcome = RoundOutcome.from_committed(LEAFY, new_tokens)
+    assert outcome.emitted_token_ids == new_tokens
+    feedback.report(outcome, policy)
     assert policy.observed == expected
-    feedback.report([*token_ids, *new_tokens], policy)  # reported once only
+    feedback.report(outcome, policy)  # reported once only
     assert policy.observed == expected
 
 
-def test_feedback_ignores_another_sequence_and_a_reset():
+def test_feedback_ignores_another_root_and_a_reset():
     policy, feedback = RecordingPolicy(StopAt(-1)), SpineFeedback()
     feedback.record([1, 2, ROOT], LEAFY)
-    feedback.report([1, 2, ROOT + 1, 10], policy)  # another root at that position
+    other = DraftTree(TokenTree((ROOT + 1, 10), (-1, 0)))
+    feedback.report(RoundOutcome.from_committed(other, [10, 3]), policy)  # not this drafter's round
     feedback.record([1, 2, ROOT], LEAFY)
     feedback.reset()
-    feedback.report([1, 2, ROOT, 10], policy)
+    feedback.report(RoundOutcome.from_committed(LEAFY, [10, 3]), policy)
     assert policy.observed == []
 
 
@@ -309,7 +311,7 @@ def test_observe_gets_what_the_verifier_decided(target, draft, glide, name, kind
 
     _, verifier, _ = run(target, make_recorded, params)
     truth = [true_round(proposal, outcome) for proposal, outcome in verifier.rounds]
-    assert recorders[0].observed == truth[:-1]  # the last round has no next proposal to report it
+    assert recorders[0].observed == truth  # every round, the last one too
     assert len(recorders[0].steps) == sum(drafted for drafted, _ in truth)  # one step per spine token
 
 
@@ -328,7 +330,8 @@ def test_a_round_is_sized_once_after_the_policy_learned_from_the_last(target, gl
     _, verifier, drafter = run(target, make_recorded)
     calls = recorders[0].calls
     assert calls.count("start") == len(verifier.rounds)
-    assert all(calls[i + 1] == "start" for i, call in enumerate(calls) if call == "observe")
+    assert calls[-1] == "observe"  # the last round's outcome too
+    assert all(calls[i + 1] == "start" for i, call in enumerate(calls[:-1]) if call == "observe")
     token_ids = list(verifier.inner.token_ids)
     cap = drafter.open_round(token_ids)
     draft = drafter.propose(token_ids, 1)
