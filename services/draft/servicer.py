@@ -30,7 +30,6 @@ import grpc
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal, cost_policy_of
-from specserve.catalog import CATALOG
 from specserve.core.protocols import Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.errors import InvalidArgument, NotFound
@@ -99,7 +98,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if not len(request.token_ids) < request.capacity <= limits.max_context:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
         # A hidden-state draft reads no K/V: its drafter asks the mirror for hidden states instead.
-        reads_kv = not CATALOG[spec.method].hidden_states
+        reads_kv = not spec.info.hidden_states
         mirror = KVMirror(
             self.models.glide_draft.config.feed_layers if reads_kv else [],
             self.models.target_model.config.num_hidden_layers,

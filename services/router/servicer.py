@@ -25,7 +25,7 @@ from services.router.state import (
     unknown_session,
 )
 from services.router.tokenizer import IncrementalText, RouterTokenizer
-from specserve.catalog import CATALOG
+from specserve.catalog import CATALOG, MethodSupport
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import TenantCache
@@ -136,18 +136,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     # -- RPCs ---------------------------------------------------------------------------------------
     @property
+    def method_support(self) -> MethodSupport:
+        """The methods this router runs: remote ones, and those with a draft model only with a draft
+        service; named or by their axes."""
+        return MethodSupport(in_process=False, draft_models=self.drafts is not None)
+
+    @property
     def methods(self) -> frozenset[str]:
-        """The methods this router runs: remote ones, and those that draft only with a draft service."""
-        return frozenset(
-            i.method.value
-            for i in CATALOG.values()
-            if i.remote and not i.uses_hf_generate and (self.drafts is not None or not i.drafts)
-        )
+        """The catalog names among them."""
+        return frozenset(self.method_support.names())
 
     @property
     def limits(self) -> RequestLimits:
         """What a request may ask of this router (GenerationRequest.build checks it)."""
-        return limits_from_model_info(self.model, self.methods)
+        return limits_from_model_info(self.model, self.method_support)
 
     def default_max_new_tokens(self, num_prompt_tokens: int) -> int:
         """A request's new-token limit when it names none: the router's default_max_tokens, at most the
@@ -162,9 +164,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     ) -> router_pb2.ListMethodsResponse:
         return router_pb2.ListMethodsResponse(
             methods=[
-                router_pb2.MethodInfo(name=i.method.value, description=i.description, lossless=i.lossless)
+                router_pb2.MethodInfo(name=i.name, description=i.description, lossless=i.lossless)
                 for i in CATALOG.values()
-                if i.method.value in self.methods
+                if self.method_support.runs(i)
             ]
         )
 

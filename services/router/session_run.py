@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Protocol
 from services.router.placement import HeldReplica
 from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
 from services.router.state import SessionRecord, SessionStatus
-from specserve.catalog import CATALOG, Method
+from specserve.catalog import method_info
 from specserve.core.cost import NOMINAL_CPU_COST
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import Drafter
-from specserve.core.suffix_drafter import SuffixDrafter
+from specserve.core.suffix_drafter import suffix_drafter
 from specserve.errors import Cancelled, SpecserveError
 from specserve.results import FinishReason, GenerationStats
 from specserve.serving import telemetry
@@ -157,30 +157,26 @@ class SessionRun:
         the loop's roles on them. Suffix candidates are drafted here, in front of the draft service: the
         router sees every token, and a suffix-only round then costs no Propose call."""
         router, record = self.router, self.record
-        info = CATALOG[Method(record.request.method)]
+        method = method_info(record.request.method)
         self.target = HeldReplica(router.targets, self.session_id, record.target)
         verifier = self.verifier = self._verifier(self.target)
-        if info.drafts and router.drafts is not None:
+        if method.drafts and router.drafts is not None:
             self.draft = HeldReplica(router.drafts, self.session_id, record.draft)
-            model_method = info.model_method.value if info.model_method is not None else record.request.method
-            self.drafter = self._drafter(self.draft, verifier, model_method)
-        if not info.suffix:
+            self.drafter = self._drafter(self.draft, verifier, method.model_method)
+        if not method.suffix:
             return verifier, self.drafter
         load = self._target_load
-        # A seeded sampled session must give the same text whatever was asked before it: the tree decides
-        # which random draws verification makes, so only greedy sessions draft from earlier outputs.
-        greedy = record.request.sampling.greedy
-        shared = router.suffix_cache_for(record.owner) if greedy else None
 
         def batch_load() -> int:  # the other sessions' trees share the forward
-            return max(0, load(verifier) - 1) if greedy else 0  # sampled: sized as if alone
+            return max(0, load(verifier) - 1)
 
-        return verifier, SuffixDrafter(
+        return verifier, suffix_drafter(
             self.drafter,
             router.limits.max_tree_nodes,
-            NOMINAL_CPU_COST,  # only ratios matter; the draft service holds the calibration
-            shared=shared,
+            record.request.sampling,
+            lambda: NOMINAL_CPU_COST,  # the router has no calibration; the draft service holds it
             batch_load=batch_load,
+            shared=router.suffix_cache_for(record.owner),
         )
 
     def _free(self) -> None:
@@ -216,7 +212,7 @@ class SessionRun:
             is_cancelled=self.cancel.is_set,
             on_round=self._on_round,
             logprobs=self.logprobs,
-            keep_hidden_states=CATALOG[Method(self.record.request.method)].hidden_states,
+            keep_hidden_states=method_info(self.record.request.method).hidden_states,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:

@@ -88,6 +88,8 @@ class PolicyDrafter:
         self.sampling = sampling
         self.kind = CandidateKind.FIXED if sampling.greedy else sampled_kind
         self.stop_policy = stop_policy
+        if isinstance(stop_policy, CostPolicy):
+            stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
         self._feedback = SpineFeedback()
         self._opened: int | None = None  # length of the sequence whose round open_round opened
 
@@ -157,8 +159,6 @@ class WidthDrafter(SpineDrafter):
         if cape is not None and shape.widths:
             raise InvalidArgument("CaPE chooses the widths; give DraftShape only a depth")
         super().__init__(shape, sampling, CandidateKind.FIXED if cape is not None else shape.sampled_kind)
-        if isinstance(self.stop_policy, CostPolicy):
-            self.stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
         self.cape = cape
         self.head_size = head_size
 
@@ -253,7 +253,7 @@ def grow_spine_tree(
     `stop.should_stop` is asked once per
     spine token, right after it is chosen and before any forward on it (SVIP: the token is kept with its
     leaves, and no draft forward is wasted). It is asked for the last token at the cap too, so a policy
-    that records every drafted token (ConfidencePolicy) sees as many steps as `observe` will count.
+    sees as many steps as `observe` will count.
     The first candidate at each depth carries the spine, so `spine_token_ids` recovers it from the tree.
     """
     nodes, parents = [root_token], [-1]
@@ -302,7 +302,7 @@ class SpineFeedback:
     spine there.
 
     Only spine tokens count as drafted: leaves are alternatives at a depth, not length, and length is
-    what the policies decide (ConfidencePolicy also judges one token per spine position). A sequence that
+    what the policies decide (each judges one token per spine position). A sequence that
     does not continue the last proposal (another root at that position, or more new tokens than one round
     can commit) reports nothing. The last round of a request is never reported: no proposal follows it.
     """
