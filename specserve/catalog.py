@@ -1,10 +1,20 @@
 """The draft methods' names and facts, without their implementations: torch-free, so the router can
-validate and list methods. `specserve.methods` binds each name to its drafter factory."""
+validate and list methods.
+
+A method is its axes (specserve/method_axes.py: draft x tree x stop policy x suffix candidates); each name
+here is an alias of particular axes, and a request may name axes instead (`eagle+cape+svip`). The
+exceptions are transformers' own `generate` runs, references outside the speculative loop.
+`specserve.methods` builds each method's drafter from its axes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+
+from specserve.core.stop_names import StopPolicyName
+from specserve.errors import InvalidArgument
+from specserve.method_axes import ADAPTIVE_DEPTH, SYNTAX, TREES, Draft, MethodAxes, Tree
 
 
 class Method(StrEnum):
@@ -44,133 +54,219 @@ class Method(StrEnum):
 DEFAULT_METHOD = Method.EAGLE_CAPE_SUFFIX.value
 
 
-@dataclass(frozen=True)
-class MethodInfo:
-    method: Method
-    description: str
-    lossless: bool = True
-    uses_hf_generate: bool = False  # in-process only: bypasses the speculative loop
-    drafts: bool = True  # False: the target alone (no draft service involved)
-    # Served by the distributed stack. Target-initialised roots need the target's top-W sent back with
-    # each verification, which the v1 protocol does not carry yet: in-process only.
-    remote: bool = True
-    # Suffix candidates (core/suffix_drafter.py) are merged into the rounds; with `model_method` set, into
-    # that method's draft trees (the draft service runs that method), else they are the only drafts.
-    suffix: bool = False
-    model_method: Method | None = None
-    # The draft reads the target's final hidden states (specserve/eagle): the target keeps them for the
-    # session and its KV feed carries them.
-    hidden_states: bool = False
-
-
 # transformers' documented setting for prompt lookup decoding (`prompt_lookup_num_tokens`).
 HF_PROMPT_LOOKUP_TOKENS = 10
 
-# GliDe was trained for a target cache up to 5 tokens stale; adaptive policies may draft up to 8 when sure.
-ADAPTIVE_DEPTH = 8
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """A method's name, description and axes; every other fact follows from the axes."""
+
+    name: str  # a catalog name, else the axes' spelling
+    axes: MethodAxes | None  # None: transformers' own `generate`, outside the speculative loop
+    description: str
+
+    @property
+    def axes_spelling(self) -> str | None:
+        """Its axes spelled out, which a request may name instead (None: transformers' own runs)."""
+        return self.axes.spelling if self.axes is not None else None
+
+    @property
+    def uses_hf_generate(self) -> bool:
+        """In-process only: bypasses the speculative loop."""
+        return self.axes is None
+
+    @property
+    def lossless(self) -> bool:
+        """False: exact at T = 0 only; the request must set allow_lossy at T > 0."""
+        return self.axes is None or self.axes.lossless
+
+    @property
+    def drafts(self) -> bool:
+        """A draft model takes part (False: the target alone, or suffix candidates alone)."""
+        return self.axes is not None and self.axes.drafts
+
+    @property
+    def remote(self) -> bool:
+        """Served by the distributed stack (transformers' runs and target-seeded roots are not)."""
+        return self.axes is not None and self.axes.remote
+
+    @property
+    def suffix(self) -> bool:
+        """Suffix candidates (core/suffix_drafter.py) are merged into the rounds: with a draft model, into
+        its trees (the draft service runs `model_method`), else they are the only drafts."""
+        return self.axes is not None and self.axes.suffix
+
+    @property
+    def hidden_states(self) -> bool:
+        """The draft reads the target's final hidden states (specserve/eagle): the target keeps them for
+        the session and its KV feed carries them."""
+        return self.axes is not None and self.axes.hidden_states
+
+    @property
+    def model_method(self) -> str:
+        """The method without suffix candidates: what the draft service runs behind the router's."""
+        return method_name(self.axes.model()) if self.axes is not None else self.name
+
+
+def _alias(method: Method, axes: str | None, description: str) -> MethodInfo:
+    return MethodInfo(method.value, MethodAxes.parse(axes) if axes is not None else None, description)
 
 
 CATALOG: dict[Method, MethodInfo] = {
-    info.method: info
+    Method(info.name): info
     for info in (
-        MethodInfo(Method.TARGET, "target alone, plain decoding on the specserve engine", drafts=False),
-        MethodInfo(Method.HF, "transformers generate (reference)", uses_hf_generate=True, drafts=False),
-        MethodInfo(
+        _alias(Method.TARGET, "none", "target alone, plain decoding on the specserve engine"),
+        _alias(Method.HF, None, "transformers generate (reference)"),
+        _alias(
             Method.HF_PLD,
+            None,
             f"transformers generate, prompt lookup of {HF_PROMPT_LOOKUP_TOKENS} tokens (the peer of suffix)",
-            uses_hf_generate=True,
-            drafts=False,
-            remote=False,
         ),
-        MethodInfo(
+        _alias(
             Method.HF_ASSISTED,
+            None,
             "transformers generate, the vanilla draft model as assistant_model (the peer of vanilla)",
-            uses_hf_generate=True,
-            drafts=False,
-            remote=False,
         ),
-        MethodInfo(Method.VANILLA, "separate draft model, chain of 4"),
-        MethodInfo(Method.VANILLA_TREE, "separate draft model, chain of 4 with top-2 leaves at depths 1-2"),
-        MethodInfo(
+        _alias(Method.VANILLA, "vanilla", "separate draft model, chain of 4"),
+        _alias(
+            Method.VANILLA_TREE,
+            "vanilla+top2",
+            "separate draft model, chain of 4 with top-2 leaves at depths 1-2",
+        ),
+        _alias(
             Method.VANILLA_CAPE_SVIP,
+            "vanilla+cape+svip",
             f"separate draft model + CaPE, depth <= {ADAPTIVE_DEPTH} by SVIP's entropy rule",
         ),
-        MethodInfo(
+        _alias(
             Method.VANILLA_CAPE_COST,
+            "vanilla+cape+cost",
             f"separate draft model + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s",
         ),
-        MethodInfo(
+        _alias(
             Method.VANILLA_CAPE_SUFFIX,
+            "vanilla+cape+cost+suffix",
             "suffix candidates merged with vanilla-cape-cost's tree; suffix-only rounds skip the draft",
-            suffix=True,
-            model_method=Method.VANILLA_CAPE_COST,
         ),
-        MethodInfo(Method.GLIDE, "GliDe draft glimpsing the target's KV cache, chain of 4"),
-        MethodInfo(
+        _alias(Method.GLIDE, "glide", "GliDe draft glimpsing the target's KV cache, chain of 4"),
+        _alias(
             Method.GLIDE_CAPE,
+            "glide+cape",
             "GliDe draft, depth 4, CaPE top-k leaves by confidence (<= max_tree_nodes nodes)",
         ),
-        MethodInfo(Method.GLIDE_CAPE_1, "GliDe draft, depth 1, CaPE top-k leaves by confidence"),
-        MethodInfo(Method.GLIDE_CAPE_2, "GliDe draft, depth 2, CaPE top-k leaves by confidence"),
-        MethodInfo(
+        _alias(Method.GLIDE_CAPE_1, "glide+cape-1", "GliDe draft, depth 1, CaPE top-k leaves by confidence"),
+        _alias(Method.GLIDE_CAPE_2, "glide+cape-2", "GliDe draft, depth 2, CaPE top-k leaves by confidence"),
+        _alias(
             Method.GLIDE_CAPE_SVIP,
+            "glide+cape+svip",
             f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by SVIP (entropy > 0.6 nats)",
         ),
-        MethodInfo(
+        _alias(
             Method.GLIDE_CAPE_ADAEDL,
+            "glide+cape+adaedl",
             f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by AdaEDL (adaptive entropy bound)",
         ),
-        MethodInfo(
+        _alias(
             Method.GLIDE_CAPE_DECISION,
+            "glide+cape+decision",
             f"GliDe + CaPE, spine <= {ADAPTIVE_DEPTH} ended by the learned stopper (P(accept) <= 0.4)",
         ),
-        MethodInfo(
+        _alias(
             Method.GLIDE_CAPE_COST,
+            "glide+cape+cost",
             f"GliDe + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s (calibrated)",
         ),
-        MethodInfo(
+        _alias(
             Method.MCSD,
+            "vanilla+mcsd",
             "separate draft, MCSD tree (2, 2, 1) of sampled candidates, lossless multi-candidate rule",
         ),
-        MethodInfo(
+        _alias(
             Method.MCSD_TARGET_INIT,
+            "vanilla+mcsd-target",
             "target seeds 2 roots, draft tree (2, 1, 1) under each; exact greedy, BIASED at T > 0",
-            lossless=False,
-            remote=False,
         ),
-        MethodInfo(
+        _alias(
             Method.SUFFIX,
+            "none+suffix",
             "no draft model: continuations of the session's own earlier text (suffix index), sized by cost",
-            drafts=False,
-            suffix=True,
         ),
-        MethodInfo(
+        _alias(
             Method.GLIDE_CAPE_SUFFIX,
+            "glide+cape+cost+suffix",
             "suffix candidates merged with glide-cape-cost's tree; suffix-only rounds skip the draft",
-            suffix=True,
-            model_method=Method.GLIDE_CAPE_COST,
         ),
-        MethodInfo(
+        _alias(
             Method.EAGLE,
+            "eagle",
             "hidden-state draft reading the target's final hidden states, chain of 4",
-            hidden_states=True,
         ),
-        MethodInfo(
+        _alias(
             Method.EAGLE_CAPE,
+            "eagle+cape",
             "hidden-state draft, depth 4, CaPE top-k leaves by confidence (<= max_tree_nodes nodes)",
-            hidden_states=True,
         ),
-        MethodInfo(
+        _alias(
             Method.EAGLE_CAPE_COST,
+            "eagle+cape+cost",
             f"hidden-state draft + CaPE, depth <= {ADAPTIVE_DEPTH} and width chosen for expected tok/s",
-            hidden_states=True,
         ),
-        MethodInfo(
+        _alias(
             Method.EAGLE_CAPE_SUFFIX,
+            "eagle+cape+cost+suffix",
             "suffix candidates merged with eagle-cape-cost's tree; suffix-only rounds skip the draft",
-            suffix=True,
-            model_method=Method.EAGLE_CAPE_COST,
-            hidden_states=True,
         ),
     )
 }
+
+# Axes -> the catalog name that is their alias (each name has axes of its own).
+_ALIASES: dict[MethodAxes, MethodInfo] = {i.axes: i for i in CATALOG.values() if i.axes is not None}
+
+
+def method_info(name: str, known: Iterable[str] | None = None) -> MethodInfo:
+    """The method `name` names: a catalog name, or axes (`glide+cape+svip`), whose info is their alias's
+    when they have one. InvalidArgument otherwise, listing `known` (default: every catalog name)."""
+    if name in CATALOG:
+        return CATALOG[Method(name)]
+    if "+" not in name and name not in set(Draft):
+        listed = ", ".join(known if known is not None else CATALOG)
+        raise InvalidArgument(f"unknown method {name!r}; known methods: {listed}; or name its axes, {SYNTAX}")
+    axes = MethodAxes.parse(name)
+    return _ALIASES.get(axes) or MethodInfo(axes.spelling, axes, axes.describe())
+
+
+def method_name(axes: MethodAxes) -> str:
+    """What a method of these axes is called: its catalog name, else the axes' spelling."""
+    alias = _ALIASES.get(axes)
+    return alias.name if alias is not None else axes.spelling
+
+
+@dataclass(frozen=True)
+class MethodSupport:
+    """Which methods a deployment runs: the in-process engine all of them; the router those the
+    distributed stack serves (`remote`), and those with a draft model only beside a draft service."""
+
+    in_process: bool = True
+    draft_models: bool = True
+
+    def runs(self, info: MethodInfo) -> bool:
+        return (self.in_process or info.remote) and (self.draft_models or not info.drafts)
+
+    def names(self) -> list[str]:
+        """The catalog names it runs, in catalog order."""
+        return [str(method) for method, info in CATALOG.items() if self.runs(info)]
+
+    def axes_pattern(self) -> str:
+        """A regular expression (JSON Schema's `pattern`) of the axes spellings it may run: what the
+        drafts and trees are; whether a combination can run, only `MethodAxes` says."""
+        drafts = [d for d in Draft if d is not Draft.NONE] if self.draft_models else []
+        trees = [t for t in Tree if self.in_process or TREES[t].remote]
+        model = (
+            f"(?:{'|'.join(drafts)})(?:\\+(?:{'|'.join(trees)})(?:-[0-9]+)?)?"
+            f"(?:\\+(?:{'|'.join(StopPolicyName)}))?"
+        )
+        return f"^(?:none|{model})(?:\\+suffix)?$" if drafts else "^none(?:\\+suffix)?$"
+
+
+IN_PROCESS = MethodSupport()

@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument(
         "--method",
-        help=f"draft method (default: the model's own, {DEFAULT_METHOD} for the default model; with "
-        "--remote, the router's; see `specserve methods`)",
+        help=f"draft method, a name or axes such as eagle+cape+svip (default: the model's own, "
+        f"{DEFAULT_METHOD} for the default model; with --remote, the router's; see `specserve methods`)",
     )
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -286,15 +286,19 @@ def _curve_label(kernel: str, forward: str, verify_s: dict[int, float]) -> str:
 
 
 def _run_methods() -> int:
-    from specserve.methods import METHODS
+    from specserve.catalog import CATALOG
+    from specserve.method_axes import SYNTAX
     from specserve.models.profiles import model_profile
 
     default = model_profile(EngineSettings.from_env().model).default_method  # SPECSERVE_MODEL's
-    for spec in METHODS.values():
-        label = "" if spec.lossless else "  [LOSSY: opt-in]"
-        if spec.method.value == default:
+    print(f"{'NAME':19s} {'AXES':24s} DESCRIPTION")
+    for info in CATALOG.values():
+        label = "" if info.lossless else "  [LOSSY: opt-in]"
+        if info.name == default:
             label += "  (default)"
-        print(f"{spec.method.value:18s} {spec.description}{label}")
+        axes = info.axes_spelling or "(transformers)"
+        print(f"{info.name:19s} {axes:24s} {info.description}{label}")
+    print(f"\n--method takes a name or any valid axes, {SYNTAX}.")
     return 0
 
 

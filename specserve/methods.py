@@ -1,9 +1,12 @@
-"""Draft methods: a string enum whose values are the CLI names, plus a registry with one signature.
+"""Draft methods: each method's drafter for one sequence (None = plain decoding on our engine), built
+from its axes (specserve/method_axes.py) by one builder, `drafter_factory`.
 
-Each entry says how to build the drafter for one sequence (None = plain decoding on our engine) and
-whether the method is lossless. A lossy method (lossless False) is exact at T = 0 only; the engine refuses
-it at T > 0 unless the request sets allow_lossy.
-`hf` is the only entry that bypasses our loop: it is the reference.
+The axes pick one entry of each registry, all of one signature: the draft's spine drafter (SPINE_DRAFTERS),
+the tree's drafter (TREE_DRAFTERS), the stop policy's settings (STOP_SETTINGS); suffix candidates are put
+in front of the model draft by core/suffix_drafter.py's `suffix_drafter`, the one place that assembles
+them (the router calls it too). Names, descriptions and the lossless flag live in specserve.catalog
+(torch-free, for the router). A lossy method is exact at T = 0 only; the engine refuses it at T > 0 unless
+the request sets allow_lossy. The `hf` methods bypass our loop: they are the references.
 """
 
 from __future__ import annotations
@@ -12,18 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from specserve.catalog import ADAPTIVE_DEPTH, CATALOG, Method
+from specserve.catalog import CATALOG, Method, MethodInfo, method_info
 from specserve.core.cape import CapeSettings
-from specserve.core.cost import NOMINAL_CPU_COST, CostModel
+from specserve.core.cost import CostModel
 from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import GREEDY, SamplingParams
-from specserve.core.stopping import StopPolicyName, StopSettings
-from specserve.core.suffix_drafter import SuffixDrafter
+from specserve.core.stop_names import StopPolicyName
+from specserve.core.stopping import StopSettings
+from specserve.core.suffix_drafter import suffix_drafter
 from specserve.eagle.drafter import EagleDrafter, HiddenStateSource
 from specserve.eagle.model import EagleDraft
-from specserve.errors import InvalidArgument
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft
+from specserve.method_axes import Draft, MethodAxes, Tree
 from specserve.runtime.batching import other_sessions
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
@@ -33,8 +37,9 @@ from specserve.settings import EngineSettings
 
 
 class DraftSources(Protocol):
-    """What the drafter factories read: the loaded drafts and the costs. specserve.runtime.models.ServedModels
-    is one (the engine and the draft service pass theirs; this module imports neither)."""
+    """What the drafter factories read: the loaded drafts and the costs. The engine's ServedModels is one; a
+    draft replica passes its DraftRuntime sized by the serving target's costs (`for_target`). This module
+    imports neither."""
 
     settings: EngineSettings
 
@@ -74,11 +79,24 @@ DrafterFactory = Callable[[DraftSources, int, TargetSource, SamplingParams], Dra
 
 @dataclass(frozen=True)
 class MethodSpec:
-    method: Method
-    description: str
+    info: MethodInfo
     make_drafter: DrafterFactory
-    lossless: bool = True
-    uses_hf_generate: bool = False
+
+    @property
+    def method(self) -> str:
+        return self.info.name
+
+    @property
+    def description(self) -> str:
+        return self.info.description
+
+    @property
+    def lossless(self) -> bool:
+        return self.info.lossless
+
+    @property
+    def uses_hf_generate(self) -> bool:
+        return self.info.uses_hf_generate
 
 
 def _no_drafter(
@@ -87,137 +105,192 @@ def _no_drafter(
     return None
 
 
-def _vanilla(shape: DraftShape, cape: bool = False) -> DrafterFactory:
-    def make(
-        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-    ) -> Drafter:
-        settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
-        return engine.vanilla_drafter(target_kv, capacity, shape, settings, sampling)
+# -- the draft: how it drafts a spine tree (chains, top-2 leaves, CaPE) ----------------------------------
 
-    return make
+# (engine, capacity, the target's committed state, sampling, shape, CaPE or None) -> the drafter
+SpineFactory = Callable[
+    [DraftSources, int, TargetSource, SamplingParams, DraftShape, CapeSettings | None], Drafter
+]
 
 
-def _glide(shape: DraftShape, cape: bool) -> DrafterFactory:
-    def make(
-        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-    ) -> Drafter:
-        settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
-        return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, settings, sampling)
-
-    return make
-
-
-# Adaptive GliDe + CaPE: the policy decides each round's spine length within ADAPTIVE_DEPTH (catalog.py).
+def _vanilla(
+    engine: DraftSources,
+    capacity: int,
+    target_kv: TargetSource,
+    sampling: SamplingParams,
+    shape: DraftShape,
+    cape: CapeSettings | None,
+) -> Drafter:
+    return engine.vanilla_drafter(target_kv, capacity, shape, cape, sampling)
 
 
-def _glide_cape_stop(stop: StopPolicyName) -> DrafterFactory:
-    return _glide(DraftShape(depth=ADAPTIVE_DEPTH, stop=stop), cape=True)
+def _glide(
+    engine: DraftSources,
+    capacity: int,
+    target_kv: TargetSource,
+    sampling: SamplingParams,
+    shape: DraftShape,
+    cape: CapeSettings | None,
+) -> Drafter:
+    return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, cape, sampling)
 
 
-def _eagle(shape: DraftShape, cape: bool) -> DrafterFactory:
-    def make(
-        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-    ) -> Drafter:
-        settings = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if cape else None
-        return EagleDrafter(engine.eagle_draft, target_kv, capacity, shape, settings, sampling)
-
-    return make
-
-
-def _cape_cost(family: Callable[[DraftShape, bool], DrafterFactory], draft: str) -> DrafterFactory:
-    """`family`'s CaPE trees, depth and width by expected tokens per second: the cost policy needs this
-    machine's calibration (with `draft`'s calibrated step), which only the engine knows, and the stopper
-    trained on `draft`'s runs."""
-
-    def make(
-        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-    ) -> Drafter | None:
-        cost_model = engine.cost_model_for(draft)
-        settings = StopSettings(
-            cost_model=cost_model,
-            batch_sessions=other_sessions,
-            decision_model=shipped_decision_model(draft),  # predicts acceptance of this draft's tokens
-        )
-        shape = DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.COST, stop_settings=settings)
-        return family(shape, True)(engine, capacity, target_kv, sampling)
-
-    return make
+def _eagle(
+    engine: DraftSources,
+    capacity: int,
+    target_kv: TargetSource,
+    sampling: SamplingParams,
+    shape: DraftShape,
+    cape: CapeSettings | None,
+) -> Drafter:
+    return EagleDrafter(engine.eagle_draft, target_kv, capacity, shape, cape, sampling)
 
 
-_glide_cape_cost = _cape_cost(_glide, "glide")
-_eagle_cape_cost = _cape_cost(_eagle, "eagle")
-_vanilla_cape_cost = _cape_cost(_vanilla, "vanilla")
-
-
-def _mcsd(shape: McsdShape) -> DrafterFactory:
-    def make(
-        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-    ) -> Drafter:
-        # Trees are drafted level by level with tree attention, which the causal-LM runner supports; the
-        # draft is the vanilla methods' causal LM (draft_dir, else the target's first layers).
-        return MultiCandidateDrafter(engine.vanilla_draft_runner, capacity, shape, sampling)
-
-    return make
-
-
-def _with_suffix(inner: DrafterFactory | None, draft: str = "glide") -> DrafterFactory:
-    """Suffix candidates (core/suffix_drafter.py) alone, or merged with `inner`'s trees."""
-
-    def make(
-        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
-    ) -> Drafter:
-        model = inner(engine, capacity, target_kv, sampling) if inner is not None else None
-        if not sampling.greedy:
-            # A sampled session's tree decides its random draws: sized the same wherever it runs (the
-            # router has no calibration) and whatever else runs, so a seed gives the same text.
-            return SuffixDrafter(model, engine.settings.max_tree_nodes, NOMINAL_CPU_COST)
-        cost = engine.cost_model_for(draft if inner is not None else None)
-        return SuffixDrafter(model, engine.settings.max_tree_nodes, cost, batch_load=other_sessions)
-
-    return make
-
-
-# Names, descriptions and lossless flags live in specserve.catalog (torch-free, for the router); this
-# registry binds each name to its drafter factory.
-_FACTORIES: dict[Method, DrafterFactory] = {
-    Method.TARGET: _no_drafter,
-    Method.HF: _no_drafter,
-    Method.HF_PLD: _no_drafter,
-    Method.HF_ASSISTED: _no_drafter,
-    Method.VANILLA: _vanilla(DraftShape(depth=4)),
-    Method.VANILLA_TREE: _vanilla(DraftShape(depth=4, widths=(2, 2))),
-    Method.VANILLA_CAPE_SVIP: _vanilla(DraftShape(depth=ADAPTIVE_DEPTH, stop=StopPolicyName.SVIP), cape=True),
-    Method.VANILLA_CAPE_COST: _vanilla_cape_cost,
-    Method.VANILLA_CAPE_SUFFIX: _with_suffix(_vanilla_cape_cost, "vanilla"),
-    Method.GLIDE: _glide(DraftShape(depth=4), cape=False),
-    Method.GLIDE_CAPE: _glide(DraftShape(depth=4), cape=True),
-    Method.GLIDE_CAPE_1: _glide(DraftShape(depth=1), cape=True),
-    Method.GLIDE_CAPE_2: _glide(DraftShape(depth=2), cape=True),
-    Method.GLIDE_CAPE_SVIP: _glide_cape_stop(StopPolicyName.SVIP),
-    Method.GLIDE_CAPE_ADAEDL: _glide_cape_stop(StopPolicyName.ADAEDL),
-    Method.GLIDE_CAPE_DECISION: _glide_cape_stop(StopPolicyName.DECISION),
-    Method.GLIDE_CAPE_COST: _glide_cape_cost,
-    Method.MCSD: _mcsd(McsdShape(k_config=(2, 2, 1))),
-    Method.MCSD_TARGET_INIT: _mcsd(McsdShape(k_config=(2, 2, 1, 1), target_roots=True)),
-    Method.SUFFIX: _with_suffix(None),
-    Method.GLIDE_CAPE_SUFFIX: _with_suffix(_glide_cape_cost),
-    Method.EAGLE: _eagle(DraftShape(depth=4), cape=False),
-    Method.EAGLE_CAPE: _eagle(DraftShape(depth=4), cape=True),
-    Method.EAGLE_CAPE_COST: _eagle_cape_cost,
-    Method.EAGLE_CAPE_SUFFIX: _with_suffix(_eagle_cape_cost, "eagle"),
+SPINE_DRAFTERS: dict[Draft, SpineFactory] = {
+    Draft.VANILLA: _vanilla,
+    Draft.GLIDE: _glide,
+    Draft.EAGLE: _eagle,
 }
 
-METHODS: dict[Method, MethodSpec] = {
-    method: MethodSpec(
-        info.method, info.description, _FACTORIES[method], info.lossless, info.uses_hf_generate
+
+# -- the stop policy's settings ----------------------------------------------------------------------
+
+# (engine, the draft) -> the policy's settings; None = its defaults
+StopSettingsFactory = Callable[[DraftSources, Draft], StopSettings | None]
+
+
+def _defaults(engine: DraftSources, draft: Draft) -> None:
+    return None
+
+
+def _decision(engine: DraftSources, draft: Draft) -> StopSettings:
+    """The stopper trained on `draft`'s runs: it predicts acceptance of this draft's tokens."""
+    return StopSettings(decision_model=shipped_decision_model(draft.value))
+
+
+def _cost(engine: DraftSources, draft: Draft) -> StopSettings:
+    """The cost policy needs this machine's calibration (with `draft`'s calibrated step), which only the
+    engine knows, and the stopper trained on `draft`'s runs."""
+    return StopSettings(
+        cost_model=engine.cost_model_for(draft.value),
+        batch_sessions=other_sessions,
+        decision_model=shipped_decision_model(draft.value),
     )
-    for method, info in CATALOG.items()
+
+
+STOP_SETTINGS: dict[StopPolicyName, StopSettingsFactory] = {
+    StopPolicyName.FIXED: _defaults,  # the shape sets the depth
+    StopPolicyName.SVIP: _defaults,
+    StopPolicyName.ADAEDL: _defaults,
+    StopPolicyName.DECISION: _decision,
+    StopPolicyName.COST: _cost,
 }
+
+
+# -- the tree ----------------------------------------------------------------------------------------
+
+TOP2_WIDTHS = (2, 2)  # the spine token and the draft's second choice at depths 1 and 2
+MCSD_LEVELS = (2, 2)  # sampled candidates per node at the first levels of an MCSD tree; 1 below
+
+
+def mcsd_levels(depth: int) -> tuple[int, ...]:
+    """An MCSD tree's k_config (children per node at each level) of `depth` levels: (2, 2, 1, 1, ...)."""
+    return (MCSD_LEVELS + (1,) * depth)[:depth]
+
+
+# (axes, stop settings, engine, capacity, the target's committed state, sampling) -> the drafter
+TreeFactory = Callable[
+    [MethodAxes, StopSettings | None, DraftSources, int, TargetSource, SamplingParams], Drafter
+]
+
+
+def _spine_tree(
+    axes: MethodAxes,
+    stop: StopSettings | None,
+    engine: DraftSources,
+    capacity: int,
+    target_kv: TargetSource,
+    sampling: SamplingParams,
+) -> Drafter:
+    widths = TOP2_WIDTHS if axes.tree is Tree.TOP2 else ()
+    shape = DraftShape(depth=axes.depth, widths=widths, stop=axes.stop, stop_settings=stop)
+    cape = CapeSettings(max_tree_nodes=engine.settings.max_tree_nodes) if axes.tree is Tree.CAPE else None
+    return SPINE_DRAFTERS[axes.draft](engine, capacity, target_kv, sampling, shape, cape)
+
+
+def _mcsd_tree(
+    axes: MethodAxes,
+    stop: StopSettings | None,
+    engine: DraftSources,
+    capacity: int,
+    target_kv: TargetSource,
+    sampling: SamplingParams,
+) -> Drafter:
+    # Trees are drafted level by level with tree attention, which the causal-LM runner supports; the
+    # draft is the vanilla methods' causal LM (draft_dir, else the target's first layers).
+    shape = McsdShape(
+        k_config=mcsd_levels(axes.depth),
+        stop=axes.stop,
+        stop_settings=stop,
+        target_roots=axes.tree is Tree.MCSD_TARGET,
+    )
+    return MultiCandidateDrafter(engine.vanilla_draft_runner, capacity, shape, sampling)
+
+
+TREE_DRAFTERS: dict[Tree, TreeFactory] = {
+    Tree.CHAIN: _spine_tree,
+    Tree.TOP2: _spine_tree,
+    Tree.CAPE: _spine_tree,
+    Tree.MCSD: _mcsd_tree,
+    Tree.MCSD_TARGET: _mcsd_tree,
+}
+
+
+# -- the builder -------------------------------------------------------------------------------------
+
+
+def _model_drafter(axes: MethodAxes) -> DrafterFactory:
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
+    ) -> Drafter:
+        stop = STOP_SETTINGS[axes.stop](engine, axes.draft)
+        return TREE_DRAFTERS[axes.tree](axes, stop, engine, capacity, target_kv, sampling)
+
+    return make
+
+
+def _with_suffix(model: DrafterFactory | None, draft: Draft) -> DrafterFactory:
+    """Suffix candidates alone, or merged with `model`'s trees, sized by this machine's calibration."""
+
+    def make(
+        engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
+    ) -> Drafter:
+        inner = model(engine, capacity, target_kv, sampling) if model is not None else None
+        return suffix_drafter(
+            inner,
+            engine.settings.max_tree_nodes,
+            sampling,
+            lambda: engine.cost_model_for(None if draft is Draft.NONE else draft.value),
+            batch_load=other_sessions,
+        )
+
+    return make
+
+
+def drafter_factory(axes: MethodAxes | None) -> DrafterFactory:
+    """The drafter of a method of these axes (None: transformers' own generate, which drafts nothing here)."""
+    if axes is None:
+        return _no_drafter
+    model = _model_drafter(axes) if axes.drafts else None
+    if axes.suffix:
+        return _with_suffix(model, axes.draft)
+    return model if model is not None else _no_drafter
 
 
 def method_spec(name: str) -> MethodSpec:
-    try:
-        return METHODS[Method(name)]
-    except ValueError:
-        known = ", ".join(m.value for m in Method)
-        raise InvalidArgument(f"unknown method {name!r}; known methods: {known}") from None
+    """The method a request names (a catalog name or axes, specserve.catalog.method_info)."""
+    info = method_info(name)
+    return MethodSpec(info, drafter_factory(info.axes))
+
+
+METHODS: dict[Method, MethodSpec] = {method: method_spec(method) for method in CATALOG}

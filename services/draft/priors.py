@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from services.draft.sessions import cost_policy_of
 from specserve.core.cost import smoothed
-from specserve.core.protocols import Drafter
+from specserve.core.protocols import CostSizedDrafter, Drafter
 
 
 class AcceptancePriors:
@@ -30,17 +29,17 @@ class AcceptancePriors:
 
     def seed(self, method: str, drafter: Drafter) -> None:
         """Starts a new session's greedy cost policy at the method's mean, once there is one."""
-        policy = cost_policy_of(drafter)
         prior = self.get(method)
-        if policy is not None and policy.batch_aware and prior is not None:
-            policy.mean_acceptance = prior
+        if isinstance(drafter, CostSizedDrafter) and prior is not None:
+            drafter.start_from(prior)
 
     def learn(self, method: str, drafter: Drafter) -> None:
         """Folds a finished session's acceptance in, if it drafted at all."""
-        policy = cost_policy_of(drafter)
-        if policy is None or policy.num_drafting_rounds == 0:
+        if not isinstance(drafter, CostSizedDrafter):
+            return
+        mean, rounds = drafter.acceptance()
+        if rounds == 0:
             return
         with self._lock:
             old = self._means.get(method)
-            mean = policy.mean_acceptance
             self._means[method] = mean if old is None else smoothed(old, mean)

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from services.draft.costs import PublishedCosts
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.priors import AcceptancePriors
-from services.draft.sessions import DraftSession, DraftSessionStore, Proposal, cost_policy_of
-from specserve.core.protocols import Drafter, RoundOpeningDrafter
+from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
+from specserve.core.protocols import CostSizedDrafter, Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
@@ -45,10 +44,11 @@ from specserve.serving.model_thread import ModelThread
 from specserve.serving.recent import RecentSessions
 from specserve.serving.server import channel_options
 from specserve.serving.settings import DraftServiceSettings
+from specserve.serving.target_costs import PublishedCosts
 from specserve.serving.tensor_convert import chunk_payload_bytes, draft_to_pb
 from specserve.serving.tls import open_channel
 from specserve.serving.validate import check_target_address, check_token_ids
-from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2
+from specserve.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.priors = AcceptancePriors()  # where new sessions' cost policies start (priors.py)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
-        self.target_costs = PublishedCosts(self.channel_for)
+        self.target_costs = PublishedCosts(
+            lambda address: target_pb2_grpc.TargetServiceStub(self.channel_for(address))
+        )
+
+    def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub:
+        return target_pb2_grpc.TargetServiceStub(self.channel_for(address))
 
     def channel_for(self, address: str) -> grpc.Channel:
         with self._channels_lock:
@@ -219,13 +224,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             if session.drafter.open_round(token_ids) > 0:
                 return None
             proposal = _build(session, token_ids, round_seed)
-            policy = cost_policy_of(session.drafter)
-            if policy is None or not policy.batch_aware:
-                # A sampled session's rounds are sized as if alone, and each round it is asked ages its
-                # acceptance estimate: rounds the router skipped would leave the estimate, and so the
-                # trees and the tokens drawn, other than in process. It is asked every round.
-                return IdleRound(proposal, None)
-            return IdleRound(proposal, policy.largest_drafting_batch(other_sessions() + 1))
+            drafter = session.drafter
+            # A sampled session's rounds are sized as if alone, and each round it is asked ages its
+            # acceptance estimate: rounds the router skipped would leave the estimate, and so the trees
+            # and the tokens drawn, other than in process. It is asked every round (drafts_up_to None).
+            up_to = (
+                drafter.drafts_up_to(other_sessions() + 1) if isinstance(drafter, CostSizedDrafter) else None
+            )
+            return IdleRound(proposal, up_to)
 
     @staticmethod
     def _propose(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> tuple[Proposal, bool]:
@@ -322,6 +328,5 @@ def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> 
 
 def _charge_overhead(drafter: Drafter, seconds: float) -> None:
     """Tells a cost policy what asking this drafter costs the router's rounds (ProposeRequest doc)."""
-    policy = cost_policy_of(drafter)
-    if policy is not None:
-        policy.draft_overhead_s = seconds
+    if isinstance(drafter, CostSizedDrafter):
+        drafter.charge_overhead(seconds)

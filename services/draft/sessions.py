@@ -11,19 +11,11 @@ from dataclasses import dataclass
 from services.draft.mirror import FeedSubscriber, KVMirror
 from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import Drafter, DraftTree
-from specserve.core.stopping import CostPolicy
 from specserve.core.tree import tree_depths
 from specserve.errors import NotFound
 from specserve.runtime.batching import wait_until
 from specserve.serving.model_thread import run_inline
 from specserve.v1 import common_pb2
-
-
-def cost_policy_of(drafter: Drafter) -> CostPolicy | None:
-    """The drafter's stop policy when it is the cost policy (what the load, the router's round trip and
-    the service's priors feed), else None."""
-    policy = getattr(drafter, "stop_policy", None)
-    return policy if isinstance(policy, CostPolicy) else None
 
 
 @dataclass(frozen=True)

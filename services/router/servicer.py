@@ -25,7 +25,7 @@ from services.router.state import (
     unknown_session,
 )
 from services.router.tokenizer import IncrementalText, RouterTokenizer
-from specserve.catalog import CATALOG
+from specserve.catalog import CATALOG, MethodSupport
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import TenantCache
@@ -43,6 +43,7 @@ from specserve.serving.metrics import RouterMetrics
 from specserve.serving.server import channel_options
 from specserve.serving.settings import RouterServiceSettings
 from specserve.serving.status import error_from_rpc
+from specserve.serving.target_costs import PublishedCosts
 from specserve.serving.telemetry import traced_channel
 from specserve.serving.tls import channel_credentials, server_name_options
 from specserve.serving.validate import check_prompt_chars
@@ -78,6 +79,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if settings.suffix_cache_tokens > 0
             else None
         )
+        # Each target replica's published verify curve: greedy sessions' suffix candidates are sized by it.
+        self.target_costs = PublishedCosts(self.target_stub)
         # Keeps the sessions this router drives alive on their target and draft (leases.py).
         replicas = [(self.targets, lambda a: self._channel(a, settings.tls_target_name))]
         if self.drafts is not None:
@@ -136,18 +139,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     # -- RPCs ---------------------------------------------------------------------------------------
     @property
+    def method_support(self) -> MethodSupport:
+        """The methods this router runs: remote ones, and those with a draft model only with a draft
+        service; named or by their axes."""
+        return MethodSupport(in_process=False, draft_models=self.drafts is not None)
+
+    @property
     def methods(self) -> frozenset[str]:
-        """The methods this router runs: remote ones, and those that draft only with a draft service."""
-        return frozenset(
-            i.method.value
-            for i in CATALOG.values()
-            if i.remote and not i.uses_hf_generate and (self.drafts is not None or not i.drafts)
-        )
+        """The catalog names among them."""
+        return frozenset(self.method_support.names())
 
     @property
     def limits(self) -> RequestLimits:
         """What a request may ask of this router (GenerationRequest.build checks it)."""
-        return limits_from_model_info(self.model, self.methods)
+        return limits_from_model_info(self.model, self.method_support)
 
     def default_max_new_tokens(self, num_prompt_tokens: int) -> int:
         """A request's new-token limit when it names none: the router's default_max_tokens, at most the
@@ -162,9 +167,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     ) -> router_pb2.ListMethodsResponse:
         return router_pb2.ListMethodsResponse(
             methods=[
-                router_pb2.MethodInfo(name=i.method.value, description=i.description, lossless=i.lossless)
+                router_pb2.MethodInfo(name=i.name, description=i.description, lossless=i.lossless)
                 for i in CATALOG.values()
-                if i.method.value in self.methods
+                if self.method_support.runs(i)
             ]
         )
 

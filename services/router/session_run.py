@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Protocol
 from services.router.placement import HeldReplica
 from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
 from services.router.state import SessionRecord, SessionStatus
-from specserve.catalog import CATALOG, Method
-from specserve.core.cost import NOMINAL_CPU_COST
+from specserve.catalog import method_info
+from specserve.core.cost import CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import Drafter
-from specserve.core.suffix_drafter import SuffixDrafter
+from specserve.core.suffix_drafter import suffix_drafter
 from specserve.errors import Cancelled, SpecserveError
 from specserve.results import FinishReason, GenerationStats
 from specserve.serving import telemetry
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from specserve.core.suffix_drafter import TenantCache
     from specserve.serving.metrics import RouterMetrics
     from specserve.serving.settings import RouterServiceSettings
+    from specserve.serving.target_costs import PublishedCosts
     from specserve.v1 import target_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class Router(Protocol):
     def limits(self) -> RequestLimits: ...
 
     def suffix_cache_for(self, owner: str) -> TenantCache | None: ...
+
+    @property
+    def target_costs(self) -> PublishedCosts: ...
 
     def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub: ...
 
@@ -158,30 +162,27 @@ class SessionRun:
         the loop's roles on them. Suffix candidates are drafted here, in front of the draft service: the
         router sees every token, and a suffix-only round then costs no Propose call."""
         router, record = self.router, self.record
-        info = CATALOG[Method(record.request.method)]
+        method = method_info(record.request.method)
         self.target = HeldReplica(router.targets, self.session_id, record.target)
         verifier = self.verifier = self._verifier(self.target)
-        if info.drafts and router.drafts is not None:
+        if method.drafts and router.drafts is not None:
             self.draft = HeldReplica(router.drafts, self.session_id, record.draft)
-            model_method = info.model_method.value if info.model_method is not None else record.request.method
-            self.drafter = self._drafter(self.draft, verifier, model_method)
-        if not info.suffix:
+            self.drafter = self._drafter(self.draft, verifier, method.model_method)
+        if not method.suffix:
             return verifier, self.drafter
         load = self._target_load
-        # A seeded sampled session must give the same text whatever was asked before it: the tree decides
-        # which random draws verification makes, so only greedy sessions draft from earlier outputs.
-        greedy = record.request.sampling.greedy
-        shared = router.suffix_cache_for(record.owner) if greedy else None
 
         def batch_load() -> int:  # the other sessions' trees share the forward
-            return max(0, load(verifier) - 1) if greedy else 0  # sampled: sized as if alone
+            return max(0, load(verifier) - 1)
 
-        return verifier, SuffixDrafter(
+        return verifier, suffix_drafter(
             self.drafter,
             router.limits.max_tree_nodes,
-            NOMINAL_CPU_COST,  # only ratios matter; the draft service holds the calibration
-            shared=shared,
+            record.request.sampling,
+            # the session's target's published curve; suffix candidates cost no draft forward
+            lambda: CostModel(router.target_costs.of(verifier.address), draft_step_s=0.0),
             batch_load=batch_load,
+            shared=router.suffix_cache_for(record.owner),
         )
 
     def _free(self) -> None:
@@ -216,7 +217,7 @@ class SessionRun:
             self.counters,
             is_cancelled=self.cancel.is_set,
             logprobs=self.logprobs,
-            keep_hidden_states=CATALOG[Method(self.record.request.method)].hidden_states,
+            keep_hidden_states=method_info(self.record.request.method).hidden_states,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:

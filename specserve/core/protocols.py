@@ -124,6 +124,31 @@ class RoundOpeningDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class CostSizedDrafter(Drafter, Protocol):
+    """What a draft service tells and asks a drafter whose rounds a cost policy may size
+    (runtime/drafter.py, PolicyDrafter), without reaching into its policy. A drafter sized otherwise
+    ignores what it is told and answers as if alone."""
+
+    def charge_overhead(self, seconds: float) -> None:
+        """What asking this drafter costs each round of its caller (the router's Propose round trip)."""
+        ...
+
+    def drafts_up_to(self, batch_sessions: int) -> int | None:
+        """The largest batch, up to `batch_sessions`, at which its next round would draft; None when
+        its rounds are sized as if alone (a sampled session, a policy without costs)."""
+        ...
+
+    def acceptance(self) -> tuple[float, int]:
+        """(its smoothed acceptance estimate, rounds that drafted)."""
+        ...
+
+    def start_from(self, acceptance: float) -> None:
+        """Starts a greedy session's acceptance estimate at a prior (a sampled one keeps its fixed
+        start: its trees decide its random draws)."""
+        ...
+
+
+@runtime_checkable
 class RootSeededDrafter(Drafter, Protocol):
     """A drafter of target-initialised MCSD: grows its tree under the target's root candidates."""
 

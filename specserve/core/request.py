@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from specserve.catalog import CATALOG, DEFAULT_METHOD, Method
+from specserve.catalog import DEFAULT_METHOD, IN_PROCESS, MethodSupport, method_info
 from specserve.core.rng import fresh_seed
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument
@@ -60,7 +60,7 @@ class RequestLimits:
     max_context: int | None = None  # prompt + new tokens + one draft tree
     max_tree_nodes: int = 0
     vocab_size: int | None = None
-    methods: frozenset[str] | None = None  # None = every method of the catalog
+    methods: MethodSupport = IN_PROCESS  # which methods run here (in process: all of them)
     supports_logprobs: bool = False
 
     def capacity(self, num_prompt_tokens: int, max_new_tokens: int) -> int:
@@ -101,7 +101,7 @@ class GenerationRequest:
         prompt_ids: Sequence[int] | None = None,
     ) -> GenerationRequest:
         """The one way in from user input: every field checked against `limits` (and the prompt's
-        length and ids, when given)."""
+        length and ids, when given). A method named by its axes gets its catalog name when it has one."""
         request = cls(
             method=str(method),
             sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k),
@@ -111,7 +111,8 @@ class GenerationRequest:
             logprobs=logprobs,
             top_logprobs=top_logprobs,
         )
-        return request.validate(limits or RequestLimits(), prompt_ids)
+        request = request.validate(limits or RequestLimits(), prompt_ids)
+        return replace(request, method=method_info(request.method).name)
 
     def validate(self, limits: RequestLimits, prompt_ids: Sequence[int] | None = None) -> GenerationRequest:
         """Raises InvalidField naming the first field out of bounds; returns the request unchanged."""
@@ -133,18 +134,18 @@ class GenerationRequest:
         return self
 
     def _check_method(self, limits: RequestLimits) -> None:
-        served = [m.value for m in Method if limits.methods is None or m.value in limits.methods]
-        if self.method not in CATALOG:
-            raise InvalidField(
-                "method", f"unknown method {self.method!r}; known methods: {', '.join(served)}"
-            )
-        if not CATALOG[Method(self.method)].lossless and not self.sampling.greedy and not self.allow_lossy:
+        served = limits.methods.names()
+        try:
+            info = method_info(self.method, known=served)
+        except InvalidArgument as e:
+            raise InvalidField("method", str(e)) from None
+        if not info.lossless and not self.sampling.greedy and not self.allow_lossy:
             raise InvalidField(
                 "method",
                 f"method {self.method} is lossy at temperature > 0 (its output does not follow the "
                 "target's distribution); set allow_lossy (--allow-lossy) to use it anyway",
             )
-        if self.method not in served:
+        if not limits.methods.runs(info):
             raise InvalidField(
                 "method", f"method {self.method!r} is not served here; available: {', '.join(served)}"
             )

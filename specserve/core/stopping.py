@@ -13,9 +13,6 @@ Policies:
   token was drawn from. Official c = 0.15, h = 0.3, i.e. stop after a token with H > 0.6 nats.
 - adaedl (arXiv 2410.18351): stop once 1 - sqrt(factor * H) < lambda, with lambda adapted online toward
   a target acceptance rate (the update of Draft & Verify, which AdaEDL reuses).
-- confidence (Hugging Face assisted generation): stop once the drafted token's probability is below a
-  threshold, re-fitted after every round on the history of (probability, accepted) pairs.
-- heuristic (Hugging Face): draft `gamma` tokens; gamma += 2 if all were accepted, else gamma -= 1.
 - decision (improved MCSD, arXiv 2409.10644): a small MLP (core/decision.py) predicts from the draft
   distribution whether the token will be accepted; stop once the prediction is <= 0.4. Weights come from
   `specserve train-stopper` (shipped for the default model); specserve.runtime.stopper loads them into
@@ -25,17 +22,16 @@ Policies:
 
 Worked example, SVIP with the official settings. Spine distributions with entropies 0.10, 0.35, 0.69
 (uniform over two tokens: ln 2) and 0.20 nats: the first two continue, the third is kept and stops
-the round, so 3 tokens are verified. Heuristic from 5: a round with all 5 accepted gives 7; a round
-with 3 of 7 accepted gives 6.
+the round, so 3 tokens are verified.
 
-A policy object holds online state: use one per request (Hugging Face's state also lives for one
-`generate` call). Adding a policy = one `StopPolicyName` member + one `STOP_POLICIES` entry.
+A policy object holds online state: use one per request. Adding a policy = one `StopPolicyName` member
+(core/stop_names.py, torch-free: the method catalog names policies too) + one `STOP_POLICIES` entry.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -53,17 +49,8 @@ from specserve.core.cost import (
     worth_extending,
 )
 from specserve.core.decision import DecisionModel
+from specserve.core.stop_names import StopPolicyName
 from specserve.errors import InvalidArgument
-
-
-class StopPolicyName(StrEnum):
-    FIXED = "fixed"
-    SVIP = "svip"
-    ADAEDL = "adaedl"
-    CONFIDENCE = "confidence"
-    HEURISTIC = "heuristic"
-    DECISION = "decision"
-    COST = "cost"
 
 
 class AcceptanceEstimate(StrEnum):
@@ -75,14 +62,8 @@ class AcceptanceEstimate(StrEnum):
 
 SVIP_MAX_DEPTH = 40  # official SVIP cap; no minimum
 ADAEDL_MAX_DEPTH = 40  # no official value: SVIP's, since SVIP is AdaEDL with a fixed lambda
-CONFIDENCE_MAX_DEPTH = 20  # Hugging Face's num_assistant_tokens default
-HEURISTIC_MAX_DEPTH = 40  # Hugging Face has none; a cap keeps a long all-accepted streak from growing forever
 DECISION_MAX_DEPTH = 20  # SpecDec++'s upper bound for its learned stopper
 COST_MAX_DEPTH = 16  # the cost curve decides; a cap keeps a mis-predicted streak bounded
-
-# Hugging Face's threshold fit: at least 6 samples, a missed acceptance costs 3x a wasted draft token.
-ROC_MIN_SAMPLES = 6
-ROC_FALSE_NEGATIVE_COST = 3.0
 
 
 @dataclass(frozen=True)
@@ -90,7 +71,7 @@ class StopSettings:
     """Every stop policy's parameters; each policy reads only its own.
 
     max_depth caps the tokens drafted per round. None means the policy's own default cap: fixed_depth
-    for fixed, 40 for svip and adaedl, 20 for confidence, 40 for heuristic.
+    for fixed, 40 for svip and adaedl, 20 for decision, 16 for cost.
     """
 
     max_depth: int | None = None
@@ -103,10 +84,6 @@ class StopSettings:
     adaedl_step: float = 0.01  # lambda's proposed move per round, before smoothing
     adaedl_lambda_smoothing: float = 0.9  # lambda = 0.9 lambda + 0.1 (lambda +- step)
     adaedl_acceptance_smoothing: float = 0.5  # rate = 0.5 rate + 0.5 accepted / drafted
-    confidence_threshold: float = 0.4  # Hugging Face's assistant_confidence_threshold
-    confidence_adaptive: bool = True  # re-fit the threshold after each round, as Hugging Face does
-    confidence_history: int | None = None  # most recent samples the fit uses; None = all (Hugging Face)
-    heuristic_initial_depth: int = 5  # Hugging Face's num_assistant_tokens when "heuristic" was the default
     decision_threshold: float = 0.4  # the paper's: stop once the predicted acceptance is <= 0.4
     decision_model: DecisionModel | None = None  # the learned stopper (specserve.runtime.stopper loads it)
     cost_model: CostModel | None = None  # calibrated costs; None = NOMINAL_CPU_COST (ratios only)
@@ -117,14 +94,13 @@ class StopSettings:
     def __post_init__(self) -> None:
         if self.max_depth is not None and self.max_depth < 1:
             raise InvalidArgument(f"max_depth must be >= 1 or None, got {self.max_depth}")
-        if self.fixed_depth < 1 or self.heuristic_initial_depth < 1:
-            raise InvalidArgument("fixed_depth and heuristic_initial_depth must be >= 1")
+        if self.fixed_depth < 1:
+            raise InvalidArgument(f"fixed_depth must be >= 1, got {self.fixed_depth}")
         if self.svip_c <= 0 or self.svip_h < 0 or self.adaedl_factor <= 0:
             raise InvalidArgument("svip_c and adaedl_factor must be > 0, svip_h >= 0")
         for name in (
             "adaedl_initial_lambda",
             "adaedl_target_acceptance",
-            "confidence_threshold",
             "decision_threshold",
         ):
             if not 0.0 <= getattr(self, name) <= 1.0:
@@ -134,9 +110,6 @@ class StopSettings:
                 raise InvalidArgument(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.adaedl_step < 0:
             raise InvalidArgument(f"adaedl_step must be >= 0, got {self.adaedl_step}")
-        if self.confidence_history is not None and self.confidence_history < ROC_MIN_SAMPLES:
-            raise InvalidArgument(f"confidence_history must be >= {ROC_MIN_SAMPLES} or None")
-
         if self.cost_acceptance not in tuple(AcceptanceEstimate):
             raise InvalidArgument(f"cost_acceptance must be one of {', '.join(AcceptanceEstimate)}")
 
@@ -172,13 +145,6 @@ def entropy_nats(logits: torch.Tensor) -> float:
     return float(-torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs)).sum())
 
 
-def token_probability(logits: torch.Tensor, token: int) -> float:
-    """logits: [V] -> probability of `token` under softmax(logits) at T = 1."""
-    if not 0 <= token < logits.shape[-1]:
-        raise InvalidArgument(f"token {token} outside a vocabulary of {logits.shape[-1]}")
-    return float(torch.softmax(logits.double(), dim=-1)[token])
-
-
 def svip_stops(entropy: float, c: float, h: float) -> bool:
     """SVIP: the acceptance estimate 1 - sqrt(c H) has fallen below 1 - h."""
     return math.sqrt(c * entropy) > h
@@ -207,42 +173,6 @@ def adaedl_lambda(lam: float, rate: float, target: float, step: float, smoothing
     """
     proposed = lam + step if rate <= target else lam - step
     return min(1.0, max(0.0, smoothing * lam + (1.0 - smoothing) * proposed))
-
-
-def heuristic_depth(depth: int, num_drafted: int, num_accepted: int, cap: int) -> int:
-    """Hugging Face's schedule: +2 after a fully accepted round, else -1; never below 1."""
-    return min(cap, depth + 2) if num_accepted == num_drafted else max(1, depth - 1)
-
-
-def roc_confidence_threshold(
-    probs: Sequence[float],  # [n] draft probability of each verified token
-    accepted: Sequence[bool],  # [n] whether the target accepted it
-    false_negative_cost: float = ROC_FALSE_NEGATIVE_COST,
-) -> float | None:
-    """The probability threshold minimising fpr + cost * fnr on the ROC curve, or None without both
-    accepted and rejected samples.
-
-    A token "predicted accepted" has p >= threshold. Only observed probabilities can be thresholds, and
-    among equal costs the highest threshold wins: the same choice as Hugging Face's
-    argmin over sklearn's roc_curve (which lists thresholds from the highest down).
-    """
-    scores = torch.tensor(probs, dtype=torch.float64)  # [n]
-    labels = torch.tensor(accepted, dtype=torch.float64)  # [n]
-    num_accepted = float(labels.sum())
-    num_rejected = len(labels) - num_accepted
-    if num_accepted == 0 or num_rejected == 0:
-        return None
-    order = torch.argsort(scores, descending=True, stable=True)
-    scores, labels = scores[order], labels[order]
-    true_pos = labels.cumsum(0)  # [n] accepted tokens at or above each score
-    false_pos = (1.0 - labels).cumsum(0)  # [n] rejected tokens at or above each score
-    # a threshold keeps every score >= itself: the last of each run of equal scores is a ROC point
-    run_end = torch.ones_like(scores, dtype=torch.bool)
-    run_end[:-1] = scores[1:] != scores[:-1]
-    fpr = false_pos[run_end] / num_rejected
-    fnr = 1.0 - true_pos[run_end] / num_accepted
-    best = torch.argmin(fpr + false_negative_cost * fnr)  # first minimum = highest threshold
-    return float(scores[run_end][best])
 
 
 class StopPolicy(Protocol):
@@ -347,70 +277,6 @@ class AdaEdlPolicy:
             s.adaedl_step,
             s.adaedl_lambda_smoothing,
         )
-
-
-class ConfidencePolicy:
-    """Stops when the drafted token's probability is below the threshold.
-
-    The probability is read from `step.logits` at T = 1. Hugging Face reads the distribution after its
-    logits processors (temperature, top-k, ...); pass those logits instead to reproduce it exactly.
-
-    Like Hugging Face, every drafted token's probability is recorded; after verification the accepted
-    ones are labelled 1, the first rejected one 0, and those after it (never judged) are dropped. Once
-    the history has ROC_MIN_SAMPLES samples of both labels, the threshold is re-fitted on all of it.
-    """
-
-    def __init__(self, settings: StopSettings) -> None:
-        self._max_depth = settings.cap(CONFIDENCE_MAX_DEPTH)
-        self.settings = settings
-        self.threshold = settings.confidence_threshold
-        self.probs: list[float] = []  # verified tokens' probabilities, oldest first
-        self.accepted: list[bool] = []  # [len(probs)]
-        self._round_probs: list[float] = []  # this round's drafted tokens, not yet verified
-
-    @property
-    def max_depth(self) -> int:
-        return self._max_depth
-
-    def should_stop(self, step: DraftStep) -> bool:
-        p = token_probability(step.logits, step.token)
-        self._round_probs.append(p)
-        return p < self.threshold
-
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        check_round(num_drafted, num_accepted)
-        judged = self._round_probs[: min(num_drafted, num_accepted + 1)]
-        self._round_probs = []
-        self.probs.extend(judged)
-        self.accepted.extend(i < num_accepted for i in range(len(judged)))
-        history = self.settings.confidence_history
-        if history is not None and len(self.probs) > history:
-            del self.probs[:-history], self.accepted[:-history]
-        if not self.settings.confidence_adaptive or len(self.probs) < ROC_MIN_SAMPLES:
-            return
-        fitted = roc_confidence_threshold(self.probs, self.accepted)
-        if fitted is not None:
-            self.threshold = fitted
-
-
-class HeuristicPolicy:
-    """Hugging Face's schedule: the round length itself adapts; no token stops a round early."""
-
-    def __init__(self, settings: StopSettings) -> None:
-        self.cap = settings.cap(HEURISTIC_MAX_DEPTH)
-        self.depth = min(settings.heuristic_initial_depth, self.cap)
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth
-
-    def should_stop(self, step: DraftStep) -> bool:
-        return False
-
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        check_round(num_drafted, num_accepted)
-        if num_drafted > 0:  # an empty round says nothing about the schedule
-            self.depth = heuristic_depth(self.depth, num_drafted, num_accepted, self.cap)
 
 
 class DecisionPolicy:
@@ -636,8 +502,6 @@ STOP_POLICIES: dict[StopPolicyName, Callable[[StopSettings], StopPolicy]] = {
     StopPolicyName.FIXED: FixedPolicy,
     StopPolicyName.SVIP: SvipPolicy,
     StopPolicyName.ADAEDL: AdaEdlPolicy,
-    StopPolicyName.CONFIDENCE: ConfidencePolicy,
-    StopPolicyName.HEURISTIC: HeuristicPolicy,
     StopPolicyName.DECISION: DecisionPolicy,
     StopPolicyName.COST: CostPolicy,
 }

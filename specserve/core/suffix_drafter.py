@@ -25,6 +25,8 @@ Model drafts of sampled kind (candidates drawn from q at T > 0) follow another a
 never mixed with fixed candidates: such a round takes the model's tree when it drafted, else the suffix's.
 
 Pure Python (no torch): the router, which imports no torch, runs it in front of the remote draft.
+`suffix_drafter` is the one place a session's SuffixDrafter is assembled, in process (specserve/methods.py)
+and in the router (services/router/session_run.py) alike.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specserve.core.cost import CostModel, load_like_this, smoothed
+from specserve.core.cost import NOMINAL_CPU_COST, CostModel, load_like_this, smoothed
 from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import (
     READS_NOTHING,
@@ -42,6 +44,7 @@ from specserve.core.protocols import (
     RoundOpeningDrafter,
     TargetReads,
 )
+from specserve.core.sampling_params import SamplingParams
 from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
 from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument
@@ -224,6 +227,28 @@ class SuffixDrafter:
     def release(self) -> None:
         if self.inner is not None:
             self.inner.release()
+
+
+def suffix_drafter(
+    inner: Drafter | None,
+    max_tree_nodes: int,
+    sampling: SamplingParams,
+    cost: Callable[[], CostModel],
+    batch_load: BatchLoadFn = _alone,
+    shared: TenantCache | None = None,
+) -> SuffixDrafter:
+    """A session's suffix candidates, alone (`inner` None) or in front of its model drafter.
+
+    `cost` gives the costs greedy rounds are sized by, asked once and only for a greedy session: this
+    machine's calibration in process (reading it may measure the machine); the router, which has none,
+    passes the nominal curve (only its ratios matter), and would pass a cost its targets publish here.
+    Greedy rounds share the forward with `batch_load()` other sessions and may draft from `shared`, the
+    tenant's earlier outputs. A sampled session's tree decides its random draws, so it is sized the same
+    wherever it runs and whatever else runs (the nominal curve, alone) and drafts from its own text only:
+    a seed gives the same text."""
+    if not sampling.greedy:
+        return SuffixDrafter(inner, max_tree_nodes, NOMINAL_CPU_COST)
+    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared, batch_load=batch_load)
 
 
 def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTree:

@@ -91,6 +91,8 @@ class PolicyDrafter:
         self.sampling = sampling
         self.kind = CandidateKind.FIXED if sampling.greedy else sampled_kind
         self.stop_policy = stop_policy
+        if isinstance(stop_policy, CostPolicy):
+            stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
         self._feedback = SpineFeedback()
         self._opened: int | None = None  # length of the sequence whose round open_round opened
 
@@ -114,6 +116,34 @@ class PolicyDrafter:
     def observe(self, outcome: RoundOutcome) -> None:
         """The stop policy learns how the round it sized went (SpineFeedback)."""
         self._feedback.report(outcome, self.stop_policy)
+
+    def release(self) -> None:
+        """Ends the request: the pending round goes (drafters with caches free them too)."""
+        self._feedback.reset()
+
+    # -- CostSizedDrafter: what a draft service tells and asks the cost policy, through the drafter ----
+    @property
+    def _cost_policy(self) -> CostPolicy | None:
+        return self.stop_policy if isinstance(self.stop_policy, CostPolicy) else None
+
+    def charge_overhead(self, seconds: float) -> None:
+        if self._cost_policy is not None:
+            self._cost_policy.draft_overhead_s = seconds
+
+    def drafts_up_to(self, batch_sessions: int) -> int | None:
+        policy = self._cost_policy
+        if policy is None or not policy.batch_aware:
+            return None
+        return policy.largest_drafting_batch(batch_sessions)
+
+    def acceptance(self) -> tuple[float, int]:
+        policy = self._cost_policy
+        return (0.0, 0) if policy is None else (policy.mean_acceptance, policy.num_drafting_rounds)
+
+    def start_from(self, acceptance: float) -> None:
+        policy = self._cost_policy
+        if policy is not None and policy.batch_aware:
+            policy.mean_acceptance = acceptance
 
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         raise NotImplementedError
@@ -163,8 +193,6 @@ class WidthDrafter(SpineDrafter):
         if cape is not None and shape.widths:
             raise InvalidArgument("CaPE chooses the widths; give DraftShape only a depth")
         super().__init__(shape, sampling, CandidateKind.FIXED if cape is not None else shape.sampled_kind)
-        if isinstance(self.stop_policy, CostPolicy):
-            self.stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
         self.cape = cape
         self.head_size = head_size
 
@@ -259,7 +287,7 @@ def grow_spine_tree(
     `stop.should_stop` is asked once per
     spine token, right after it is chosen and before any forward on it (SVIP: the token is kept with its
     leaves, and no draft forward is wasted). It is asked for the last token at the cap too, so a policy
-    that records every drafted token (ConfidencePolicy) sees as many steps as `observe` will count.
+    sees as many steps as `observe` will count.
     The first candidate at each depth carries the spine, so `spine_token_ids` recovers it from the tree.
     """
     nodes, parents = [root_token], [-1]

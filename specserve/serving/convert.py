@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from specserve.catalog import MethodSupport
 from specserve.core.cost import VerifyPoints, verify_points_from_json
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
@@ -82,7 +83,7 @@ def request_from_pb(
     )
 
 
-def limits_from_model_info(info: target_pb2.ModelInfo, methods: frozenset[str]) -> RequestLimits:
+def limits_from_model_info(info: target_pb2.ModelInfo, methods: MethodSupport) -> RequestLimits:
     """What a router accepts: its targets' bounds, and the methods it can run (`methods`)."""
     return RequestLimits(
         max_new_tokens_limit=info.max_new_tokens_limit,

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from specserve.catalog import CATALOG
 from specserve.cli import main
 
 
@@ -28,6 +29,8 @@ def _run(args, env_extra=None):
         ["generate", "hi", "--top-p", "0"],
         ["generate", "hi", "--top-p", "1.5"],
         ["generate", "hi", "--method", "nope"],
+        ["generate", "hi", "--method", "glide+mcsd"],
+        ["generate", "hi", "--method", "glide+svip+cape"],
         ["bench", "--prompts", "/nonexistent/prompts.jsonl"],
         ["eval-draft", "--per-category", "0"],
         ["eval-draft", "--draft", "/nonexistent/draft"],
@@ -37,6 +40,19 @@ def test_bad_input_fails_fast_with_one_line(args, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("specserve: error:"), err
+
+
+def test_methods_lists_every_name_with_its_axes(capsys, monkeypatch):
+    monkeypatch.delenv("SPECSERVE_MODEL", raising=False)  # the default model, whose default is marked
+    assert main(["methods"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1] for line in lines[1 : 1 + len(CATALOG)]}
+    assert rows == {name: info.axes_spelling or "(transformers)" for name, info in CATALOG.items()}
+    assert any(line.startswith("eagle-cape-suffix ") and line.endswith("(default)") for line in lines)
+    assert any("[LOSSY: opt-in]" in line for line in lines if line.startswith("mcsd-target-init "))
+    assert lines[-1].startswith(
+        "--method takes a name or any valid axes, DRAFT[+TREE[-DEPTH]][+STOP][+suffix]"
+    )
 
 
 @pytest.mark.model

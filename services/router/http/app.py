@@ -51,7 +51,7 @@ from services.router.http.schemas import ChatCompletionRequest, CompletionReques
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from specserve import __version__
-from specserve.catalog import CATALOG, Method
+from specserve.catalog import method_info
 from specserve.errors import SpecserveError, quoted
 from specserve.v1 import router_pb2
 
@@ -194,12 +194,21 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
 
     @app.get("/v1/methods")
     async def methods() -> dict:
-        """specserve's extension: the draft methods a request may name in `method`."""
+        """specserve's extension: the draft methods a request may name in `method`, with the axes it may
+        name instead (`eagle+cape+cost+suffix`; any other valid axes are served too)."""
         listed = servicer.ListMethods(router_pb2.ListMethodsRequest(), None).methods
         return {
             "object": "list",
             "default": settings.default_method,
-            "data": [{"id": m.name, "description": m.description, "lossless": m.lossless} for m in listed],
+            "data": [
+                {
+                    "id": m.name,
+                    "axes": method_info(m.name).axes_spelling,
+                    "description": m.description,
+                    "lossless": m.lossless,
+                }
+                for m in listed
+            ],
         }
 
     @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
@@ -308,7 +317,14 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
         max_tokens = {"type": "integer", "minimum": 1, "maximum": info.max_new_tokens_limit}
         common = {
             "model": nullable({"enum": [info.model_name, ""]}),
-            "method": nullable({"enum": sorted(servicer.methods)}),
+            "method": nullable(
+                {
+                    "anyOf": [
+                        {"enum": sorted(servicer.methods)},
+                        {"type": "string", "pattern": servicer.method_support.axes_pattern()},
+                    ]
+                }
+            ),
             "max_tokens": nullable(max_tokens),
         }
         token_ids = {"type": "integer", "minimum": 0, "maximum": info.vocab_size - 1}
@@ -324,7 +340,7 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
         if not info.supports_logprobs:
             chat |= {"logprobs": {"const": False, "default": False}, "top_logprobs": nullable({"const": 0})}
             completion |= {"logprobs": {"type": "null", "default": None}}
-        lossy = sorted(m for m in servicer.methods if not CATALOG[Method(m)].lossless)
+        lossy = sorted(m for m in servicer.methods if not method_info(m).lossless)
         conditions = {}
         if lossy:
             conditions["lossy"] = {

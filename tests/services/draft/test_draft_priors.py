@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from services.draft.priors import AcceptancePriors
+from specserve.core.protocols import CandidateKind
+from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import AcceptanceEstimate, CostPolicy, StopSettings
+from specserve.runtime.drafter import PolicyDrafter
 
 
-@dataclass
-class PolicyHolder:
-    """What the priors read of a drafter: its stop policy (drafters expose it as `stop_policy`)."""
-
-    stop_policy: CostPolicy
-
-    def propose(self, token_ids, round_seed):  # the Drafter protocol; never drafted here
-        raise NotImplementedError
-
-    def release(self) -> None: ...
-
-
-def session(greedy: bool = True) -> PolicyHolder:
+def session(greedy: bool = True) -> PolicyDrafter:
+    """A drafter with a cost policy, as the cost methods build one (it never drafts here)."""
     policy = CostPolicy(StopSettings(cost_acceptance=AcceptanceEstimate.CONFIDENCE))
-    policy.batch_aware = greedy  # as GlideDrafter sets it from the session's sampling
-    return PolicyHolder(policy)
+    sampling = GREEDY if greedy else SamplingParams(temperature=1.0)
+    return PolicyDrafter(CandidateKind.SAMPLED, policy, sampling)
 
 
 def test_a_new_greedy_session_starts_from_what_finished_sessions_accepted():

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from specserve.catalog import Method
+from specserve.catalog import Method, MethodSupport
 from specserve.core.finish import FinishChecker
 from specserve.core.request import (
     MAX_NEW_TOKENS_LIMIT,
@@ -28,7 +28,7 @@ LIMITS = RequestLimits(
     max_context=50,
     max_tree_nodes=8,
     vocab_size=1000,
-    methods=frozenset({"target", "glide"}),
+    methods=MethodSupport(in_process=False),  # a router's: no transformers runs, no target-seeded roots
     supports_logprobs=True,
 )
 
@@ -52,8 +52,18 @@ LIMITS = RequestLimits(
         ({"stop": ["x" * 257]}, "stop", "stop strings must have 1..256 characters"),
         ({"seed": -1}, "seed", "seed must be in [0, 2**63), got -1"),
         ({"seed": 2**63}, "seed", "seed must be in [0, 2**63)"),
-        ({"method": "nope"}, "method", "unknown method 'nope'; known methods: target, glide"),
-        ({"method": "hf"}, "method", "method 'hf' is not served here; available: target, glide"),
+        ({"method": "nope"}, "method", "unknown method 'nope'; known methods: target, vanilla, vanilla-tree"),
+        (
+            {"method": "hf"},
+            "method",
+            "method 'hf' is not served here; available: target, vanilla, vanilla-tree",
+        ),
+        (
+            {"method": "glide+mcsd"},
+            "method",
+            "method 'glide+mcsd': mcsd trees are drafted by the vanilla draft",
+        ),
+        ({"method": "vanilla+mcsd-target-3"}, "method", "method 'vanilla+mcsd-target-3' is not served here"),
         (
             {"method": "mcsd-target-init", "temperature": 0.5},
             "method",
@@ -104,6 +114,22 @@ def test_logprobs_need_a_deployment_that_supports_them() -> None:
 def test_a_lossy_method_at_t_above_0_needs_the_opt_in() -> None:
     GenerationRequest.build(method="mcsd-target-init", temperature=0.0)  # exact at T = 0
     GenerationRequest.build(method="mcsd-target-init", temperature=0.5, allow_lossy=True)
+    with pytest.raises(InvalidField, match="is lossy at temperature > 0"):
+        GenerationRequest.build(method="vanilla+mcsd-target-3", temperature=0.5)  # named by its axes
+
+
+def test_a_method_named_by_its_axes_gets_its_name() -> None:
+    def named(method: str, limits: RequestLimits = LIMITS) -> str:
+        return GenerationRequest.build(method=method, max_new_tokens=8, limits=limits).method
+
+    assert named("glide+cape+svip") == "glide-cape-svip"
+    assert named("eagle+cape+cost+suffix") == "eagle-cape-suffix"
+    assert named("glide+chain-4+fixed") == "glide"
+    assert named("eagle+top2-3+adaedl+suffix") == "eagle+top2-3+adaedl+suffix"  # no name: its own spelling
+    router_without_drafts = replace(LIMITS, methods=MethodSupport(in_process=False, draft_models=False))
+    assert named("none+suffix", router_without_drafts) == "suffix"
+    with pytest.raises(InvalidField, match="'glide\\+cape' is not served here; available: target, suffix"):
+        named("glide+cape", router_without_drafts)
 
 
 def test_default_limits_know_no_model_and_every_method() -> None:

@@ -20,13 +20,10 @@ from specserve.core.stopping import (
     StopSettings,
     adaedl_stops,
     entropy_nats,
-    heuristic_depth,
     make_stop_policy,
     needs_decision_model,
     prior_corrected,
-    roc_confidence_threshold,
     svip_stops,
-    token_probability,
 )
 from specserve.errors import InvalidArgument
 from specserve.runtime.stopper import make_stop_policy as make_with_shipped_stopper
@@ -90,14 +87,6 @@ def test_entropy_of_a_known_two_token_distribution():
     assert entropy_nats(logits_with_entropy(0.6)) == pytest.approx(0.6, abs=1e-12)
 
 
-def test_token_probability():
-    logits = torch.log(torch.tensor([0.1, 0.6, 0.3]))
-    assert token_probability(logits, 1) == pytest.approx(0.6, abs=1e-7)
-    assert token_probability(torch.tensor([0.0, NEG_INF]), 1) == 0.0
-    with pytest.raises(InvalidArgument):
-        token_probability(logits, 3)
-
-
 # --- SVIP ----------------------------------------------------------------------------------------
 
 
@@ -128,7 +117,7 @@ def test_svip_drafts_to_its_cap_when_sure():
     assert draft_round(make_stop_policy("svip", StopSettings(max_depth=7)), [logits_with_entropy(0.1)]) == 7
 
 
-# --- fixed and heuristic -------------------------------------------------------------------------
+# --- fixed ---------------------------------------------------------------------------------------
 
 
 def test_fixed_stops_at_its_depth_whatever_the_distribution():
@@ -136,97 +125,6 @@ def test_fixed_stops_at_its_depth_whatever_the_distribution():
     assert draft_round(make_stop_policy("fixed"), uncertain) == 4
     assert draft_round(make_stop_policy("fixed", StopSettings(fixed_depth=3)), uncertain) == 3
     assert draft_round(make_stop_policy("fixed", StopSettings(fixed_depth=6, max_depth=2)), uncertain) == 2
-
-
-def test_heuristic_schedule():
-    policy = make_stop_policy("heuristic")
-    history = []
-    for accepted_all, num_accepted in [(True, None), (True, None), (False, 3), (False, 0), (True, None)]:
-        drafted = draft_round(policy, [torch.zeros(1000)])  # should_stop never ends a round early
-        assert drafted == policy.max_depth
-        policy.observe(drafted, drafted if accepted_all else num_accepted)
-        history.append(policy.max_depth)
-    assert history == [7, 9, 8, 7, 9]
-
-
-def test_heuristic_floor_and_cap():
-    policy = make_stop_policy("heuristic", StopSettings(heuristic_initial_depth=2, max_depth=6))
-    depths = []
-    for drafted, accepted in [(2, 0), (1, 0), (1, 0), (1, 1), (3, 3), (5, 5), (6, 6), (0, 0)]:
-        policy.observe(drafted, accepted)
-        depths.append(policy.max_depth)
-    assert depths == [1, 1, 1, 3, 5, 6, 6, 6]  # min 1; +2 clamped at the cap; an empty round changes nothing
-    assert make_stop_policy("heuristic", StopSettings(max_depth=3)).max_depth == 3  # initial 5 capped
-    assert heuristic_depth(5, 5, 5, cap=40) == 7 and heuristic_depth(5, 5, 4, cap=40) == 4
-
-
-# --- confidence ----------------------------------------------------------------------------------
-
-
-def test_confidence_stops_below_the_threshold():
-    policy = make_stop_policy("confidence")
-    assert policy.max_depth == 20
-    assert policy.should_stop(DraftStep(0, logits_with_top_probability(0.39), 0))
-    assert not policy.should_stop(DraftStep(1, logits_with_top_probability(0.41), 0))
-    assert policy.should_stop(DraftStep(2, logits_with_top_probability(0.9), 1))  # the kept token's p = 1/30
-
-
-def run_confidence_round(policy: StopPolicy, probs: list[float], num_accepted: int) -> int:
-    drafted = draft_round(policy, [logits_with_top_probability(p) for p in probs])
-    policy.observe(drafted, num_accepted)
-    return drafted
-
-
-def test_confidence_threshold_rises_after_confident_rejections():
-    policy = make_stop_policy("confidence")
-    assert run_confidence_round(policy, [0.9, 0.8, 0.3], num_accepted=2) == 3  # 0.3 < 0.4 stops, kept
-    assert policy.threshold == 0.4  # 3 samples: too few to fit
-    assert run_confidence_round(policy, [0.95, 0.7, 0.5, 0.2], num_accepted=2) == 4
-    # history: 0.9 0.8 0.3 | 0.95 0.7 0.5 (0.2 came after a rejection: never judged, dropped)
-    assert policy.accepted == [True, True, False, True, True, False]
-    assert policy.probs == pytest.approx([0.9, 0.8, 0.3, 0.95, 0.7, 0.5])
-    # p >= 0.7 separates the accepted from the rejected: cost 0
-    assert policy.threshold == pytest.approx(0.7)
-    assert policy.should_stop(DraftStep(0, logits_with_top_probability(0.6), 0))
-
-
-def test_confidence_threshold_falls_after_unsure_acceptances():
-    policy = make_stop_policy("confidence")
-    for _ in range(3):
-        assert run_confidence_round(policy, [0.9, 0.35], num_accepted=2) == 2
-    assert policy.threshold == 0.4  # 6 samples but no rejection yet: nothing to fit
-    assert run_confidence_round(policy, [0.8, 0.6, 0.3], num_accepted=1) == 3
-    # accepted 0.9 x3, 0.8, 0.35 x3; rejected 0.6. Costs fpr + 3 fnr: 0.9 -> 12/7, 0.8 -> 9/7,
-    # 0.6 -> 1 + 9/7, 0.35 -> 1. Best: 0.35
-    assert policy.threshold == pytest.approx(0.35)
-    assert not policy.should_stop(DraftStep(0, logits_with_top_probability(0.37), 0))
-
-
-def test_confidence_threshold_stays_fixed_when_not_adaptive():
-    policy = make_stop_policy("confidence", StopSettings(confidence_adaptive=False))
-    run_confidence_round(policy, [0.9, 0.8, 0.3], 2)
-    run_confidence_round(policy, [0.95, 0.7, 0.5, 0.2], 2)
-    assert policy.threshold == 0.4
-
-
-def test_confidence_history_window_keeps_the_latest():
-    policy = make_stop_policy("confidence", StopSettings(confidence_history=6))
-    for _ in range(4):
-        run_confidence_round(policy, [0.9, 0.35], num_accepted=2)
-    assert len(policy.probs) == 6
-
-
-def test_roc_threshold_by_hand():
-    assert roc_confidence_threshold([0.9, 0.5], [True, False]) == 0.9
-    assert roc_confidence_threshold([0.8, 0.6, 0.4], [True, False, True]) == 0.4  # costs 1.5, 2.5, 1
-    # sorted: 0.9+ 0.8+ 0.7+ 0.6- 0.5- 0.4- 0.3+ 0.2-; costs 2.25 1.5 0.75 1 1.25 1.5 0.75 1 (exact in
-    # binary): the tie goes to the highest threshold, as Hugging Face's argmin does
-    probs = [0.3, 0.9, 0.6, 0.8, 0.2, 0.7, 0.5, 0.4]
-    accepted = [True, True, False, True, False, True, False, False]
-    assert roc_confidence_threshold(probs, accepted) == 0.7
-    # equal scores are one threshold: 0.5 cannot split the accepted 0.5 from the rejected one
-    assert roc_confidence_threshold([0.5, 0.5, 0.9], [True, False, True]) == 0.5
-    assert roc_confidence_threshold([0.9, 0.8], [True, True]) is None
 
 
 # --- AdaEDL --------------------------------------------------------------------------------------
@@ -274,8 +172,6 @@ def test_every_name_is_registered_and_constructs():
         "fixed": 4,
         "svip": 40,
         "adaedl": 40,
-        "confidence": 20,
-        "heuristic": 5,
         "decision": 20,
         "cost": 16,
     }
@@ -299,7 +195,7 @@ def test_core_policies_need_the_stopper_handed_to_them():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(InvalidArgument, match="fixed, svip, adaedl, confidence, heuristic, decision, cost"):
+    with pytest.raises(InvalidArgument, match="fixed, svip, adaedl, decision, cost"):
         make_stop_policy("oracle")
 
 
@@ -314,7 +210,6 @@ def test_observe_rejects_impossible_rounds(name):
     [
         {"max_depth": 0},
         {"fixed_depth": 0},
-        {"heuristic_initial_depth": 0},
         {"svip_c": 0.0},
         {"svip_h": -0.1},
         {"adaedl_factor": 0.0},
@@ -323,8 +218,6 @@ def test_observe_rejects_impossible_rounds(name):
         {"adaedl_lambda_smoothing": 1.0},
         {"adaedl_acceptance_smoothing": -0.5},
         {"adaedl_step": -0.01},
-        {"confidence_threshold": 1.5},
-        {"confidence_history": 5},
         {"decision_threshold": 1.2},
         {"cost_acceptance": "oracle"},
     ],

@@ -8,10 +8,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from specserve.core.cost import CostModel
+from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import CandidateKind, DraftTree
-from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings
+from specserve.core.sampling_params import GREEDY, SamplingParams
+from specserve.core.suffix import SharedSuffixCache
+from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings, TenantCache, suffix_drafter
 from specserve.core.tree import TokenTree, tree_children
 
 FLAT_COST = CostModel(((1, 1.0), (8, 1.1), (16, 1.3), (64, 3.0)), draft_step_s=0.05)
@@ -114,3 +116,35 @@ def test_the_round_sizes_follow_the_rounds_the_target_verified():
     drafter.propose([*REPEATING, 9, 42], round_seed=1)
     assert drafter.mean_nodes == pytest.approx(0.8 * 1.0 + 0.2 * draft.tree.num_nodes)
     assert drafter.mean_emitted == pytest.approx(0.8 * 1.0 + 0.2 * 2)
+
+
+# --- assembly: the one function the engine and the router build a session's drafter with ---------------
+
+
+def test_a_greedy_session_is_sized_by_the_cost_it_is_given_and_shares_the_batch():
+    asked: list[int] = []
+
+    def calibrated() -> CostModel:
+        asked.append(1)
+        return FLAT_COST
+
+    shared = TenantCache(SharedSuffixCache(4, 64), "tenant")
+    model = CountingDrafter([99])
+    drafter = suffix_drafter(model, 16, GREEDY, calibrated, batch_load=lambda: 3, shared=shared)
+    assert drafter.inner is model and drafter.max_tree_nodes == 16
+    assert drafter.cost is FLAT_COST and asked == [1]
+    assert drafter.batch_load() == 3 and drafter.shared is shared
+
+
+def test_a_sampled_session_is_sized_alike_wherever_it_runs_and_from_its_own_text():
+    """Its tree decides its random draws: the nominal curve, as if alone, no other session's outputs; the
+    calibration is never read (in process, reading it may measure the machine)."""
+
+    def calibrated() -> CostModel:
+        raise AssertionError("a sampled session's trees must not depend on this machine's costs")
+
+    shared = TenantCache(SharedSuffixCache(4, 64), "tenant")
+    sampled = SamplingParams(temperature=0.7)
+    drafter = suffix_drafter(None, 16, sampled, calibrated, batch_load=lambda: 3, shared=shared)
+    assert drafter.inner is None and drafter.cost is NOMINAL_CPU_COST
+    assert drafter.batch_load() == 0 and drafter.shared is None

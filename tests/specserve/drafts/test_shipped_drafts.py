@@ -79,7 +79,7 @@ def test_each_drafts_cost_policy_reads_the_stopper_trained_on_that_draft(engine)
     """The default method's policy predicts acceptance with the hidden-state draft's stopper, GliDe's
     methods with GliDe's; a draft with no stopper of its own falls back to GliDe's."""
     assert stopper_dir(DraftKind.GLIDE) == STOPPER_DIR
-    assert CATALOG[Method(DEFAULT_METHOD)].model_method is Method.EAGLE_CAPE_COST
+    assert CATALOG[Method(DEFAULT_METHOD)].model_method == Method.EAGLE_CAPE_COST
     for method, kind in (("eagle-cape-cost", DraftKind.EAGLE), ("glide-cape-cost", DraftKind.GLIDE)):
         verifier = LocalVerifier(engine.target_runner, 64)
         drafter = method_spec(method).make_drafter(engine, 64, verifier.cache, GREEDY)

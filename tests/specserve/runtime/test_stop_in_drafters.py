@@ -21,7 +21,6 @@ from specserve.core.stopping import (
     StopPolicy,
     StopPolicyName,
     StopSettings,
-    heuristic_depth,
 )
 from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import InvalidArgument
@@ -343,26 +342,13 @@ def test_a_round_is_sized_once_after_the_policy_learned_from_the_last(target, gl
     "kind,params", [("model-tree", GREEDY), ("model-chain", SAMPLED)], ids=["greedy", "sampled"]
 )
 def test_noisy_draft_rounds_are_fully_partly_and_not_accepted(target, draft, kind, params):
-    """Guards the test above: with the heuristic policy its model runs see every kind of round."""
-    shape = DraftShape(depth=6, stop=StopPolicyName.HEURISTIC, stop_settings=StopSettings(max_depth=6))
+    """Guards the test above: with the learned stopper its model runs see every kind of round."""
+    shape = DraftShape(depth=6, stop=StopPolicyName.DECISION, stop_settings=StopSettings(max_depth=6))
     _, verifier, _ = run(target, make(kind, draft, None, shape), params)
     rounds = [true_round(proposal, outcome) for proposal, outcome in verifier.rounds]
     assert any(accepted == drafted for drafted, accepted in rounds)
     assert any(0 < accepted < drafted for drafted, accepted in rounds)
     assert any(accepted == 0 for _, accepted in rounds)
-
-
-def test_heuristic_depth_follows_its_schedule(target, draft):
-    settings = StopSettings(heuristic_initial_depth=2, max_depth=8)
-    shape = DraftShape(depth=8, stop=StopPolicyName.HEURISTIC, stop_settings=settings)
-    _, verifier, _ = run(target, model_drafter(draft, shape))
-    lengths = [len(spine_token_ids(proposal.tree)) for proposal, _ in verifier.rounds]
-    expected = [2]
-    for proposal, outcome in verifier.rounds[:-1]:
-        drafted, accepted = true_round(proposal, outcome)
-        expected.append(heuristic_depth(expected[-1], drafted, accepted, cap=8))
-    assert lengths == expected
-    assert len(set(lengths)) > 2  # it grew and shrank
 
 
 # --- (c) lossless whatever the policy -----------------------------------------------------------------

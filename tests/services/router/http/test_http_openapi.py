@@ -18,6 +18,7 @@ from services.router.http.app import create_app
 from services.router.http.body import parse
 from services.router.http.errors import HttpError
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest
+from specserve.catalog import MethodSupport
 from specserve.core.request import GenerationRequest, InvalidField
 from specserve.serving.settings import RouterServiceSettings
 from specserve.v1 import target_pb2
@@ -44,7 +45,12 @@ def router(**model: Any) -> SimpleNamespace:
     info.CopyFrom(MODEL)
     for name, value in model.items():
         setattr(info, name, value)
-    return SimpleNamespace(settings=RouterServiceSettings(), model=info, methods=METHODS)
+    return SimpleNamespace(
+        settings=RouterServiceSettings(),
+        model=info,
+        methods=METHODS,
+        method_support=MethodSupport(in_process=False),
+    )
 
 
 def document(secured: bool = True, **model: Any) -> dict[str, Any]:
@@ -180,6 +186,8 @@ def test_the_document_states_the_served_models_bounds() -> None:
     assert not chat.is_valid(CHAT | {"method": "no-such-method"}) and chat.is_valid(
         CHAT | {"method": "target"}
     )
+    assert chat.is_valid(CHAT | {"method": "glide+cape+svip+suffix"})  # a method named by its axes
+    assert not chat.is_valid(CHAT | {"method": "vanilla+mcsd-target"})  # in process only
     assert not chat.is_valid(CHAT | {"model": "another"}) and chat.is_valid(CHAT | {"model": "tiny"})
     assert completion.is_valid({"prompt": [MODEL.vocab_size - 1]})
     assert not completion.is_valid({"prompt": [MODEL.vocab_size]})

@@ -1,8 +1,9 @@
-"""The serving targets' published costs, as a draft replica sizes trees by them.
+"""The serving targets' published costs, as drafts and the router size trees by them.
 
-Each target replica measures its own verify curve and publishes it (ModelInfo.costs); a draft fetches
-it per target address on a session's Prefill and keeps it for a while, so a replica on other hardware,
-or one restarted on another kernel, is followed within `refresh_seconds` without a call per session.
+Each target replica measures its own verify curve and publishes it (ModelInfo.costs). A draft replica
+(per session's Prefill) and the router (per session, for suffix candidates) fetch it per target address
+and keep it for a while, so a replica on other hardware, or one restarted on another kernel, is followed
+within `refresh_seconds` without a call per session. Torch-free: the router uses it.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ CALL_TIMEOUT_SECONDS = 10.0
 class PublishedCosts:
     def __init__(
         self,
-        channel_for: Callable[[str], grpc.Channel],
+        stub_for: Callable[[str], target_pb2_grpc.TargetServiceStub],
         refresh_seconds: float = REFRESH_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.channel_for = channel_for
+        self.stub_for = stub_for
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self._lock = threading.Lock()
@@ -41,9 +42,10 @@ class PublishedCosts:
             known = self._known.get(address)
         if known is not None and self.clock() - known[0] < self.refresh_seconds:
             return known[2]
-        stub = target_pb2_grpc.TargetServiceStub(self.channel_for(address))
         try:
-            info = stub.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=CALL_TIMEOUT_SECONDS)
+            info = self.stub_for(address).GetModelInfo(
+                target_pb2.GetModelInfoRequest(), timeout=CALL_TIMEOUT_SECONDS
+            )
         except grpc.RpcError as e:
             if known is not None:  # a passing outage: the last curve still describes that replica
                 return known[2]
