@@ -10,7 +10,7 @@ import pytest
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings, TenantCache, suffix_drafter
@@ -21,6 +21,8 @@ FLAT_COST = CostModel(((1, 1.0), (8, 1.1), (16, 1.3), (64, 3.0)), draft_step_s=0
 
 class CountingDrafter:
     """A model drafter stand-in that proposes one fixed chain and counts how often it was asked."""
+
+    reads = READS_NOTHING
 
     def __init__(self, chain: Sequence[int] = (), kind: CandidateKind = CandidateKind.FIXED) -> None:
         self.chain, self.kind, self.calls = list(chain), kind, 0
@@ -113,7 +115,7 @@ def test_the_round_sizes_follow_the_rounds_the_target_verified():
     draft = drafter.propose(REPEATING, round_seed=0)
     assert draft.tree.token_ids[:3] == (8, 9, 10) and draft.tree.num_nodes >= 3
     # the target accepted "9" and then chose 42 (not "10"): 1 drafted token on the path, 2 emitted
-    drafter.propose([*REPEATING, 9, 42], round_seed=1)
+    drafter.observe(RoundOutcome.from_committed(draft, [9, 42]))
     assert drafter.mean_nodes == pytest.approx(0.8 * 1.0 + 0.2 * draft.tree.num_nodes)
     assert drafter.mean_emitted == pytest.approx(0.8 * 1.0 + 0.2 * 2)
 
