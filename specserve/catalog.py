@@ -14,7 +14,16 @@ from enum import StrEnum
 
 from specserve.core.stop_names import StopPolicyName
 from specserve.errors import InvalidArgument
-from specserve.method_axes import ADAPTIVE_DEPTH, SYNTAX, TREES, Draft, MethodAxes, Tree
+from specserve.method_axes import (
+    ADAPTIVE_DEPTH,
+    MAX_DEPTH,
+    SYNTAX,
+    TREES,
+    Draft,
+    MethodAxes,
+    Tree,
+    axes_fault,
+)
 
 
 class Method(StrEnum):
@@ -258,15 +267,33 @@ class MethodSupport:
         return [str(method) for method, info in CATALOG.items() if self.runs(info)]
 
     def axes_pattern(self) -> str:
-        """A regular expression (JSON Schema's `pattern`) of the axes spellings it may run: what the
-        drafts and trees are; whether a combination can run, only `MethodAxes` says."""
+        """A regular expression (JSON Schema's `pattern`) of exactly the axes spellings it may run: every
+        combination `MethodAxes` accepts, each tree's depths in its range, so that a request the schema
+        allows is one the API runs."""
         drafts = [d for d in Draft if d is not Draft.NONE] if self.draft_models else []
         trees = [t for t in Tree if self.in_process or TREES[t].remote]
-        model = (
-            f"(?:{'|'.join(drafts)})(?:\\+(?:{'|'.join(trees)})(?:-[0-9]+)?)?"
-            f"(?:\\+(?:{'|'.join(StopPolicyName)}))?"
-        )
-        return f"^(?:none|{model})(?:\\+suffix)?$" if drafts else "^none(?:\\+suffix)?$"
+        models = [
+            _spelling_pattern(draft, tree, stop, suffix)
+            for draft in drafts
+            for tree in (None, *trees)
+            for stop in (None, *StopPolicyName)
+            for suffix in (False, True)
+            if axes_fault(draft, tree or Tree.CHAIN, stop or StopPolicyName.FIXED, suffix, 0) is None
+        ]
+        return f"^(?:none(?:\\+suffix)?{''.join('|' + m for m in models)})$"
+
+
+def _spelling_pattern(draft: Draft, tree: Tree | None, stop: StopPolicyName | None, suffix: bool) -> str:
+    """DRAFT[+TREE[-DEPTH]][+STOP][+suffix] for one combination; DEPTH in the tree's range."""
+    parts = [str(draft)]
+    if tree is not None:
+        depths = "|".join(str(d) for d in range(TREES[tree].min_depth, MAX_DEPTH + 1))
+        parts.append(f"\\+{tree}(?:-0*(?:{depths}))?")
+    if stop is not None:
+        parts.append(f"\\+{stop}")
+    if suffix:
+        parts.append("\\+suffix")
+    return "".join(parts)
 
 
 IN_PROCESS = MethodSupport()

@@ -10,7 +10,7 @@ A method is named by its axes as DRAFT[+TREE[-DEPTH]][+STOP][+suffix], in that o
 omitted stop policy `fixed`, an omitted depth the tree's own: its fixed depth under `fixed`, else
 ADAPTIVE_DEPTH. `MethodAxes.parse` reads a spelling, `spelling` writes the shortest one; the catalog's
 names (specserve/catalog.py) are aliases of particular axes, and specserve/methods.py builds each
-method's drafter from its axes alone. Which combinations can run is decided in one place, `_fault`
+method's drafter from its axes alone. Which combinations can run is decided in one place, `axes_fault`
 (every MethodAxes is checked when it is made).
 """
 
@@ -115,7 +115,7 @@ class MethodAxes:
     def __post_init__(self) -> None:
         for name, kind in (("draft", Draft), ("tree", Tree), ("stop", StopPolicyName)):
             object.__setattr__(self, name, kind(getattr(self, name)))  # "glide" -> Draft.GLIDE
-        fault = _fault(self.draft, self.tree, self.stop, self.suffix, self.depth)
+        fault = axes_fault(self.draft, self.tree, self.stop, self.suffix, self.depth)
         if fault is not None:
             raise InvalidArgument(f"method {self._written!r}: {fault}")
         if self.depth == 0 and self.draft is not Draft.NONE:
@@ -143,7 +143,9 @@ class MethodAxes:
             )
         tree_kind, depth = tree if tree is not None else (Tree.CHAIN, None)
         policy = stop or StopPolicyName.FIXED
-        fault = "a depth must be >= 1" if depth == 0 else _fault(draft, tree_kind, policy, suffix, depth or 0)
+        fault = (
+            "a depth must be >= 1" if depth == 0 else axes_fault(draft, tree_kind, policy, suffix, depth or 0)
+        )
         if draft is Draft.NONE and (tree is not None or stop is not None):
             fault = _NO_DRAFT  # `none+chain` and `none+fixed` too: there is nothing to shape
         if fault is not None:
@@ -211,7 +213,7 @@ class MethodAxes:
 _NO_DRAFT = "without a draft model there is no tree, depth or stop policy"
 
 
-def _fault(draft: Draft, tree: Tree, stop: StopPolicyName, suffix: bool, depth: int) -> str | None:
+def axes_fault(draft: Draft, tree: Tree, stop: StopPolicyName, suffix: bool, depth: int) -> str | None:
     """Why these axes cannot run together (None: they can). depth 0 = the tree's own."""
     if draft is Draft.NONE:
         return _NO_DRAFT if tree is not Tree.CHAIN or stop is not StopPolicyName.FIXED or depth else None

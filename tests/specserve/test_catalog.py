@@ -119,3 +119,27 @@ def test_the_schema_pattern_admits_exactly_the_axes_a_deployment_runs(support: M
         info = method_info(axes.spelling)
         assert bool(pattern.match(axes.spelling)) == support.runs(info), (support, axes.spelling)
     assert not pattern.match("no-such-method") and not pattern.match("glide+cape+suffix+svip")
+
+
+def test_the_schemas_pattern_allows_exactly_the_spellings_that_run() -> None:
+    """What the HTTP schema lets through is what the API accepts: no schema-valid method is refused."""
+    import itertools
+    import re
+
+    from specserve.catalog import IN_PROCESS
+    from specserve.core.stop_names import StopPolicyName
+    from specserve.errors import InvalidArgument
+    from specserve.method_axes import Draft, MethodAxes, Tree
+
+    pattern = re.compile(IN_PROCESS.axes_pattern())
+    trees = [None] + [f"{tree}{depth}" for tree in Tree for depth in ("", *(f"-{d}" for d in range(0, 19)))]
+    for draft, tree, stop, suffix in itertools.product(Draft, trees, [None, *StopPolicyName], (False, True)):
+        text = "+".join(
+            part for part in (str(draft), tree, stop and str(stop), "suffix" if suffix else None) if part
+        )
+        try:
+            MethodAxes.parse(text)
+            runs = True
+        except InvalidArgument:
+            runs = False
+        assert bool(pattern.match(text)) == runs, text
