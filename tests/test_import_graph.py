@@ -3,7 +3,9 @@ anywhere the router can reach.
 
 Imports are read from the source (ast), at module level and inside functions alike: an import inside a
 function runs when the function is first called, and can then meet a half-imported module or pull torch
-into a process just as one at the top can. Imports under `if TYPE_CHECKING:` never run and are left out.
+into a process just as one at the top can. Imports under `if TYPE_CHECKING:` never run, so they load
+nothing (torch included), but they still tie two files together: a module that names another's type
+depends on it as much as one that calls it, so they count for cycles.
 
 tests/specserve/serving/test_router_imports_no_torch.py imports the router's entry points and looks at what
 got loaded; this file adds what that cannot see, the imports inside functions that have not run yet.
@@ -37,19 +39,21 @@ class Import:
     line: int
     in_function: bool
     of_package: bool = False  # not a statement: Python runs a package's __init__ before its submodules
+    type_only: bool = False  # under `if TYPE_CHECKING:`: read by the type checker, never run
 
     def __str__(self) -> str:
         if self.of_package:
             return f"{self.module} is in that package"
         where = ", in a function" if self.in_function else ""
+        where += ", under TYPE_CHECKING" if self.type_only else ""
         return f"{self.module} line {self.line}{where}"
 
 
 @dataclass
 class ImportGraph:
-    # module -> local module it imports -> where (the first such import)
+    # module -> local module it imports -> where (the first import that runs, else the first at all)
     edges: dict[str, dict[str, Import]]
-    # module -> top-level names of what it imports from outside `packages` (torch, grpc, os, ...)
+    # module -> top-level names of what it loads from outside `packages` (torch, grpc, os, ...)
     external: dict[str, dict[str, Import]]
 
     def reachable(self, starts: Iterable[str]) -> dict[str, tuple[str, Import] | None]:
@@ -62,7 +66,8 @@ class ImportGraph:
             module = queue.popleft()
             parts = module.split(".")
             packages = {".".join(parts[:i]): Import(module, 0, False, True) for i in range(1, len(parts))}
-            for target, where in {**packages, **self.edges[module]}.items():
+            runs = {target: where for target, where in self.edges[module].items() if not where.type_only}
+            for target, where in {**packages, **runs}.items():
                 if target in self.edges and target not in came_from:
                     came_from[target] = (module, where)
                     queue.append(target)
@@ -87,19 +92,29 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 class _Imports(ast.NodeVisitor):
-    """(module named, name imported from it or None, line, inside a function) of every import that runs."""
+    """(module named, name imported from it or None, where) of every import statement."""
 
     def __init__(self, module: str, is_package: bool) -> None:
+        self.module = module
         self.package = module if is_package else module.rpartition(".")[0]
-        self.found: list[tuple[str, str | None, int, bool]] = []
+        self.found: list[tuple[str, str | None, Import]] = []
         self._depth = 0
+        self._type_only = 0
 
     def visit_If(self, node: ast.If) -> None:
         if not _is_type_checking(node.test):
             self.generic_visit(node)
             return
+        self.visit(node.test)
+        self._type_only += 1
+        for statement in node.body:
+            self.visit(statement)
+        self._type_only -= 1
         for statement in node.orelse:
             self.visit(statement)
+
+    def _where(self, node: ast.stmt) -> Import:
+        return Import(self.module, node.lineno, self._depth > 0, type_only=self._type_only > 0)
 
     def _in_function(self, node: ast.AST) -> None:
         self._depth += 1
@@ -110,7 +125,7 @@ class _Imports(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            self.found.append((alias.name, None, node.lineno, self._depth > 0))
+            self.found.append((alias.name, None, self._where(node)))
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         base = node.module or ""
@@ -118,7 +133,7 @@ class _Imports(ast.NodeVisitor):
             anchor = self.package.split(".")[: len(self.package.split(".")) - (node.level - 1)]
             base = ".".join([*anchor, *([node.module] if node.module else [])])
         for alias in node.names:
-            self.found.append((base, alias.name, node.lineno, self._depth > 0))
+            self.found.append((base, alias.name, self._where(node)))
 
 
 def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> ImportGraph:
@@ -127,10 +142,10 @@ def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> Imp
     for module, path in files.items():
         visitor = _Imports(module, path.name == "__init__.py")
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
-        for named, name, line, in_function in visitor.found:
-            where = Import(module, line, in_function)
+        for named, name, where in visitor.found:
             if named.split(".")[0] not in packages:
-                graph.external[module].setdefault(named.split(".")[0], where)
+                if not where.type_only:
+                    graph.external[module].setdefault(named.split(".")[0], where)
                 continue
             if name is not None and f"{named}.{name}" in files:  # `from package import submodule`
                 target = f"{named}.{name}"
@@ -141,7 +156,9 @@ def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> Imp
             # No edge from a submodule to its package: it runs inside the package's __init__ without
             # reading the half-built namespace, unless it imports a name from it (an edge of its own).
             if target != module and target in files:
-                graph.edges[module].setdefault(target, where)
+                known = graph.edges[module].get(target)
+                if known is None or (known.type_only and not where.type_only):
+                    graph.edges[module][target] = where
     return graph
 
 
@@ -254,20 +271,25 @@ def test_the_services_build_on_the_runtime_not_the_in_process_engine(graph: Impo
     assert ENGINE not in came_from, f"{ENGINE} is reached from {came_from.get(ENGINE)}"
 
 
-def test_the_walk_sees_function_imports_and_skips_type_checking(tmp_path: Path) -> None:
-    """The checks above see what they claim to: a cycle closed inside a function is one, a cycle closed
-    under TYPE_CHECKING is not, and torch imported in a function is found."""
+def test_the_walk_sees_function_and_type_checking_imports(tmp_path: Path) -> None:
+    """The checks above see what they claim to: a cycle closed inside a function is one, and so is a cycle
+    closed under TYPE_CHECKING; torch imported in a function is loaded, torch under TYPE_CHECKING is not,
+    and neither is a module named only for the type checker."""
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "a.py").write_text("from pkg import b\nimport pkg.c\n")
+    (package / "a.py").write_text("from pkg import b\n")
     (package / "b.py").write_text("def f():\n    from pkg.a import x\n    import torch\n")
     (package / "c.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n    from pkg import d\n"
     )
+    (package / "d.py").write_text("from pkg import c\n")
+    (package / "e.py").write_text("import pkg.a\n")
     walked = import_graph(tmp_path, ("pkg",))
-    assert cycles(walked) == [["pkg.a", "pkg.b", "pkg.a"]]
+    assert sorted(cycles(walked)) == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.c", "pkg.d", "pkg.c"]]
     assert walked.edges["pkg.b"]["pkg.a"] == Import("pkg.b", 2, in_function=True)
-    assert walked.edges["pkg.c"] == {}
+    assert walked.edges["pkg.c"]["pkg.d"] == Import("pkg.c", 4, in_function=False, type_only=True)
     assert "torch" in walked.external["pkg.b"]
-    assert "pkg.b" in walked.reachable(["pkg.a"])
+    assert "torch" not in walked.external["pkg.c"]
+    assert {"pkg.a", "pkg.b"} <= set(walked.reachable(["pkg.e"]))
+    assert "pkg.d" not in walked.reachable(["pkg.c"])

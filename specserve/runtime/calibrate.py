@@ -22,8 +22,8 @@ from specserve.core.protocols import DraftTree
 from specserve.core.tree import tree_depths
 from specserve.core.tree_mask import tree_attention_mask
 from specserve.errors import NotFound
-from specserve.runtime.ragged import Segment
 from specserve.runtime.runner import ModelRunner
+from specserve.runtime.segment import Segment
 
 logger = logging.getLogger(__name__)
 

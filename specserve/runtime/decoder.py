@@ -21,11 +21,11 @@ from torch import nn
 
 from specserve.runtime.int4 import runs_on_int4
 from specserve.runtime.kernels import FusedPart
+from specserve.runtime.segment import Segment
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specserve.runtime.ragged import Segment
 
 # model_type -> the config checks under which its forward is exactly the Llama block computed here.
 NATIVE_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})

@@ -22,30 +22,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specserve.runtime.decoder import NativeDecoder
-from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.layer_outputs import capture_layer_outputs, side_by_side
+from specserve.runtime.segment import Segment
 
 ATTENTION_NAME = "specserve_ragged"
 PLAN_KWARG = "specserve_ragged_plan"
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One session's share of a forward: `token_ids` appended after its cache's committed positions.
-
-    attend None means a causal chain; otherwise row i may attend cache slot j where attend[i, j]
-    (trees, grown trees), over every slot up to and including the segment's own tokens.
-    """
-
-    cache: PositionalKVCache
-    token_ids: Sequence[int]
-    positions: torch.Tensor  # [n] position ids
-    attend: torch.Tensor | None = None  # [n, cache.length + n] bool
-    last_only: bool = False  # only the last token's logits are needed (prefill, chain sync)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from specserve.core.tree_mask import tree_attention_mask
 from specserve.runtime.batching import batched_call
 from specserve.runtime.decoder import NativeDecoder, supports_native_forward
 from specserve.runtime.kv_cache import PositionalKVCache
-from specserve.runtime.ragged import Segment, forward_ragged, use_ragged_attention
+from specserve.runtime.ragged import forward_ragged, use_ragged_attention
+from specserve.runtime.segment import Segment
 
 
 class ModelRunner:

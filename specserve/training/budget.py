@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specserve.training.distill import LOG, RUN
+from specserve.training.distill.run_log import LOG, RUN
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 final hidden states and its next tokens.
 
 `teacher_forced` is the one forward that gathers them; `target_features` (the training pipeline's
-batches, eval-draft) and `distill.sequence_features` (the distillation feature shards) shape its
-output for their readers.
+batches, eval-draft) and `distill.feature_extraction.sequence_features` (the distillation feature
+shards) shape its output for their readers.
 
 Labels are the target's own greedy next token at every position (self-distillation): the draft is
 rewarded for guessing what the target will say, which is exactly what greedy verification accepts,

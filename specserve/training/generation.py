@@ -1,8 +1,9 @@
 """The target's own answers at scale: sharded, resumable, batched generation of self-distillation text.
 
 Only the text is kept (uint16 token ids, compressed): labels, top-k probabilities and K/V features come
-later from a teacher-forced float32 forward over prompt + answer (`distill.py`), so generation may run
-in bfloat16 with a large left-padded batch and a static KV cache, which is where a CPU's throughput is.
+later from a teacher-forced float32 forward over prompt + answer (`distill/feature_extraction.py`), so
+generation may run in bfloat16 with a large left-padded batch and a static KV cache, which is where a
+CPU's throughput is.
 
 Layout of a stage directory (`instruct/`: the self-instruct requests; `answers/`: every other prompt):
     prompts.json.gz       the stage's prompt set, frozen at its first run (a resume never rebuilds it)

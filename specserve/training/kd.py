@@ -1,5 +1,5 @@
-"""The distillation loss of every draft trained on the target's top-k: GliDe's (distill.py) and the
-hidden-state draft's (eagle.py)."""
+"""The distillation loss of every draft trained on the target's top-k: GliDe's (distill/glide_loss.py) and
+the hidden-state draft's (eagle.py)."""
 
 from __future__ import annotations
 

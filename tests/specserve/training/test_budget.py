@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from specserve.training.budget import main, read_run, table
-from specserve.training.distill import LOG, RUN
+from specserve.training.distill.run_log import LOG, RUN
 
 
 def write_run(root: Path, name: str, kind: str, batch_size: int, evals: dict[int, float]) -> Path:

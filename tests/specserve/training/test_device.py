@@ -11,19 +11,17 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specserve.errors import FailedPrecondition, InvalidArgument
-from specserve.training import distill, generation
 from specserve.training import eagle as eagle_training
+from specserve.training import generation
 from specserve.training.device import bf16_autocast, device_record, parse_device, to_device, usable_device
-from specserve.training.distill import (
-    LOG,
-    RUN,
-    SUMMARY,
-    DistillSettings,
-    FeatureSet,
-    new_draft,
-    new_eagle_draft,
-    step_loss,
-)
+from specserve.training.distill import cli as distill_cli
+from specserve.training.distill import glide_loss
+from specserve.training.distill.feature_set import FeatureSet
+from specserve.training.distill.glide_loss import step_loss
+from specserve.training.distill.loop import train
+from specserve.training.distill.run_log import LOG, RUN, SUMMARY
+from specserve.training.distill.settings import DistillSettings
+from specserve.training.distill.starting_draft import new_draft, new_eagle_draft
 from specserve.training.generation import ANSWERS, INSTRUCT, GenerationSettings, read_stage
 
 
@@ -56,7 +54,7 @@ def generated(tiny_target_dir: Path, tmp_path_factory: pytest.TempPathFactory, c
 def featured(tiny_target_dir: Path, generated: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`python -m specserve.training.distill features --device cpu` over the generated shards."""
     out = tmp_path_factory.mktemp("features")
-    distill.main(
+    distill_cli.main(
         [
             *("features", "--data", str(generated), "--out", str(out), "--model-dir", str(tiny_target_dir)),
             *("--device", "cpu", "--top-k", "4", "--threads", "1"),
@@ -82,7 +80,7 @@ def test_the_train_command_runs_on_the_cpu_and_records_its_device(
     featured: Path, tiny_target_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "draft"
-    distill.main(
+    distill_cli.main(
         [
             *("train", "--features", str(featured), "--out", str(out), "--model-dir", str(tiny_target_dir)),
             *("--device", "cpu", "--steps", "1", "--batch-size", "2", "--draft-vocab-size", "64"),
@@ -132,7 +130,7 @@ def test_a_training_step_keeps_every_tensor_where_the_target_is(
     step that runs there makes its masks, indices and losses on its target's and batch's device."""
     from torch.fx.experimental import _config as fx_config
 
-    monkeypatch.setattr(distill, "kd_loss", _kd_loss_on_meta)
+    monkeypatch.setattr(glide_loss, "kd_loss", _kd_loss_on_meta)
     monkeypatch.setattr(eagle_training, "kd_loss", _kd_loss_on_meta)
     meta = torch.device("meta")
     # A boolean mask selects a data-dependent number of positions; on meta, assume every one.
@@ -164,13 +162,15 @@ def test_a_gpu_this_machine_lacks_fails_before_anything_loads(
     missing = tmp_path / "no-model"
     settings = DistillSettings(features=tmp_path / "no-features", out_dir=tmp_path / "draft", device="cuda")
     with pytest.raises(FailedPrecondition, match="--device cpu"):
-        distill.train(settings, missing, tmp_path / "cache")
+        train(settings, missing, tmp_path / "cache")
     with pytest.raises(FailedPrecondition):
-        distill.main(
+        distill_cli.main(
             ["train", "--features", str(tmp_path), "--out", str(tmp_path / "draft"), "--device", "cuda"]
         )
     with pytest.raises(FailedPrecondition):
-        distill.main(["features", "--data", str(tmp_path), "--out", str(tmp_path / "f"), "--device", "cuda"])
+        distill_cli.main(
+            ["features", "--data", str(tmp_path), "--out", str(tmp_path / "f"), "--device", "cuda"]
+        )
     with pytest.raises(FailedPrecondition):
         generation.main(["--out", str(tmp_path / "gen"), "--model-dir", str(missing), "--device", "cuda"])
     with pytest.raises(InvalidArgument, match="--device cuda"):

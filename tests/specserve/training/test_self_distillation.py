@@ -115,7 +115,6 @@ def test_the_prompt_set_holds_no_mtbench_question() -> None:
     turns = mtbench_turns()
     assert len(turns) == 160
     # The detector can fail: a prompt quoting an MT-Bench question, reworded in case and spacing.
-    import json
 
     from specserve.bench.workloads import default_prompts_path
 
@@ -130,99 +129,3 @@ def test_the_prompt_set_holds_no_mtbench_question() -> None:
     assert all(path.is_file() for path in frozen[2:])  # the second set ships its prompts
     leaked = [p for p in prompts if contains_mtbench(p, turns)]
     assert not leaked, leaked[:3]
-
-
-def test_features_hold_the_targets_top_k_of_each_generated_row(tiny, tmp_path) -> None:
-    from specserve.training.distill import FeatureSet, extract_features
-
-    model, _ = tiny
-    _generate(tiny, tmp_path / "gen" / ANSWERS)
-    extract_features(model, tmp_path / "gen", tmp_path / "features", top_k=4, log=lambda _: None)
-    data = FeatureSet.load(tmp_path / "features")
-    rows = read_stage(tmp_path / "gen" / ANSWERS).sequences()
-    assert len(data) == len(rows)
-    for i in (0, len(rows) - 1):
-        prompt, answer = rows[i]
-        start, length = int(data.starts[i]), int(data.lengths[i])
-        assert data.tokens[start : start + length].tolist() == prompt + answer
-        assert int(data.prompt_lengths[i]) == len(prompt)
-        with torch.no_grad():
-            probs = torch.softmax(model(torch.tensor([prompt + answer])).logits[0], -1)  # [L, V]
-        top = probs.topk(4, dim=-1)
-        np.testing.assert_array_equal(data.topk_ids[start : start + length], top.indices.numpy())
-        np.testing.assert_allclose(data.topk_probs[start : start + length], top.values.numpy(), atol=1e-3)
-    batch = data.batch([0, 1], list(data.kv))
-    assert batch["loss_mask"][0].sum() == len(rows[0][1])  # one prediction per answer token
-
-
-def test_features_keep_each_asked_layer_and_blocks_get_theirs(tiny, tmp_path) -> None:
-    from specserve.training.distill import FeatureSet, extract_features
-
-    model, _ = tiny
-    _generate(tiny, tmp_path / "gen" / ANSWERS)
-    extract_features(
-        model, tmp_path / "gen", tmp_path / "features", layers=(-1, 0), top_k=4, log=lambda _: None
-    )
-    data = FeatureSet.load(tmp_path / "features")
-    last = model.config.num_hidden_layers - 1
-    assert sorted(data.kv) == [0, last]  # numbered from 0 whatever the caller wrote
-    prompt, answer = read_stage(tmp_path / "gen" / ANSWERS).sequences()[0]
-    with torch.no_grad():
-        cache = model(torch.tensor([prompt + answer]), use_cache=True).past_key_values
-    length = int(data.lengths[0])
-    for layer in (0, last):
-        expected = cache.layers[layer].keys[0].transpose(0, 1)  # [L, Hkv, D]
-        np.testing.assert_allclose(data.kv[layer][0][:length], expected.numpy(), atol=2e-3, rtol=2e-3)
-    batch = data.batch([0], [0, last])  # block 0 reads layer 0, block 1 the last
-    for block, layer in enumerate((0, last)):
-        stored = torch.from_numpy(data.kv[layer][1][:length]).transpose(0, 1)  # [Hkv, L, D]
-        assert torch.equal(batch[f"target_v.{block}"][0, :, :length], stored)
-    only_first = FeatureSet.load(tmp_path / "features", layers=[0])
-    assert list(only_first.kv) == [0]
-    with pytest.raises(FileNotFoundError):
-        FeatureSet.load(tmp_path / "features", layers=[1, 5])
-
-
-def _distill_settings(tmp_path: Path, **overrides):
-    from specserve.training.distill import DistillSettings
-
-    defaults = {"batch_size": 2, "draft_vocab_size": 64, "bf16": False}
-    defaults |= {"eval_per_category": 1, "eval_max_new_tokens": 4}
-    return DistillSettings(features=tmp_path / "features", out_dir=tmp_path / "draft", **defaults | overrides)
-
-
-def test_training_logs_each_step_and_eval_and_saves_the_draft(tiny, tiny_target_dir, tmp_path) -> None:
-    from specserve.training.distill import LOG, extract_features, train
-
-    model, _ = tiny
-    _generate(tiny, tmp_path / "gen" / ANSWERS)
-    extract_features(model, tmp_path / "gen", tmp_path / "features", top_k=4, log=lambda _: None)
-    settings = _distill_settings(tmp_path, steps=2, log_every=1)  # the last step also evaluates, saves
-    messages: list[str] = []
-    train(settings, tiny_target_dir, tmp_path / "cache", log=messages.append)
-    draft_config = json.loads((tmp_path / "draft" / "config.json").read_text())
-    assert draft_config["block_target_layers"] == [0, 1]  # the default: two blocks spread over the target
-    records = [json.loads(line) for line in (tmp_path / "draft" / LOG).read_text().splitlines()]
-    assert [(r["step"], "eval" in r) for r in records] == [(0, True), (1, False), (2, False), (2, True)]
-    assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
-    said = [m.split(":")[0] if m.startswith("eval") else " ".join(m.split()[:2]) for m in messages]
-    assert said[-4:] == ["eval step 0", "step 1/2", "step 2/2", "eval step 2"], messages
-    assert (tmp_path / "draft" / "model.safetensors").is_file()
-
-
-def test_a_draft_reading_a_chosen_layer_trains_on_features_of_that_layer_alone(
-    tiny, tiny_target_dir, tmp_path
-) -> None:
-    from specserve.glide import load_glide
-    from specserve.training.distill import extract_features, train
-    from specserve.training.evaluate import evaluate_draft
-
-    model, _ = tiny
-    _generate(tiny, tmp_path / "gen" / ANSWERS)
-    extract_features(model, tmp_path / "gen", tmp_path / "features", layers=(0,), top_k=4, log=lambda _: None)
-    settings = _distill_settings(tmp_path, steps=1, num_layers=1, block_target_layers=(0,))
-    train(settings, tiny_target_dir, tmp_path / "cache", log=lambda _: None)
-    draft = load_glide(tmp_path / "draft", model)
-    assert draft.config.layers_read == (0,) and draft.config.feed_layers == [0]
-    agreement = evaluate_draft(model, draft, [[1, 2, 3, 4, 5, 6, 7, 8]], [2], pad_id=0, progress=False)
-    assert sum(agreement.scored) > 0

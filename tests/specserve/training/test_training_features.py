@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
+from specserve.training.distill.feature_extraction import sequence_features
 from specserve.training.features import IGNORE, pack_tokens, pad_rows, target_features, teacher_forced
 
 
@@ -34,10 +35,8 @@ def test_features_read_the_chosen_layer(tiny_target_dir) -> None:
 
 
 def test_training_batches_and_distillation_shards_hold_the_same_target_values(tiny_target_dir) -> None:
-    """`target_features` and `distill.sequence_features` shape one teacher-forced pass: a sequence's K/V
-    are the same bits in both, and both name the same next token."""
-    from specserve.training.distill import sequence_features
-
+    """`target_features` and `distill.feature_extraction.sequence_features` shape one teacher-forced pass:
+    a sequence's K/V are the same bits in both, and both name the same next token."""
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
     rows = [list(range(5, 17)), list(range(40, 47))]  # lengths 12 and 7
     batch = target_features(model, pad_rows(rows, 12, pad_id=0), [12, 7], layer=-1, extra_layers=(0,))
@@ -61,8 +60,6 @@ def test_pack_tokens_cuts_the_stream_and_drops_a_short_tail() -> None:
 def test_layer_outputs_are_each_decoder_layers_residual_stream_before_any_norm(tiny_target_dir) -> None:
     """A fused draft's input: decoder layer i's output is the input of layer i + 1, which transformers
     reports as hidden_states[i + 1]; the shards hold exactly those values (fp16), padding aside."""
-    from specserve.training.distill import sequence_features
-
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
     rows = [list(range(5, 17)), list(range(40, 47))]
     passed = teacher_forced(model, pad_rows(rows, 12, pad_id=0), [], output_layers=[0])
