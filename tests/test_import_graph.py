@@ -262,13 +262,15 @@ def test_nothing_the_router_reaches_imports_torch(graph: ImportGraph) -> None:
 
 
 def test_the_services_build_on_the_runtime_not_the_in_process_engine(graph: ImportGraph) -> None:
-    """The target and draft services load their models through runtime/models.py; the in-process engine
-    (the speculative loop over both) is the CLI's and the benchmark's, never a service's."""
+    """The target and draft services load their models through their roles' runtimes
+    (runtime/target_runtime.py, runtime/draft_runtime.py); both roles in one process (runtime/models.py)
+    and the in-process engine are the CLI's and the benchmark's, never a service's."""
     services = [m for m in graph.edges if m.startswith("services.")]
     assert "services.target.servicer" in services and "services.draft.servicer" in services
     came_from = graph.reachable(services)
-    assert "specserve.runtime.models" in came_from
-    assert ENGINE not in came_from, f"{ENGINE} is reached from {came_from.get(ENGINE)}"
+    assert "specserve.runtime.target_runtime" in came_from and "specserve.runtime.draft_runtime" in came_from
+    for in_process in (ENGINE, "specserve.runtime.models"):
+        assert in_process not in came_from, f"{in_process} is reached from {came_from.get(in_process)}"
 
 
 def test_the_walk_sees_function_and_type_checking_imports(tmp_path: Path) -> None:

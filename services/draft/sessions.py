@@ -9,8 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from services.draft.mirror import FeedSubscriber, KVMirror
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import Drafter, DraftTree
+from specserve.core.protocols import Drafter, DraftTree, RoundOutcome
 from specserve.core.tree import tree_depths
 from specserve.errors import NotFound
 from specserve.runtime.batching import wait_until

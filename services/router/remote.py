@@ -23,8 +23,7 @@ from typing import Protocol
 
 import grpc
 
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import READS_NOTHING, DraftTree, VerifyOutcome
+from specserve.core.protocols import READS_NOTHING, DraftTree, RoundOutcome, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
 from specserve.serving.convert import outcome_from_pb, sampling_to_pb, tree_from_pb, tree_to_pb

@@ -27,8 +27,7 @@ from specserve.catalog import method_info
 from specserve.core.cost import CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import Drafter
+from specserve.core.protocols import Drafter, RoundOutcome
 from specserve.core.suffix_drafter import suffix_drafter
 from specserve.errors import Cancelled, SpecserveError
 from specserve.results import FinishReason, GenerationStats

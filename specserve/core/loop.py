@@ -8,8 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, Verifier
+from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, RoundOutcome, Verifier
 from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.errors import FailedPrecondition
 from specserve.results import GenerationStats

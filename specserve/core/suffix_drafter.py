@@ -35,13 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel, load_like_this, smoothed
-from specserve.core.outcome import RoundOutcome
 from specserve.core.protocols import (
     READS_NOTHING,
     CandidateKind,
     Drafter,
     DraftTree,
     RoundOpeningDrafter,
+    RoundOutcome,
     TargetReads,
 )
 from specserve.core.sampling_params import SamplingParams

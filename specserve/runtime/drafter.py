@@ -16,8 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, TargetReads
+from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome, TargetReads
 from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import (
@@ -328,7 +327,7 @@ def spine_token_ids(tree: TokenTree) -> list[int]:
 class SpineFeedback:
     """Reports each round's (spine tokens drafted, spine tokens accepted) to a stop policy.
 
-    The round's outcome (core/outcome.py) says what it committed: the accepted path, then one bonus or
+    The round's outcome (RoundOutcome) says what it committed: the accepted path, then one bonus or
     recovered token. The leading tokens of the drafter's own spine among them are the accepted ones. That
     count is exact under every rule in core/verify.py: a rejected spine token is never emitted at its depth
     (greedy emits the target's argmax, which differs; the sampled and fixed rules leave it no mass in the

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree
+from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings, TenantCache, suffix_drafter

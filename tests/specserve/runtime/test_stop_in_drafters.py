@@ -11,8 +11,7 @@ import torch
 from specserve.core.cape import CapeSettings
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
+from specserve.core.protocols import CandidateKind, DraftTree, RoundOutcome, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,

@@ -1,12 +1,11 @@
-"""A round's outcome (core/outcome.py): built from the verifier's answer or, where only tokens travel,
-from the tokens committed after the root; every reader's count comes from it."""
+"""A round's outcome (core/protocols.py, RoundOutcome): built from the verifier's answer or, where only
+tokens travel, from the tokens committed after the root; every reader's count comes from it."""
 
 from __future__ import annotations
 
 import pytest
 
-from specserve.core.outcome import RoundOutcome
-from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.protocols import DraftTree, RoundOutcome, VerifyOutcome
 from specserve.core.tree import TokenTree
 
 ROOT = 7
