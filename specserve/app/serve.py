@@ -115,11 +115,16 @@ def add_serve_parsers(subparsers: Any) -> None:
 
 
 # libgomp's spin-wait before an idle OpenMP worker sleeps, for the target and draft processes (read when
-# torch loads, so set before it is imported; an explicit GOMP_SPINCOUNT wins). The default (300,000
-# spins, milliseconds) keeps a finished forward's workers burning cores the other service needs next
-# on a shared machine; 30,000 still spans the microsecond gaps between one forward's parallel regions.
-# Measured on 2 cores: draft handler 16.4 -> 11.5 ms per round (docs/benchmarks.md, the distributed stack).
-SERVICE_GOMP_SPINCOUNT = "30000"
+# torch loads, so set before it is imported; an explicit GOMP_SPINCOUNT wins). A forward is hundreds of
+# parallel regions, each ending at a barrier. A worker that spins there keeps its core while the thread it
+# waits for may be the one without a core: whenever anything else runs on the machine (the other model
+# service, the router, any other process), every barrier then waits for the scheduler, and the forward
+# takes many times longer. That was the stack's slow mode, steady for as long as the cores stayed shared:
+# on 2 cores, a one-token completion took 0.33 s at 30,000 spins (libgomp's default, 300,000, slower
+# still) and 0.06 s at 100; 0.91 s against 0.10 s with one more core kept busy (docs/benchmarks.md, the
+# distributed stack). 100 spins are a few microseconds: a worker still catches the next region of a
+# forward that has the cores to itself, and sleeps at once when it does not.
+SERVICE_GOMP_SPINCOUNT = "100"
 
 
 def run_serve(args: argparse.Namespace) -> int:
