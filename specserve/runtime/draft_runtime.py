@@ -10,7 +10,6 @@ no second copy) and its own verify curve.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -37,13 +36,13 @@ from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.models.install import as_shipped_dir, profile_dir
-from specserve.models.profiles import ModelProfile, model_profile
+from specserve.models.profiles import model_profile
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.target_runtime import apply_process_settings, calibration_file, shipped_for
+from specserve.runtime.target_runtime import RoleRuntime, calibration_file, shipped_for
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ logger = logging.getLogger(__name__)
 DraftT = TypeVar("DraftT", GlideDraft, EagleDraft)
 
 
-class DraftRuntime:
+class DraftRuntime(RoleRuntime):
     """target: what the drafts borrow of the target (the loaded target in process; None = read from its
     checkpoint on first use). verify_points: the target's verify curve (in process, the engine's own;
     None = only `for_target` gives costs)."""
@@ -65,20 +64,10 @@ class DraftRuntime:
         target: Callable[[], nn.Module] | None = None,
         verify_points: Callable[[], VerifyPoints] | None = None,
     ) -> None:
-        self.settings = settings or EngineSettings.from_env()
-        apply_process_settings(self.settings)
+        super().__init__(settings)
         self._target = target
         self._verify_points = verify_points
         self._draft_costs: dict[str, DraftCost] = {}
-
-    @functools.cached_property
-    def profile(self) -> ModelProfile:
-        return model_profile(self.settings.model)
-
-    @functools.cached_property
-    def model_dir(self) -> Path:
-        """The target's checkpoint: its config and the tensors the drafts share."""
-        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir, self.settings.model)
 
     @functools.cached_property
     def target(self) -> nn.Module:
@@ -96,10 +85,6 @@ class DraftRuntime:
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(self.model_dir, local_files_only=True)
-
-    @functools.cached_property
-    def target_vocab_size(self) -> int:
-        return int(json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"])
 
     @functools.cached_property
     def special_token_ids(self) -> list[int]:
@@ -323,35 +308,16 @@ class DraftRuntime:
 
 
 class TargetCosted:
-    """A draft runtime's drafts with one target's verify curve: what the method factories read
-    (specserve.methods.DraftSources) in a draft replica."""
+    """A draft runtime sized by one target's verify curve: what the method factories read
+    (specserve.methods.DraftSources) in a draft replica. Everything but the costs is the runtime's own:
+    its drafts load once and serve every session, whichever target it verifies on."""
 
     def __init__(self, runtime: DraftRuntime, verify_points: VerifyPoints) -> None:
         self.runtime = runtime
-        self.settings = runtime.settings
         self.verify_points = verify_points
 
-    @property
-    def glide_draft(self) -> GlideDraft:
-        return self.runtime.glide_draft
-
-    @property
-    def eagle_draft(self) -> EagleDraft:
-        return self.runtime.eagle_draft
-
-    @property
-    def vanilla_draft_runner(self) -> ModelRunner:
-        return self.runtime.vanilla_draft_runner
-
-    def vanilla_drafter(
-        self,
-        target_kv: TargetKVSource,
-        capacity: int,
-        shape: DraftShape,
-        cape: CapeSettings | None = None,
-        sampling: SamplingParams = GREEDY,
-    ) -> GlideDrafter | ModelDrafter:
-        return self.runtime.vanilla_drafter(target_kv, capacity, shape, cape, sampling)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runtime, name)  # the settings and the drafts
 
     def cost_model_for(self, kind: str | None) -> CostModel:
         step = DraftCost(0.0) if kind is None else self.runtime.draft_cost(kind)

@@ -7,18 +7,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from pathlib import Path
+from typing import Any
 
-from specserve.core.cape import CapeSettings
 from specserve.core.cost import GLIDE_DRAFT, CostModel
-from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.drafts import DraftKind
-from specserve.eagle.model import EagleDraft
-from specserve.glide.drafter import GlideDrafter, TargetKVSource
-from specserve.glide.model import GlideDraft
 from specserve.runtime.draft_runtime import DraftRuntime
-from specserve.runtime.drafter import DraftShape, ModelDrafter
-from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target_runtime import TargetRuntime
 from specserve.settings import EngineSettings
 
@@ -33,40 +26,12 @@ class ServedModels(TargetRuntime):
         super().__init__(settings)
         self.drafts = DraftRuntime(self.settings, lambda: self.target_model, lambda: self.verify_points)
 
-    # The drafts, as the method factories read them (specserve.methods.DraftSources).
-    @property
-    def glide_draft(self) -> GlideDraft:
-        return self.drafts.glide_draft
-
-    @property
-    def eagle_draft(self) -> EagleDraft:
-        return self.drafts.eagle_draft
-
-    @property
-    def vanilla_glide_draft(self) -> GlideDraft | None:
-        return self.drafts.vanilla_glide_draft
-
-    @property
-    def vanilla_draft_runner(self) -> ModelRunner:
-        return self.drafts.vanilla_draft_runner
-
-    @property
-    def draft_model_dir(self) -> Path | None:
-        return self.drafts.draft_model_dir
-
-    @property
-    def draft_dtype(self) -> str:
-        return self.drafts.draft_dtype
-
-    def vanilla_drafter(
-        self,
-        target_kv: TargetKVSource,
-        capacity: int,
-        shape: DraftShape,
-        cape: CapeSettings | None = None,
-        sampling: SamplingParams = GREEDY,
-    ) -> GlideDrafter | ModelDrafter:
-        return self.drafts.vanilla_drafter(target_kv, capacity, shape, cape, sampling)
+    def __getattr__(self, name: str) -> Any:
+        """The drafts, as the method factories read them (specserve.methods.DraftSources): the draft
+        runtime's, over this target."""
+        if name == "drafts":  # not set yet: no draft runtime to ask
+            raise AttributeError(name)
+        return getattr(self.drafts, name)
 
     def cost_model_for(self, kind: str | None) -> CostModel:
         return self.drafts.cost_model_for(kind)

@@ -61,12 +61,33 @@ def calibration_file(settings: EngineSettings, model_dir: Path, prefix: str = "c
     return settings.cache_dir / name.replace("calibration", prefix, 1)
 
 
-class TargetRuntime:
-    """Loads lazily, each part once: constructing one loads nothing."""
+class RoleRuntime:
+    """What each role's runtime shares: the settings (the process's threads set once), the profile, and
+    the target's checkpoint directory and vocabulary, none of which loads a weight. Each part loads
+    lazily and once: constructing a runtime loads nothing."""
 
     def __init__(self, settings: EngineSettings | None = None) -> None:
         self.settings = settings or EngineSettings.from_env()
         apply_process_settings(self.settings)
+
+    @functools.cached_property
+    def profile(self) -> ModelProfile:
+        return model_profile(self.settings.model)
+
+    @functools.cached_property
+    def model_dir(self) -> Path:
+        """The target's checkpoint (a draft reads its config and the tensors the drafts share)."""
+        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir, self.settings.model)
+
+    @functools.cached_property
+    def target_vocab_size(self) -> int:
+        """From the target's config.json, without loading its weights."""
+        return int(json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"])
+
+
+class TargetRuntime(RoleRuntime):
+    def __init__(self, settings: EngineSettings | None = None) -> None:
+        super().__init__(settings)
         if self.settings.dtype != "float32":
             # Measured (docs/benchmarks.md, bfloat16): in bf16 greedy output left the target's own decoding
             # after 5-112 tokens on most prompts, because a forward over a tree rounds differently from a
@@ -76,19 +97,6 @@ class TargetRuntime:
                 "use float32 where greedy output must match token for token",
                 self.settings.dtype,
             )
-
-    @functools.cached_property
-    def profile(self) -> ModelProfile:
-        return model_profile(self.settings.model)
-
-    @functools.cached_property
-    def model_dir(self) -> Path:
-        return resolve_model_dir(self.settings.model_dir, self.settings.cache_dir, self.settings.model)
-
-    @functools.cached_property
-    def target_vocab_size(self) -> int:
-        """From the target's config.json, without loading its weights."""
-        return int(json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"])
 
     @functools.cached_property
     def tokenizer(self):
