@@ -1,4 +1,4 @@
-"""Two local stacks that differ only in their environment, side by side with the in-process engine.
+"""Two local stacks that differ only in their environment (or one), side by side with the in-process engine.
 
 Each prompt runs on the in-process engine, then on stack A, then on stack B, so the three share the
 machine's conditions prompt by prompt (as `specserve bench` interleaves its methods). Greedy, the
@@ -31,10 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="stack logs and result.json go here")
     parser.add_argument("--a", nargs="+", required=True, metavar=("NAME", "VAR=VALUE"))
-    parser.add_argument("--b", nargs="+", required=True, metavar=("NAME", "VAR=VALUE"))
+    parser.add_argument("--b", nargs="+", metavar=("NAME", "VAR=VALUE"), help="omitted: stack A alone")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
-    arms = {spec[0]: dict(v.split("=", 1) for v in spec[1:]) for spec in (args.a, args.b)}
+    arms = {spec[0]: dict(v.split("=", 1) for v in spec[1:]) for spec in (args.a, args.b) if spec}
     prompts = per_category(load_prompts(), 1)
     request = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=args.max_new_tokens)
     engine = Engine()
