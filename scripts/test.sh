@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The test command (README, CI): set up from nothing, lint, type-check, run the whole suite.
+# The test command (README, CI): set up from nothing, lint, type-check, run the suite.
+#   bash scripts/test.sh                  the whole suite (what CI runs)
+#   bash scripts/test.sh unit             the unit tier: `-m "not integration"` (tests/conftest.py)
+#   bash scripts/test.sh integration      the integration tier: real model, services, Ray, browser, processes
+# Further arguments go to pytest: bash scripts/test.sh unit -x tests/specserve/core
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The playground's browser test drives Debian's Chromium through its chromedriver (Selenium cannot
-# download a browser offline). Installed once, only when missing, beside the Python set-up: the two
-# wait on different downloads, so together they take the time of the longer.
+tier=()
+needs_browser=1
+case "${1:-}" in
+  unit) tier=(-m "not integration"); needs_browser=0; shift ;;
+  integration) tier=(-m integration); shift ;;
+esac
+# The playground's browser test (an integration test) drives Debian's Chromium through its chromedriver
+# (Selenium cannot download a browser offline). Installed once, only when missing, beside the Python
+# set-up: the two wait on different downloads, so together they take the time of the longer.
 browser_pid=""
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+if [ "$needs_browser" = 1 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
   (
@@ -25,7 +35,7 @@ typecheck_log=$(mktemp)
 bash scripts/typecheck.sh > "$typecheck_log" 2>&1 &
 typecheck_pid=$!
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
+.venv/bin/python -m pytest "${tier[@]}" "$@" || status=$?
 if ! wait "$typecheck_pid"; then
   cat "$typecheck_log"
   echo "test: the type check failed" >&2

@@ -10,6 +10,12 @@
   and 4 heads, RoPE theta 1e6, tied head; specserve/models/tiny.py), same tokenizer.
 - architecture: Llama, unless a test runs on each architecture (tiny_llama.EACH_ARCHITECTURE);
   architecture_target_dir: the tiny target of that architecture.
+
+And the suite's two tiers (`bash scripts/test.sh unit` / `integration`; no tier runs both): a test is an
+integration test, marked `integration` here at collection, when it needs more than this process and the
+tiny models: it carries a marker that says so (`INTEGRATION_MARKERS`), or uses a fixture that starts or
+loads something real (`INTEGRATION_FIXTURES`, whichever test module asks for it). A test module that starts
+processes itself says so with `pytestmark = pytest.mark.integration`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,26 @@ from specserve.models import default_model_dir as _default_model_dir
 from specserve.models import make_tiny_llama
 from specserve.models.tiny import Architecture, make_tiny_model
 from specserve.settings import EngineSettings
+
+# Markers that already mean more than this process and the tiny models (pyproject.toml describes each).
+INTEGRATION_MARKERS = frozenset({"model", "distributed", "ray", "large_model"})
+INTEGRATION_FIXTURES = frozenset(
+    {
+        "default_engine",  # the real model and the shipped drafts, in process
+        "held_out",  # the real model's answers to held-out prompts (tests/specserve/drafts)
+        "shared_stack",  # Redis, target, draft and router processes (tests/services), and what builds on it
+        "browser",  # headless Chromium (the playground page)
+        "ray_local",  # a local Ray instance (the training pipeline)
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        markers = {marker.name for marker in item.iter_markers()}
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if markers & INTEGRATION_MARKERS or fixtures & INTEGRATION_FIXTURES:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
