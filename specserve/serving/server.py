@@ -83,6 +83,8 @@ def security_interceptors(settings: ServerSettings) -> list[grpc.ServerIntercept
         feed_clients = getattr(settings, "tls_kv_feed_clients", None)  # the target's KV feed
         if feed_clients:
             per_method["StreamKV"] = feed_clients
+            # The feed's readers (drafts) size their trees by the costs the target publishes.
+            per_method["GetModelInfo"] = (*allowed, *feed_clients)
         interceptors.append(tls.PeerInterceptor(allowed, per_method))
     return interceptors
 

@@ -279,13 +279,15 @@ def test_generated_certificates_give_mutual_tls_between_the_services(default_doc
         with dial("router", draft_address, router.tls_draft_name) as channel:
             stub = draft_pb2_grpc.DraftServiceStub(channel)
             assert status_of(stub.Release, draft_pb2.DraftReleaseRequest()) == grpc.StatusCode.UNIMPLEMENTED
-        # The draft reads the target's KV feed, and nothing else of it.
+        # The draft reads the target's KV feed and its model info (the costs it sizes trees by), and
+        # nothing else of it.
         with dial("draft", target_address, draft.tls_target_name) as channel:
             stub = target_pb2_grpc.TargetServiceStub(channel)
             assert status_of(stub.StreamKV, target_pb2.StreamKVRequest()) == grpc.StatusCode.UNIMPLEMENTED
             assert status_of(stub.GetModelInfo, target_pb2.GetModelInfoRequest()) == (
-                grpc.StatusCode.PERMISSION_DENIED
+                grpc.StatusCode.UNIMPLEMENTED
             )
+            assert status_of(stub.Release, target_pb2.ReleaseRequest()) == grpc.StatusCode.PERMISSION_DENIED
         # Without a certificate, or in plaintext, the target answers nobody.
         ca = Path(router.tls_ca_file).read_bytes()
         with grpc.secure_channel(

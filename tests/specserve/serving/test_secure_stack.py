@@ -209,11 +209,18 @@ def test_internal_services_accept_only_the_peers_they_trust(stack, reference) ->
         with pytest.raises(grpc.RpcError) as error:
             target_pb2_grpc.TargetServiceStub(channel).Release(request, timeout=10)
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    # The draft's certificate opens the KV feed only.
-    with secure_channel(stack, stack.files(tls.DRAFT_NAME), "target") as channel:
         with pytest.raises(grpc.RpcError) as error:
-            target_pb2_grpc.TargetServiceStub(channel).Release(request, timeout=10)
+            target_pb2_grpc.TargetServiceStub(channel).GetModelInfo(
+                target_pb2.GetModelInfoRequest(), timeout=10
+            )
         assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # The draft's certificate opens the KV feed and the model info (the costs it sizes trees by) only.
+    with secure_channel(stack, stack.files(tls.DRAFT_NAME), "target") as channel:
+        stub = target_pb2_grpc.TargetServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Release(request, timeout=10)
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert stub.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=10).costs.verify
     with secure_channel(stack, stack.files(tls.ROUTER_NAME), "target") as channel:
         stub = target_pb2_grpc.TargetServiceStub(channel)
         assert not stub.Release(request, timeout=10).released

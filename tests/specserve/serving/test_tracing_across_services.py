@@ -167,8 +167,9 @@ def test_one_trace_spans_router_draft_and_target(receiver, tmp_path):
     verifies = {s.span_id for s in spans if s.name == telemetry.SPAN_VERIFY and s.service == TARGET}
     assert verifies and {span_id for _, span_id in linked} >= verifies
     # Nothing of the request leaked into another trace (health checks, the router's lease renewals of the
-    # sessions it holds and batches are background work: traces of their own).
-    background = ("grpc.health", "SessionLeaseService/Renew")
+    # sessions it holds, the costs drafts refresh from the target and batches are background work: traces
+    # of their own).
+    background = ("grpc.health", "SessionLeaseService/Renew", "TargetService/GetModelInfo")
     others = [
         s
         for s in receiver.snapshot()
