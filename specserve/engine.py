@@ -14,6 +14,7 @@ from transformers import GenerationConfig
 from specserve.catalog import HF_PROMPT_LOOKUP_TOKENS, Method
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.protocols import RoundOutcome
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.errors import InvalidArgument
 from specserve.methods import method_spec
@@ -92,7 +93,12 @@ class Engine(ServedModels):
         prompt_ids: list[int],
         request: GenerationRequest,
         on_tokens: Callable[[list[int]], None] | None = None,
+        batch_sessions: Callable[[], int] | None = None,
+        on_round: Callable[[RoundOutcome], None] | None = None,
     ) -> GenerationResult:
+        """One tokenized prompt. `batch_sessions`: the sessions sharing its forwards (generate_many's
+        scheduler), which cost-sized drafters size each round by; None = alone. `on_round`: each
+        round's outcome (diagnostics)."""
         limits = self.limits
         request = request.validate(limits, prompt_ids).with_seed()
         assert request.seed is not None
@@ -105,7 +111,16 @@ class Engine(ServedModels):
             verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling)
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
             try:
-                stats = speculative_generate(prompt_ids, verifier, drafter, request.seed, finish, on_tokens)
+                stats = speculative_generate(
+                    prompt_ids,
+                    verifier,
+                    drafter,
+                    request.seed,
+                    finish,
+                    on_tokens,
+                    on_round=on_round,
+                    batch_sessions=batch_sessions,
+                )
             finally:
                 verifier.release()
                 if drafter is not None:
@@ -120,6 +135,7 @@ class Engine(ServedModels):
         on_tokens: Sequence[Callable[[list[int]], None] | None] | None = None,
         max_tokens_per_forward: int = 1024,
         max_concurrent: int | None = None,
+        on_round: Callable[[RoundOutcome], None] | None = None,
     ) -> list[GenerationResult]:
         """Generates for every prompt at once, continuously batched: each session runs its own loop, and
         every round's forwards of all sessions (target and draft) run as one forward per model.
@@ -132,7 +148,7 @@ class Engine(ServedModels):
         callbacks = list(on_tokens) if on_tokens is not None else [None] * len(prompt_ids)
         scheduler = Scheduler(max_tokens_per_forward)
         jobs = [
-            functools.partial(self.generate_ids, list(ids), request, callback)
+            functools.partial(self.generate_ids, list(ids), request, callback, scheduler.sessions, on_round)
             for ids, callback in zip(prompt_ids, callbacks, strict=True)
         ]
         self.last_batch_stats = scheduler.stats

@@ -28,7 +28,6 @@ from specserve.eagle.model import EagleDraft
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
 from specserve.glide.model import GlideDraft
 from specserve.method_axes import Draft, MethodAxes, Tree
-from specserve.runtime.batching import other_sessions
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
 from specserve.runtime.runner import ModelRunner
@@ -173,7 +172,6 @@ def _cost(engine: DraftSources, draft: Draft) -> StopSettings:
     engine knows, and the stopper trained on `draft`'s runs."""
     return StopSettings(
         cost_model=engine.cost_model_for(draft.value),
-        batch_sessions=other_sessions,
         decision_model=shipped_decision_model(draft.value),
     )
 
@@ -271,7 +269,6 @@ def _with_suffix(model: DrafterFactory | None, draft: Draft) -> DrafterFactory:
             engine.settings.max_tree_nodes,
             sampling,
             lambda: engine.cost_model_for(None if draft is Draft.NONE else draft.value),
-            batch_load=other_sessions,
         )
 
     return make

@@ -1,9 +1,9 @@
 """Where a batch's tree nodes come from: a merged suffix method's rounds, sessions generating at once.
 
 Runs N MT-Bench first turns (the bench's `--concurrency N --per-category 2` prompts) continuously
-batched in process, greedy, and counts over every round of every session: rounds the suffix candidates
-carried alone, rounds that asked the model drafter, the model's and the suffix's nodes in the trees
-verified, the draft tokens accepted, and the caps the model drafter's cost policy chose. With the
+batched in process, greedy, and counts over every round of every session, from the loop's round
+outcomes: rounds the suffix candidates carried alone, rounds with the model drafter's nodes, the
+model's and the suffix's nodes in the trees verified and the draft tokens accepted. With the
 scheduler's count of target forwards and tokens and each session's rounds, that says whether a batch
 lost to dearer forwards or to its slowest session (a closed batch ends with it).
 docs/benchmarks.md ("An AVX2-only host") quotes:
@@ -16,40 +16,31 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable
 
 from specserve.bench.prompts import load_prompts, per_category
-from specserve.core import stopping, suffix_drafter
-from specserve.core.protocols import DraftTree
+from specserve.core.protocols import RoundOutcome
 from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
 from specserve.settings import EngineSettings
 
 
-def trace(counts: Counter) -> None:
-    """Wraps SuffixDrafter.propose and CostPolicy.start_round (every instance) to count their rounds."""
-    propose = suffix_drafter.SuffixDrafter.propose
-    start_round = stopping.CostPolicy.start_round
+def counter(counts: Counter) -> Callable[[RoundOutcome], None]:
+    """The loop's `on_round`: adds each round's trees and tokens to `counts`."""
 
-    def traced_propose(self: Any, token_ids: Sequence[int], round_seed: int) -> DraftTree:
-        asked = self.num_model_calls
-        draft = propose(self, token_ids, round_seed)
-        model_asked = self.num_model_calls > asked
+    def count(outcome: RoundOutcome) -> None:
+        tree = outcome.draft.tree
+        suffix = outcome.num_suffix_draft_tokens
+        model = tree.num_nodes - 1 - suffix
         counts["rounds"] += 1
-        counts["rounds asking the model"] += model_asked
-        counts["tree nodes (roots included)"] += draft.tree.num_nodes
-        counts["suffix nodes"] += len(draft.suffix_nodes)
-        counts["model nodes"] += draft.tree.num_nodes - 1 - len(draft.suffix_nodes)
-        return draft
+        counts["rounds with model nodes"] += model > 0
+        counts["rounds of suffix candidates alone"] += model == 0 and suffix > 0
+        counts["rounds of the root alone"] += tree.num_nodes == 1
+        counts["tree nodes (roots included)"] += tree.num_nodes
+        counts["suffix nodes"] += suffix
+        counts["model nodes"] += model
 
-    def traced_start_round(self: Any) -> int:
-        cap = start_round(self)
-        counts["model rounds its cost policy let draft nothing" if cap == 0 else "model rounds drafting"] += 1
-        return cap
-
-    suffix_drafter.SuffixDrafter.propose = traced_propose  # type: ignore[method-assign]
-    stopping.CostPolicy.start_round = traced_start_round  # type: ignore[method-assign]
+    return count
 
 
 def main() -> None:
@@ -60,13 +51,11 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine(EngineSettings.from_env())
     counts: Counter = Counter()
-    trace(counts)
     prompts = [engine.encode_prompt(p.text) for p in per_category(load_prompts(), 2)[: args.sessions]]
     request = GenerationRequest.build(method=args.method, max_new_tokens=args.max_new_tokens)
     engine.generate_many(prompts[:1], request)  # warm-up
-    counts.clear()
     start = time.perf_counter()
-    results = engine.generate_many(prompts, request)
+    results = engine.generate_many(prompts, request, on_round=counter(counts))
     wall = time.perf_counter() - start
     stats = engine.last_batch_stats
     forwards, tokens = stats.per_model.get("target", (0, 0))

@@ -33,8 +33,8 @@ def trace(policy_class: Any, counts: Counter, first_estimates: list[float]) -> N
         policy_class.observe,
     )
 
-    def traced_start_round(self: Any) -> int:
-        cap = start_round(self)
+    def traced_start_round(self: Any, batch_sessions: int) -> int:
+        cap = start_round(self, batch_sessions)
         counts["rounds drafting nothing" if cap == 0 else "rounds allowed to draft"] += 1
         return cap
 

@@ -35,7 +35,6 @@ from specserve.core.protocols import CostSizedDrafter, Drafter, RoundOpeningDraf
 from specserve.core.rng import draft_round_seed
 from specserve.errors import InvalidArgument, NotFound
 from specserve.methods import method_spec
-from specserve.runtime.batching import other_sessions
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, sampling_from_pb
@@ -209,9 +208,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             response.drafts_up_to_batch_sessions = idle.drafts_up_to
         return response
 
-    @staticmethod
     def _round_of_the_root_alone(
-        session: DraftSession, token_ids: Sequence[int], round_seed: int
+        self, session: DraftSession, token_ids: Sequence[int], round_seed: int
     ) -> IdleRound | None:
         """On the model thread: the drafter sizes the round. A round of the root alone is built here and
         now (no forward, no K/V read), with the load below which the session would draft again; None
@@ -221,20 +219,20 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 raise NotFound(f"draft session {session.session_id!r} was released")
             assert isinstance(session.drafter, RoundOpeningDrafter)
             session.observe_committed(token_ids)
-            if session.drafter.open_round(token_ids) > 0:
+            batch_sessions = self.model.scheduler.sessions()
+            if session.drafter.open_round(token_ids, batch_sessions) > 0:
                 return None
-            proposal = _build(session, token_ids, round_seed)
+            proposal = _build(session, token_ids, round_seed, batch_sessions)
             drafter = session.drafter
             # A sampled session's rounds are sized as if alone, and each round it is asked ages its
             # acceptance estimate: rounds the router skipped would leave the estimate, and so the trees
             # and the tokens drawn, other than in process. It is asked every round (drafts_up_to None).
-            up_to = (
-                drafter.drafts_up_to(other_sessions() + 1) if isinstance(drafter, CostSizedDrafter) else None
-            )
+            up_to = drafter.drafts_up_to(batch_sessions) if isinstance(drafter, CostSizedDrafter) else None
             return IdleRound(proposal, up_to)
 
-    @staticmethod
-    def _propose(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> tuple[Proposal, bool]:
+    def _propose(
+        self, session: DraftSession, token_ids: Sequence[int], round_seed: int
+    ) -> tuple[Proposal, bool]:
         """On the model thread: the prepared tree if it answers this call, else a fresh one; and which."""
         with session.exclusive():
             if session.closed:
@@ -242,7 +240,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             prepared, session.prepared = session.prepared, None
             if prepared is not None and prepared.answers(token_ids, round_seed):
                 return prepared, True
-            return _build(session, token_ids, round_seed), False
+            return _build(session, token_ids, round_seed, self.model.scheduler.sessions()), False
 
     def _on_chunk(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
         """On the session's feed thread, after the chunk is in the mirror."""
@@ -272,12 +270,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             prepared = self.model.run(self._prepare_on_model_thread, session, token_ids, round_seed)
             span.set_attribute(telemetry.ATTR_PREPARED, prepared)
 
-    @staticmethod
-    def _prepare_on_model_thread(session: DraftSession, token_ids: tuple[int, ...], round_seed: int) -> bool:
+    def _prepare_on_model_thread(
+        self, session: DraftSession, token_ids: tuple[int, ...], round_seed: int
+    ) -> bool:
         with session.exclusive():
             if session.closed or session.proposed_root >= len(token_ids) - 1:
                 return False  # released, or Propose got here first and built this round's tree itself
-            session.prepared = _build(session, token_ids, round_seed)
+            session.prepared = _build(session, token_ids, round_seed, self.model.scheduler.sessions())
             return True
 
     def Release(
@@ -314,13 +313,14 @@ class IdleRound:
     drafts_up_to: int | None  # ProposeResponse.drafts_up_to_batch_sessions (cost policy only)
 
 
-def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int) -> Proposal:
-    """On the model thread: the draft forward and the tree's sparse probabilities (torch ops)."""
+def _build(session: DraftSession, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> Proposal:
+    """On the model thread: the draft forward and the tree's sparse probabilities (torch ops), for a
+    round whose target forward batch_sessions sessions share (the scheduler's count)."""
     root_position = len(token_ids) - 1
     session.observe_committed(token_ids)
     session.mirror.visible = root_position
     session.proposed_root = root_position
-    draft = session.drafter.propose(list(token_ids), round_seed)
+    draft = session.drafter.propose(list(token_ids), round_seed, batch_sessions)
     session.last_draft = draft
     tree = draft_to_pb(draft)
     return Proposal(tuple(token_ids), round_seed, tree, draft.tree.num_nodes, max(draft.tree.depths()))

@@ -237,7 +237,6 @@ class RemoteDrafter:
         counters: RoundCounters,
         on_propose: Callable[[float], None] = lambda seconds: None,
         request_seed: int | None = None,  # lets the draft prepare each round's tree ahead (core/rng.py)
-        batch_sessions: Callable[[], int] = lambda: 0,  # the target's load, for the draft's cost policy
         round_trips: RoundTripMean | None = None,  # the router's, shared by its sessions
     ) -> None:
         self.session_id = session_id
@@ -248,7 +247,6 @@ class RemoteDrafter:
         self.on_propose = on_propose  # seconds of each Propose round trip (fallbacks included)
         self.stub = stub
         self.target_address = target_address
-        self.batch_sessions = batch_sessions
         self.capacity = capacity
         self.timeout_s = timeout_s
         self.counters = counters
@@ -265,17 +263,18 @@ class RemoteDrafter:
         """What asking the draft costs a round: a Propose's round trip, smoothed (0 = not known yet)."""
         return self._round_trip.seconds
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
-        if self._root_alone_under_load():
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+        """batch_sessions: the target's load, sent on for the draft's cost policy."""
+        if self._root_alone_under_load(batch_sessions):
             self.counters.draft_calls_skipped += 1
             return DraftTree.root_only(token_ids[-1])
         start = time.perf_counter()
         try:
             try:
-                return self._propose(token_ids, round_seed)
+                return self._propose(token_ids, round_seed, batch_sessions)
             except NotFound:  # the draft restarted or evicted the session: open it again
                 self.known = 0
-                return self._propose(token_ids, round_seed)
+                return self._propose(token_ids, round_seed, batch_sessions)
         except SpecserveError as e:
             logger.info("draft %s failed (%s); verifying the root alone", self.session_id, e)
             self.counters.draft_fallbacks += 1
@@ -283,16 +282,19 @@ class RemoteDrafter:
         finally:
             self.on_propose(time.perf_counter() - start)
 
-    def _root_alone_under_load(self) -> bool:
+    def _root_alone_under_load(self, batch_sessions: int) -> bool:
         """Whether the draft said this load makes the round the root alone (module doc)."""
-        if self.drafts_up_to is None or self.batch_sessions() <= self.drafts_up_to:
+        if self.drafts_up_to is None or batch_sessions <= self.drafts_up_to:
             return False
         if self._skipped >= MAX_SKIPPED_CALLS:
             return False
         self._skipped += 1
         return True
 
-    def _propose(self, token_ids: Sequence[int], round_seed: int) -> WireDraftTree:
+    def _propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> WireDraftTree:
+        # The first Propose after a Prefill carries one-time work (the prompt's K/V reaching the draft
+        # over the feed, the draft's own prefill): it is not what asking the draft costs a round.
+        opening = self.known == 0
         try:
             if self.known == 0:
                 prefill = draft_pb2.DraftPrefillRequest(
@@ -313,7 +315,7 @@ class RemoteDrafter:
                 new_token_ids=token_ids[self.known :],
                 step_seed=round_seed,
                 target_address=self.target_address(),
-                batch_sessions=self.batch_sessions(),
+                batch_sessions=batch_sessions,
                 overhead_seconds=self.overhead_s,
             )
             start = time.perf_counter()
@@ -325,9 +327,10 @@ class RemoteDrafter:
         self.counters.rpc_bytes += request.ByteSize() + response.ByteSize()
         self.counters.kv_feed_bytes = response.kv_feed_bytes
         self.counters.draft_service_s += response.handler_seconds
-        self._round_trip.observe(round_trip_s)
-        if self.round_trips is not None:
-            self.round_trips.observe(round_trip_s)
+        if not opening:
+            self._round_trip.observe(round_trip_s)
+            if self.round_trips is not None:
+                self.round_trips.observe(round_trip_s)
         self.counters.prepared_proposals += response.prepared
         self._skipped = 0
         self.drafts_up_to = (

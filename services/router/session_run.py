@@ -148,6 +148,7 @@ class SessionRun:
                     generated_ids=self.generated,
                     round_scope=self._round_scope,
                     on_round=self._on_round,
+                    batch_sessions=lambda: self._target_load(verifier),
                 )
             self._finish(finish, stats)
         except BaseException as e:
@@ -169,18 +170,12 @@ class SessionRun:
             self.drafter = self._drafter(self.draft, verifier, method.model_method)
         if not method.suffix:
             return verifier, self.drafter
-        load = self._target_load
-
-        def batch_load() -> int:  # the other sessions' trees share the forward
-            return max(0, load(verifier) - 1)
-
         return verifier, suffix_drafter(
             self.drafter,
             router.limits.max_tree_nodes,
             record.request.sampling,
             # the session's target's published curve; suffix candidates cost no draft forward
             lambda: CostModel(router.target_costs.of(verifier.address), draft_step_s=0.0),
-            batch_load=batch_load,
             shared=router.suffix_cache_for(record.owner),
         )
 
@@ -232,7 +227,6 @@ class SessionRun:
             self.counters,
             on_propose=router.metrics.draft_rpc_latency.observe,
             request_seed=request.seed,
-            batch_sessions=lambda: self._target_load(verifier),
             round_trips=router.draft_round_trips,
         )
 

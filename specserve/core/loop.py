@@ -24,6 +24,7 @@ def speculative_generate(
     generated_ids: Sequence[int] = (),
     round_scope: Callable[[int], AbstractContextManager[object]] | None = None,
     on_round: Callable[[RoundOutcome], None] | None = None,
+    batch_sessions: Callable[[], int] | None = None,
 ) -> GenerationStats:
     """Generates until `finish` says so; new tokens go to `on_tokens` as soon as they are accepted.
 
@@ -34,7 +35,9 @@ def speculative_generate(
     again, and the result is the same as if the run had never stopped. `round_scope(position)`, if
     given, wraps each round (the router opens a tracing span there). Each round's outcome goes to the
     drafter's `observe` (its stop policy and suffix index learn from it) and to `on_round` (metrics),
-    before its tokens are emitted.
+    before its tokens are emitted. `batch_sessions()`: the sessions whose segments share the target's
+    forwards now, this one included, as the caller's scheduler knows them (None: alone); read once per
+    round and handed to the drafter, whose cost policy sizes the round's tree by it.
     """
     stats = GenerationStats()
     start = time.perf_counter()
@@ -64,14 +67,15 @@ def speculative_generate(
         with round_scope(position) if round_scope is not None else nullcontext():
             t0 = time.perf_counter()
             draft_seed = draft_round_seed(request_seed, position)
+            sessions = max(1, batch_sessions()) if batch_sessions is not None else 1
             if drafter is None:
                 draft = DraftTree.root_only(token_ids[-1])
             elif root_candidates:
                 if not isinstance(drafter, RootSeededDrafter):
                     raise FailedPrecondition("root candidates came back to a drafter that cannot use them")
-                draft = drafter.propose_from_roots(token_ids, root_candidates, draft_seed)
+                draft = drafter.propose_from_roots(token_ids, root_candidates, draft_seed, sessions)
             elif backoff.should_ask():
-                draft = drafter.propose(token_ids, draft_seed)
+                draft = drafter.propose(token_ids, draft_seed, sessions)
                 if not draft.target_roots:
                     backoff.observe(draft.num_draft_tokens)
             else:

@@ -159,9 +159,11 @@ class RoundOutcome:
 class Drafter(Protocol):
     reads: TargetReads  # declared once, when the drafter is built
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         """token_ids: the whole committed sequence (prompt + generated); its last token is the root.
-        round_seed: this round's draft seed (core/rng.py, draft_round_seed)."""
+        round_seed: this round's draft seed (core/rng.py, draft_round_seed).
+        batch_sessions: the sessions whose segments share this round's forwards, this one included
+        (>= 1), as the loop's caller knows them; a drafter that sizes its trees by cost reads it."""
         ...
 
     def observe(self, outcome: RoundOutcome) -> None:
@@ -176,9 +178,10 @@ class Drafter(Protocol):
 class RoundOpeningDrafter(Drafter, Protocol):
     """A drafter that can size a round before drafting it (runtime/drafter.py, PolicyDrafter)."""
 
-    def open_round(self, token_ids: Sequence[int]) -> int:
-        """Sizes the round rooted at token_ids[-1]; returns its cap in spine tokens (0 = the root
-        alone). The `propose` that follows for the same tokens drafts under it."""
+    def open_round(self, token_ids: Sequence[int], batch_sessions: int) -> int:
+        """Sizes the round rooted at token_ids[-1] beside batch_sessions - 1 other sessions; returns its
+        cap in spine tokens (0 = the root alone). The `propose` that follows for the same tokens
+        drafts under it."""
         ...
 
 
@@ -212,7 +215,7 @@ class RootSeededDrafter(Drafter, Protocol):
     """A drafter of target-initialised MCSD: grows its tree under the target's root candidates."""
 
     def propose_from_roots(
-        self, token_ids: Sequence[int], root_candidates: Sequence[int], round_seed: int
+        self, token_ids: Sequence[int], root_candidates: Sequence[int], round_seed: int, batch_sessions: int
     ) -> DraftTree:
         """root_candidates: the last VerifyOutcome's, for the position after token_ids."""
         ...

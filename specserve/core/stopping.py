@@ -5,7 +5,8 @@ A drafter asks `max_depth` to size the spine, then after appending each spine to
 still worth verifying, and deciding after appending wastes no draft forward). After verification the
 loop calls `observe(num_drafted, num_accepted)` so adaptive policies can learn. A policy that sizes a
 round from state outside the drafter (the cost policy: the batch) is a `RoundPolicy`: the drafter calls
-its `start_round()` once per round, after `observe`, and `max_depth` then answers for that round.
+its `start_round(batch_sessions)` once per round, after `observe`, with the number of sessions that share
+the round's forwards as the loop passed it, and `max_depth` then answers for that round.
 
 Policies:
 - fixed: always `fixed_depth` tokens.
@@ -88,8 +89,6 @@ class StopSettings:
     decision_model: DecisionModel | None = None  # the learned stopper (specserve.runtime.stopper loads it)
     cost_model: CostModel | None = None  # calibrated costs; None = NOMINAL_CPU_COST (ratios only)
     cost_acceptance: AcceptanceEstimate = AcceptanceEstimate.DECISION
-    # How many other sessions share this one's forwards right now (continuous batching); None = alone.
-    batch_sessions: Callable[[], int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_depth is not None and self.max_depth < 1:
@@ -196,8 +195,9 @@ class StopPolicy(Protocol):
 class RoundPolicy(Protocol):
     """A stop policy whose cap depends on more than its own history (the cost policy: the batch)."""
 
-    def start_round(self) -> int:
-        """Called once per round, after `observe` of the last one: decides this round's cap, which
+    def start_round(self, batch_sessions: int) -> int:
+        """Called once per round, after `observe` of the last one, with the sessions whose segments
+        share the round's forwards (this one included, >= 1): decides this round's cap, which
         `max_depth` then returns until the next call. Returns it."""
         ...
 
@@ -333,8 +333,8 @@ class CostPolicy:
         self._max_depth = settings.cap(COST_MAX_DEPTH)
         self._round_cap = self._max_depth  # this round's (start_round)
         self.cost = settings.cost_model if settings.cost_model is not None else NOMINAL_CPU_COST
-        # Batches: the other sessions are assumed to send trees like this session's recent ones.
-        self.batch_sessions = settings.batch_sessions
+        # Batches (start_round's batch_sessions): the other sessions are assumed to send trees like this
+        # session's recent ones.
         # Running means. Other sessions start out assumed to send the root alone: assuming bigger trees
         # makes the forward look expensive already, and a calibrated curve with a dip (16 nodes cheaper
         # than 13 on the CPU of docs/benchmarks.md) then makes drafting look free.
@@ -387,11 +387,13 @@ class CostPolicy:
         self.prior_acceptance = rate
         self._drafted_evidence = self._accepted_evidence = 0.0
 
-    def start_round(self) -> int:
-        """0 when, under the current batch and the cost of asking the drafter, not even one more token
-        with the session's recent acceptance rate is worth it; else the policy's cap."""
-        others = self.batch_sessions() if self.batch_sessions is not None else 0
-        self.load = self._load_beside(others)
+    def start_round(self, batch_sessions: int) -> int:
+        """0 when, beside batch_sessions - 1 other sessions and with the cost of asking the drafter,
+        not even one more token with the session's recent acceptance rate is worth it; else the
+        policy's cap."""
+        if batch_sessions < 1:
+            raise InvalidArgument(f"batch_sessions counts this session too: >= 1, got {batch_sessions}")
+        self.load = self._load_beside(batch_sessions - 1)
         self._drafted_evidence *= EVIDENCE_DECAY  # one round older, whether or not it drafts
         self._accepted_evidence *= EVIDENCE_DECAY
         self._sizes_counted = False

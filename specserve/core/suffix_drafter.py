@@ -79,14 +79,6 @@ class TenantCache:
     tenant: str
 
 
-# -> the other sessions whose trees share this session's next target forward
-BatchLoadFn = Callable[[], int]
-
-
-def _alone() -> int:
-    return 0
-
-
 class SuffixDrafter:
     """A Drafter: suffix candidates alone (`inner` None) or merged with a model drafter's trees."""
 
@@ -97,7 +89,7 @@ class SuffixDrafter:
         cost: CostModel | None = None,
         settings: SuffixSettings = SuffixSettings(),
         shared: TenantCache | None = None,
-        batch_load: BatchLoadFn = _alone,
+        batch_aware: bool = True,
     ) -> None:
         if max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
@@ -107,7 +99,8 @@ class SuffixDrafter:
         self.cost = cost
         self.settings = settings
         self.shared = shared
-        self.batch_load = batch_load
+        # Whether the batch a round shares sizes its suffix candidates (greedy rounds only: suffix_drafter)
+        self.batch_aware = batch_aware
         self.index = self._new_index()
         self.trust = settings.initial_trust
         self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
@@ -166,13 +159,15 @@ class SuffixDrafter:
         )
         return SuffixProposal(tree, scores, max(own.match_length, other.match_length), own.num_occurrences)
 
-    def _sized(self, proposal: SuffixProposal, base_nodes: int) -> int:
-        """Suffix nodes to keep (a prefix of the best-first order) after `base_nodes` tree nodes."""
+    def _sized(self, proposal: SuffixProposal, base_nodes: int, batch_sessions: int) -> int:
+        """Suffix nodes to keep (a prefix of the best-first order) after `base_nodes` tree nodes, in a
+        forward shared with batch_sessions - 1 other sessions."""
         room = max(0, self.max_tree_nodes - base_nodes)
         gains = [self.trust * score for score in proposal.scores[1 : 1 + room]]
         if self.cost is None:
             return sum(1 for g in gains if g > 0)
-        load = load_like_this(self.batch_load(), self.mean_nodes, self.mean_emitted)
+        others = max(0, batch_sessions - 1) if self.batch_aware else 0
+        load = load_like_this(others, self.mean_nodes, self.mean_emitted)
         best_k, best_rate, expected = 0, 0.0, 1.0 + load.other_expected
         for k in range(len(gains) + 1):
             if k:
@@ -182,29 +177,33 @@ class SuffixDrafter:
                 best_k, best_rate = k, rate
         return best_k
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         self._sync(token_ids)
         root = token_ids[-1]
         proposal = self._suffix_proposal(token_ids)
-        k = self._sized(proposal, 1) if proposal is not None else 0
+        k = self._sized(proposal, 1, batch_sessions) if proposal is not None else 0
         suffix_expected = sum(proposal.scores[1 : 1 + k]) * self.trust if proposal is not None else 0.0
         if self.inner is None or suffix_expected >= self.settings.model_skip_tokens:
             self.num_suffix_only_rounds += self.inner is not None
             draft = _suffix_only(root, proposal, k)
         else:
             self.num_model_calls += 1
-            model = self.inner.propose(token_ids, round_seed)
-            draft = self._merged(root, model, proposal)
+            model = self.inner.propose(token_ids, round_seed, batch_sessions)
+            draft = self._merged(root, model, proposal, batch_sessions)
         predicted = sum(proposal.scores[1 : 1 + k]) if proposal is not None and draft.suffix_nodes else 0.0
         self._predicted = predicted
         return draft
 
-    def _merged(self, root: int, model: DraftTree, proposal: SuffixProposal | None) -> DraftTree:
+    def _merged(
+        self, root: int, model: DraftTree, proposal: SuffixProposal | None, batch_sessions: int
+    ) -> DraftTree:
         if proposal is None or model.target_roots:
             return model
         if model.kind is not CandidateKind.FIXED:  # sampled candidates follow another rule: never mixed
-            return model if model.num_draft_tokens else _suffix_only(root, proposal, self._sized(proposal, 1))
-        k = self._sized(proposal, model.tree.num_nodes)
+            if model.num_draft_tokens:
+                return model
+            return _suffix_only(root, proposal, self._sized(proposal, 1, batch_sessions))
+        k = self._sized(proposal, model.tree.num_nodes, batch_sessions)
         if k == 0:
             return model
         # Model nodes first (its own cost policy sized them); then suffix candidates best-first.
@@ -218,10 +217,10 @@ class SuffixDrafter:
         suffix_nodes = frozenset(i for i, origin in enumerate(origins) if origin == 1)
         return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=suffix_nodes)
 
-    def open_round(self, token_ids: Sequence[int]) -> int:
+    def open_round(self, token_ids: Sequence[int], batch_sessions: int) -> int:
         """Passes the round's sizing on to a model drafter that sizes rounds (RoundOpeningDrafter)."""
         if isinstance(self.inner, RoundOpeningDrafter):
-            return self.inner.open_round(token_ids)
+            return self.inner.open_round(token_ids, batch_sessions)
         return self.settings.max_depth
 
     def release(self) -> None:
@@ -234,7 +233,6 @@ def suffix_drafter(
     max_tree_nodes: int,
     sampling: SamplingParams,
     cost: Callable[[], CostModel],
-    batch_load: BatchLoadFn = _alone,
     shared: TenantCache | None = None,
 ) -> SuffixDrafter:
     """A session's suffix candidates, alone (`inner` None) or in front of its model drafter.
@@ -242,13 +240,13 @@ def suffix_drafter(
     `cost` gives the costs greedy rounds are sized by, asked once and only for a greedy session: this
     machine's calibration in process (reading it may measure the machine); the router, which has none,
     passes the nominal curve (only its ratios matter), and would pass a cost its targets publish here.
-    Greedy rounds share the forward with `batch_load()` other sessions and may draft from `shared`, the
-    tenant's earlier outputs. A sampled session's tree decides its random draws, so it is sized the same
-    wherever it runs and whatever else runs (the nominal curve, alone) and drafts from its own text only:
-    a seed gives the same text."""
+    Greedy rounds are sized by the batch each round shares (`propose`'s batch_sessions) and may draft
+    from `shared`, the tenant's earlier outputs. A sampled session's tree decides its random draws, so it
+    is sized the same wherever it runs and whatever else runs (the nominal curve, alone) and drafts from
+    its own text only: a seed gives the same text."""
     if not sampling.greedy:
-        return SuffixDrafter(inner, max_tree_nodes, NOMINAL_CPU_COST)
-    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared, batch_load=batch_load)
+        return SuffixDrafter(inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False)
+    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared)
 
 
 def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTree:

@@ -94,17 +94,6 @@ def wait_until(ready: Callable[[], bool]) -> None:
         current.parent.switch(_Wait(ready))
 
 
-def other_sessions() -> int:
-    """Jobs besides the caller's that the caller's scheduler is running (0 outside a job): the sessions
-    whose segments will share the caller's next forwards. The cost policy sizes trees by it."""
-    current = greenlet.getcurrent()
-    if not isinstance(current, _Job) or current.scheduler is None:
-        return 0
-    scheduler = current.scheduler
-    hinted = scheduler.load_hint() if scheduler.load_hint is not None else 0
-    return max(scheduler.num_active, hinted) - 1
-
-
 def batched_call(model: BatchedModel[S, R], segment: S) -> R:
     """Runs `segment` through `model`: merged with other jobs' segments when called inside a job."""
     current = greenlet.getcurrent()
@@ -141,7 +130,7 @@ class Scheduler:
         self.stats = BatchStats()
         self.on_batch: Callable[[int, int], None] | None = None  # (segments, tokens) per forward
         # Sessions a service knows to be active although not all have a job running right now (a draft
-        # service sees a session only while it proposes); `other_sessions` takes the larger count.
+        # service sees a session only while it proposes); `sessions` takes the larger count.
         self.load_hint: Callable[[], int] | None = None
         # Wraps each forward, given the trace contexts of the jobs it serves (a tracing span).
         self.batch_scope: Callable[[list[object]], AbstractContextManager[object]] | None = None
@@ -156,6 +145,13 @@ class Scheduler:
         resumed one by one, those not resumed yet are in no queue, and the first resumed would see
         itself almost alone (then its cost policy drafts as if the batch were empty)."""
         return self._live
+
+    def sessions(self) -> int:
+        """Sessions whose segments share this scheduler's next forwards (>= 1): its jobs, or the load
+        a service knows of (`load_hint`) when that is larger. Loops pass it to their drafters each
+        round (core/loop.py), and cost policies size trees by it."""
+        hinted = self.load_hint() if self.load_hint is not None else 0
+        return max(1, self.num_active, hinted)
 
     @property
     def has_forwards(self) -> bool:

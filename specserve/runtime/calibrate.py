@@ -171,7 +171,7 @@ def measure_draft_cost(
     def propose(depth: int) -> DraftTree:
         if depth not in drafters:
             drafters[depth] = make_drafter(state, depth)
-        return drafters[depth].propose(prompt, round_seed=0)
+        return drafters[depth].propose(prompt, round_seed=0, batch_sessions=1)
 
     try:
         step, overhead = measure_draft_costs(propose, repeats=repeats)

@@ -21,7 +21,7 @@ from torch import nn
 
 from specserve.runtime.int4 import runs_on_int4
 from specserve.runtime.kernels import FusedPart
-from specserve.runtime.segment import Segment
+from specserve.runtime.segment import ForwardBatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -107,29 +107,19 @@ class NativeDecoder:
 
     @torch.inference_mode()
     def forward(
-        self,
-        segments: Sequence[Segment],
-        masks: Sequence[torch.Tensor | None],
-        layer_outputs: dict[int, torch.Tensor] | None = None,
+        self, batch: ForwardBatch, layer_outputs: dict[int, torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """Hidden states before the final norm for every packed token, [N, H]; each segment's K/V lands
-        in its own cache (masks: [1, 1, n, prefix + n] bool per segment, None = attend everything).
-        `layer_outputs`: for each layer number it holds as a key, that layer's output [N, H] is stored
-        under it (a fused hidden-state draft's input)."""
-        device = self.device
-        token_ids = torch.tensor([t for s in segments for t in s.token_ids], device=device)  # [N]
-        positions = torch.cat([s.positions.to(device) for s in segments])  # [N]
-        hidden = self.embed_tokens(token_ids)  # [N, H]
-        cos, sin = self.rotary_emb(hidden[None], positions[None])  # [1, N, D] each
+        """Hidden states before the final norm for every packed token of `batch`, [N, H]; each segment's
+        K/V lands in its own cache, attended under the batch's mask for it. `layer_outputs`: for each
+        layer number it holds as a key, that layer's output [N, H] is stored under it (a fused
+        hidden-state draft's input)."""
+        hidden = self.embed_tokens(batch.token_ids)  # [N, H]
+        cos, sin = self.rotary_emb(hidden[None], batch.positions[None])  # [1, N, D] each
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
         # Rotary: x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1) = roll(x) with the sign moved
         # onto sin's first half (exact: negation commutes with the product).
         half = self.head_dim // 2
         sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # [N, 1, D]
-        bounds, start = [], 0
-        for segment in segments:
-            bounds.append((start, start + segment.num_tokens))
-            start += segment.num_tokens
         n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         for index, (layer, qkv, gate_up) in enumerate(zip(self.layers, self.qkv, self.gate_up, strict=True)):
             attn, mlp = layer.self_attn, layer.mlp
@@ -140,7 +130,7 @@ class NativeDecoder:
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin_signed)  # one rotary for q and k
             q, k = qk[:, :n_q], qk[:, n_q:]
             outputs = []
-            for segment, (lo, hi), mask in zip(segments, bounds, masks, strict=True):
+            for segment, (lo, hi), mask in zip(batch.segments, batch.bounds, batch.masks, strict=True):
                 cache_layer = segment.cache.positional_layers[index]
                 update = cache_layer.update_exact if self.exact_attention else cache_layer.update
                 keys, values = update(

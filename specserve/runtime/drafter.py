@@ -95,18 +95,18 @@ class PolicyDrafter:
         self._feedback = SpineFeedback()
         self._opened: int | None = None  # length of the sequence whose round open_round opened
 
-    def open_round(self, token_ids: Sequence[int]) -> int:
-        """Starts the round whose root is token_ids[-1]: the policy learns how the last round went, and a
-        RoundPolicy sizes this one. Returns the policy's cap; 0 = the round drafts nothing, so a caller
-        need not wait for anything the draft reads. `propose` opens the round itself unless this did."""
+    def open_round(self, token_ids: Sequence[int], batch_sessions: int) -> int:
+        """Starts the round whose root is token_ids[-1], beside batch_sessions - 1 other sessions: a
+        RoundPolicy sizes it. Returns the policy's cap; 0 = the round drafts nothing, so a caller need
+        not wait for anything the draft reads. `propose` opens the round itself unless this did."""
         if isinstance(self.stop_policy, RoundPolicy):
-            self.stop_policy.start_round()
+            self.stop_policy.start_round(batch_sessions)
         self._opened = len(token_ids)
         return self.stop_policy.max_depth
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         if self._opened != len(token_ids):
-            self.open_round(token_ids)
+            self.open_round(token_ids, batch_sessions)
         self._opened = None
         draft = self._draft(token_ids, make_generator(round_seed))
         self._feedback.record(token_ids, draft)
@@ -155,9 +155,9 @@ class SpineDrafter(PolicyDrafter):
         super().__init__(sampled_kind, shape.new_stop_policy(), sampling)
         self.shape = shape
 
-    def open_round(self, token_ids: Sequence[int]) -> int:
+    def open_round(self, token_ids: Sequence[int], batch_sessions: int) -> int:
         """The round's spine cap: the shape's depth, further capped by the policy (spine_cap)."""
-        return min(self.shape.depth, super().open_round(token_ids))
+        return min(self.shape.depth, super().open_round(token_ids, batch_sessions))
 
     def _grow(
         self,

@@ -70,18 +70,18 @@ class MultiCandidateDrafter(PolicyDrafter):
         self.cache = runner.new_cache(capacity + full.num_nodes(full.gamma))
         self._cached_ids: list[int] = []  # committed tokens (root included) whose KV the cache holds
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         if self.shape.target_roots:
             # The first round has no root candidates yet: the verifier's forward over the root alone
             # produces them (one target forward that commits no token).
             return DraftTree(TokenTree.chain([token_ids[-1]]), target_roots=self.shape.k_config[0])
-        return super().propose(token_ids, round_seed)
+        return super().propose(token_ids, round_seed, batch_sessions)
 
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         return self._grow(token_ids, (), generator)
 
     def propose_from_roots(
-        self, token_ids: Sequence[int], root_candidates: Sequence[int], round_seed: int
+        self, token_ids: Sequence[int], root_candidates: Sequence[int], round_seed: int, batch_sessions: int
     ) -> DraftTree:
         if not self.shape.target_roots:
             raise InvalidArgument("this MCSD shape is not target-initialised")
@@ -89,7 +89,7 @@ class MultiCandidateDrafter(PolicyDrafter):
             raise InvalidArgument(
                 f"need 1..{self.shape.k_config[0]} root candidates, got {len(root_candidates)}"
             )
-        self.open_round(token_ids)  # a RoundPolicy sizes each round, this one too
+        self.open_round(token_ids, batch_sessions)  # a RoundPolicy sizes each round, this one too
         return self._grow(token_ids, tuple(root_candidates), make_generator(round_seed))
 
     @torch.inference_mode()

@@ -4,14 +4,13 @@ Every session's new tokens (a chain, a token tree, a prefill chunk) are packed i
 linear layers, which dominate the cost of a small model, run once over all of them. Attention is the
 only per-session step: each session's queries attend its own cache (by absolute position, as in
 `PositionalKVCache`) under its own mask. It plugs into the model through transformers' attention
-registry (`ATTENTION_NAME`); a forward without a ragged plan (transformers `generate`, training) runs
-plain SDPA, so one model serves both.
+registry (`ATTENTION_NAME`), which is handed the forward's `ForwardBatch`; a forward without one
+(transformers `generate`, training) runs plain SDPA, so one model serves both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -23,26 +22,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specserve.runtime.decoder import NativeDecoder
 from specserve.runtime.layer_outputs import capture_layer_outputs, side_by_side
-from specserve.runtime.segment import Segment
+from specserve.runtime.segment import ForwardBatch, Segment
 
 ATTENTION_NAME = "specserve_ragged"
-PLAN_KWARG = "specserve_ragged_plan"
-
-
-@dataclass(frozen=True)
-class _Plan:
-    segments: Sequence[Segment]
-    bounds: Sequence[tuple[int, int]]  # [start, end) of each segment in the packed sequence
-    masks: Sequence[torch.Tensor | None]  # [1, 1, n, prefix + n] bool, None = attend everything
-
-
-def causal_attend(prefix: int, n: int, device: torch.device) -> torch.Tensor | None:
-    """[n, prefix + n] bool: a chain's mask; None for one token (it sees every slot)."""
-    if n == 1:
-        return None
-    seen = torch.ones(n, prefix, dtype=torch.bool, device=device)  # [n, prefix]
-    chain = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [n, n]
-    return torch.cat([seen, chain], dim=1)
+BATCH_KWARG = "specserve_forward_batch"
 
 
 class _RaggedLayer(CacheLayerMixin):
@@ -50,9 +33,9 @@ class _RaggedLayer(CacheLayerMixin):
 
     is_compileable = False
 
-    def __init__(self, plan: _Plan, layer_idx: int) -> None:
+    def __init__(self, batch: ForwardBatch, layer_idx: int) -> None:
         super().__init__()
-        self.plan, self.layer_idx = plan, layer_idx
+        self.batch, self.layer_idx = batch, layer_idx
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -62,7 +45,7 @@ class _RaggedLayer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """key_states: [1, H_kv, N, D] packed -> returned as is; the attention reads the caches."""
-        for segment, (start, end) in zip(self.plan.segments, self.plan.bounds, strict=True):
+        for segment, (start, end) in zip(self.batch.segments, self.batch.bounds, strict=True):
             segment.cache.positional_layers[self.layer_idx].update(
                 key_states[:, :, start:end], value_states[:, :, start:end]
             )
@@ -82,8 +65,8 @@ class _RaggedLayer(CacheLayerMixin):
 
 
 class _RaggedCache(Cache):
-    def __init__(self, plan: _Plan, num_layers: int) -> None:
-        super().__init__(layers=[_RaggedLayer(plan, i) for i in range(num_layers)])
+    def __init__(self, batch: ForwardBatch, num_layers: int) -> None:
+        super().__init__(layers=[_RaggedLayer(batch, i) for i in range(num_layers)])
 
 
 def ragged_attention(
@@ -96,16 +79,16 @@ def ragged_attention(
     dropout: float = 0.0,
     **kwargs: Any,  # transformers' attention kwargs (is_causal, ...), passed on to SDPA as they are
 ) -> tuple[torch.Tensor, None]:
-    """Per-session SDPA over each session's own cache; plain SDPA when no plan is given."""
-    plan = kwargs.pop(PLAN_KWARG, None)
-    if not isinstance(plan, _Plan):
+    """Per-session SDPA over each session's own cache; plain SDPA when no batch is given."""
+    batch = kwargs.pop(BATCH_KWARG, None)
+    if not isinstance(batch, ForwardBatch):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     # torch types an unknown Module attribute as Tensor | Module; attention modules hold an int here.
     layer_idx = cast(int, module.layer_idx)
     outputs = []
-    for segment, (start, end), mask in zip(plan.segments, plan.bounds, plan.masks, strict=True):
+    for segment, (start, end), mask in zip(batch.segments, batch.bounds, batch.masks, strict=True):
         keys, values = segment.cache.layer_kv(layer_idx)  # [1, H_kv, prefix + n, D], written above
         outputs.append(
             F.scaled_dot_product_attention(
@@ -139,18 +122,8 @@ def forward_ragged(
     model's lean forward, runtime/decoder.py) runs instead of transformers' module forward when given.
     """
     device = next(model.parameters()).device
-    bounds, masks = [], []
-    keep: list[int] = []  # rows of the packed sequence whose logits are returned
-    start = 0
-    for segment in segments:
-        n = segment.num_tokens
-        prefix = segment.cache.length
-        segment.cache.ensure_capacity(prefix + n)
-        attend = segment.attend if segment.attend is not None else causal_attend(prefix, n, device)
-        masks.append(None if attend is None else attend.to(device)[None, None])  # [1, 1, n, prefix + n]
-        bounds.append((start, start + n))
-        keep.extend([start + n - 1] if segment.last_only else range(start, start + n))
-        start += n
+    batch = ForwardBatch.of(segments, device)
+    keep = list(batch.keep)
     buffers = [s.cache.features for s in segments if s.cache.features is not None]
     featured = bool(buffers)
     # decoder layers whose outputs some segment keeps (a fused hidden-state draft's input)
@@ -158,21 +131,20 @@ def forward_ragged(
     if native is not None:
         # keys name the layers to keep (the forward fills them in); None on the plain path
         outputs = dict.fromkeys(wanted, torch.empty(0)) if wanted else None
-        hidden = native.forward(segments, masks, outputs)  # [N, H]
+        hidden = native.forward(batch, outputs)  # [N, H]
         if not featured:
-            return _split_logits(native.logits(hidden[keep]).float(), segments)  # kept rows' logits [K, V]
+            return batch.split_logits(native.logits(hidden[keep]).float())  # kept rows' logits [K, V]
         normed = native.final_norm(hidden)  # [N, H]
-        _store_features(segments, bounds, normed, outputs or {})
-        return _split_logits(native.lm_head(normed[keep]).float(), segments)
-    plan = _Plan(segments, bounds, masks)
+        _store_features(batch, normed, outputs or {})
+        return batch.split_logits(native.lm_head(normed[keep]).float())
     inputs = {
-        "input_ids": torch.tensor([[t for s in segments for t in s.token_ids]], device=device),  # [1, N]
-        # A 4D mask is taken as given, so transformers builds none; the plan carries the real ones.
+        "input_ids": batch.token_ids[None],  # [1, N]
+        # A 4D mask is taken as given, so transformers builds none; the batch carries the real ones.
         "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
-        "position_ids": torch.cat([s.positions.to(device) for s in segments])[None],  # [1, N]
-        "past_key_values": _RaggedCache(plan, model.config.num_hidden_layers),
+        "position_ids": batch.positions[None],  # [1, N]
+        "past_key_values": _RaggedCache(batch, model.config.num_hidden_layers),
         "use_cache": True,
-        PLAN_KWARG: plan,
+        BATCH_KWARG: batch,
     }
     if featured:
         # The base model's last hidden state is the normed one its LM head reads.
@@ -180,21 +152,20 @@ def forward_ragged(
         with capture_layer_outputs(decoder.layers, wanted) as captured:
             base = decoder(**inputs)
         normed = base.last_hidden_state[0]  # [N, H]
-        _store_features(segments, bounds, normed, {layer: out[0] for layer, out in captured.items()})
+        _store_features(batch, normed, {layer: out[0] for layer, out in captured.items()})
         head = cast(torch.nn.Module, model.get_output_embeddings())
-        return _split_logits(head(normed[keep]).float(), segments)
+        return batch.split_logits(head(normed[keep]).float())
     out = model(**inputs, logits_to_keep=torch.tensor(keep, device=device))
-    return _split_logits(out.logits[0].float(), segments)
+    return batch.split_logits(out.logits[0].float())
 
 
 def _store_features(
-    segments: Sequence[Segment],
-    bounds: Sequence[tuple[int, int]],
+    batch: ForwardBatch,
     normed: torch.Tensor,  # [N, H] final hidden states after the last norm
     layer_outputs: dict[int, torch.Tensor],  # layer -> its output [N, H], for the layers segments keep
 ) -> None:
     """Each segment that keeps features gets its tokens' features at the positions their K/V took."""
-    for segment, (start, end) in zip(segments, bounds, strict=True):
+    for segment, (start, end) in zip(batch.segments, batch.bounds, strict=True):
         features = segment.cache.features
         if features is None:
             continue
@@ -202,14 +173,3 @@ def _store_features(
             features.update(side_by_side(layer_outputs, features.layers)[start:end])  # [n, k * H]
         else:
             features.update(normed[start:end])
-
-
-def _split_logits(logits: torch.Tensor, segments: Sequence[Segment]) -> list[torch.Tensor]:
-    """[len(keep), V] -> each segment's [n, V] (or [V] if last_only)."""
-    results, row = [], 0
-    for segment in segments:
-        rows = 1 if segment.last_only else segment.num_tokens
-        chunk = logits[row : row + rows]
-        results.append(chunk[-1] if segment.last_only else chunk)
-        row += rows
-    return results

@@ -16,7 +16,6 @@ from specserve.core.stopping import CostPolicy, DecisionPolicy
 from specserve.core.suffix_drafter import SuffixDrafter
 from specserve.engine import Engine
 from specserve.methods import METHODS, method_spec
-from specserve.runtime.batching import other_sessions
 from specserve.runtime.drafter import DraftShape, WidthDrafter
 from specserve.runtime.mcsd import MultiCandidateDrafter
 from specserve.runtime.stopper import shipped_decision_model
@@ -118,7 +117,7 @@ def test_each_policy_reads_the_costs_and_stopper_of_its_own_draft(engine):
         policy = model_of(built(engine, method)).stop_policy  # type: ignore[union-attr]
         assert isinstance(policy, CostPolicy), method
         assert policy.cost == engine.cost_model_for(draft), method
-        assert policy.batch_sessions is other_sessions and policy.model is shipped_decision_model(draft)
+        assert policy.batch_aware and policy.model is shipped_decision_model(draft)
     decision = model_of(built(engine, "eagle+chain+decision")).stop_policy  # type: ignore[union-attr]
     assert isinstance(decision, DecisionPolicy) and decision.model is shipped_decision_model("eagle")
 
@@ -126,7 +125,7 @@ def test_each_policy_reads_the_costs_and_stopper_of_its_own_draft(engine):
 def test_suffix_candidates_are_sized_by_this_machine_only_when_greedy(engine):
     greedy = built(engine, "eagle-cape-suffix")
     assert isinstance(greedy, SuffixDrafter)
-    assert greedy.cost == engine.cost_model_for("eagle") and greedy.batch_load is other_sessions
+    assert greedy.cost == engine.cost_model_for("eagle") and greedy.batch_aware
     sampled = built(engine, "suffix", SamplingParams(temperature=0.7))
     assert isinstance(sampled, SuffixDrafter) and sampled.cost is NOMINAL_CPU_COST and sampled.inner is None
 

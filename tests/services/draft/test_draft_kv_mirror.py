@@ -40,7 +40,7 @@ def test_the_mirror_holds_the_targets_kv_and_states_and_drafts_the_same(architec
     verifier.prefill(PROMPT, 0)
     local = GlideDrafter(glide, verifier.cache, CAPACITY, SHAPE, CapeSettings())
     for round_seed in range(3):  # rounds of tree verification: commits copy accepted paths down
-        verifier.verify(local.propose(verifier.token_ids, round_seed), round_seed)
+        verifier.verify(local.propose(verifier.token_ids, round_seed, 1), round_seed)
 
     committed = session.committed_length
     last = config.num_hidden_layers - 1
@@ -59,6 +59,6 @@ def test_the_mirror_holds_the_targets_kv_and_states_and_drafts_the_same(architec
 
     remote = GlideDrafter(glide, mirror, CAPACITY, SHAPE, CapeSettings())
     fresh = GlideDrafter(glide, verifier.cache, CAPACITY, SHAPE, CapeSettings())
-    proposed = remote.propose(verifier.token_ids, 7)
-    assert proposed.tree == fresh.propose(verifier.token_ids, 7).tree
+    proposed = remote.propose(verifier.token_ids, 7, 1)
+    assert proposed.tree == fresh.propose(verifier.token_ids, 7, 1).tree
     assert proposed.tree.num_nodes > SHAPE.depth + 1  # a tree, not a chain

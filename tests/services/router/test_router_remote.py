@@ -8,6 +8,7 @@ nothing listens (UNAVAILABLE, as a target that went away).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -137,23 +138,22 @@ def test_the_router_skips_draft_calls_while_the_load_is_above_what_the_draft_dra
                 256,
                 10.0,
                 counters,
-                batch_sessions=lambda: load["sessions"],
             )
             token_ids = [1, 2, 3]
             for round_index in range(1 + MAX_SKIPPED_CALLS + 1):
-                assert drafter.propose(token_ids, 0).tree.token_ids == (token_ids[-1],)
+                assert drafter.propose(token_ids, 0, load["sessions"]).tree.token_ids == (token_ids[-1],)
                 token_ids.append(10 + round_index)
             # the first call, then MAX_SKIPPED_CALLS rounds answered without one, then a call again
             assert draft.proposes == 2 and counters.draft_calls_skipped == MAX_SKIPPED_CALLS
             load["sessions"] = 4  # the load fell to where the draft drafts: every round asks
             for _ in range(3):
-                drafter.propose(token_ids, 0)
+                drafter.propose(token_ids, 0, load["sessions"])
                 token_ids.append(5)
             assert draft.proposes == 5
             draft.up_to = None  # a draft that says nothing stops nothing
             for sessions in (4, 100):
                 load["sessions"] = sessions
-                drafter.propose(token_ids, 0)
+                drafter.propose(token_ids, 0, load["sessions"])
                 token_ids.append(5)
             assert draft.proposes == 7
     finally:
@@ -178,8 +178,49 @@ def test_a_new_session_starts_from_the_routers_measured_draft_round_trip() -> No
 
             first = drafter("first")
             assert first.overhead_s == 0  # nothing measured yet
-            first.propose([1, 2, 3], 0)
+            first.propose([1, 2, 3], 0, 1)
+            assert first.overhead_s == round_trips.seconds == 0  # the opening call is not a round's cost
+            first.propose([1, 2, 3, 4], 0, 1)
             assert round_trips.seconds == first.overhead_s > 0
             assert drafter("second").overhead_s == round_trips.seconds
+    finally:
+        server.stop(None)
+
+
+class SlowOpeningDraft(LoadedDraft):
+    """Takes OPENING_SECONDS over a session's first Propose (the prompt's K/V catching up), then answers
+    at once."""
+
+    OPENING_SECONDS = 0.3
+
+    def Propose(self, request, context):
+        if self.proposes == 0:
+            time.sleep(self.OPENING_SECONDS)
+        return super().Propose(request, context)
+
+
+def test_the_opening_proposes_one_time_work_is_not_charged_to_every_round() -> None:
+    server = grpc.server(ThreadPoolExecutor(2))
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(SlowOpeningDraft(up_to=None), server)
+    port = server.add_insecure_port("localhost:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            drafter = RemoteDrafter(
+                "s",
+                "glide-cape-cost",
+                stub,
+                lambda: "localhost:1",
+                SamplingParams(),
+                256,
+                10.0,
+                RoundCounters(),
+            )
+            token_ids = [1, 2, 3]
+            for _ in range(3):
+                drafter.propose(token_ids, 0, 1)
+                token_ids.append(5)
+            assert 0 < drafter.overhead_s < SlowOpeningDraft.OPENING_SECONDS / 3
     finally:
         server.stop(None)

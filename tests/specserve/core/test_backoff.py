@@ -48,11 +48,11 @@ class EmptyUntil:
         self.inner, self.start_position = inner, start_position
         self.positions: list[int] = []
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         self.positions.append(len(token_ids))
         if len(token_ids) < self.start_position:
             return DraftTree.root_only(token_ids[-1])
-        return self.inner.propose(token_ids, round_seed)
+        return self.inner.propose(token_ids, round_seed, batch_sessions)
 
     def observe(self, outcome) -> None:
         self.inner.observe(outcome)

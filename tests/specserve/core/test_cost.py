@@ -63,9 +63,9 @@ def test_a_calibrated_draft_overhead_is_charged_in_process():
     policy = CostPolicy(StopSettings(cost_model=cost, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
     policy.batch_aware = False  # sampled requests weigh it too: it is a calibrated constant, not timing
     policy.mean_acceptance = 0.3
-    assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.start_round(1) == COST_MAX_DEPTH
     policy.mean_acceptance = 0.1
-    assert policy.start_round() == 0
+    assert policy.start_round(1) == 0
 
 
 @pytest.mark.parametrize(
@@ -186,35 +186,26 @@ def test_a_negative_load_is_refused():
 
 
 def test_cost_policy_stops_speculating_under_heavy_load():
-    others = {"n": 0}
-    settings = StopSettings(
-        cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: others["n"]
-    )
-    policy = CostPolicy(settings)
-    assert policy.start_round() == COST_MAX_DEPTH  # alone: the cost curve decides round by round
-    others["n"] = 63
-    assert policy.start_round() == 0  # 63 others: not even one token is worth its share of the forward
+    policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    assert policy.start_round(1) == COST_MAX_DEPTH  # alone: the cost curve decides round by round
+    assert policy.start_round(64) == 0  # 63 others: not even one token is worth its share of the forward
+    with pytest.raises(InvalidArgument):
+        policy.start_round(0)  # the session itself is in its batch
 
 
 @pytest.mark.parametrize("acceptance", [0.3, 0.6, 0.9])
 def test_the_largest_drafting_batch_is_where_rounds_start_drafting_again(acceptance):
-    others = {"n": 63}
-    settings = StopSettings(
-        cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: others["n"]
-    )
-    policy = CostPolicy(settings)
+    policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
     policy.mean_acceptance = acceptance
-    assert policy.start_round() == 0
+    assert policy.start_round(64) == 0
     largest = policy.largest_drafting_batch(64)
     assert 1 <= largest < 64
-    others["n"] = largest  # one session more than the largest drafting batch
-    assert policy.start_round() == 0
-    others["n"] = largest - 1
-    assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.start_round(largest + 1) == 0  # one session more than the largest drafting batch
+    assert policy.start_round(largest) == COST_MAX_DEPTH
     policy.batch_aware = False  # sampled: sized as if alone, so the load never matters
     policy.draft_overhead_s = 1.0  # and a round trip of a second never pays, alone or not
     policy.cost = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=1.0)
-    assert policy.start_round() == 0 and policy.largest_drafting_batch(64) == 0
+    assert policy.start_round(1) == 0 and policy.largest_drafting_batch(64) == 0
 
 
 def test_the_largest_drafting_batch_is_the_same_whatever_bounds_it_on_a_curve_with_a_dip():
@@ -236,13 +227,10 @@ def test_the_largest_drafting_batch_is_the_same_whatever_bounds_it_on_a_curve_wi
 
 def test_sampled_requests_size_trees_as_if_alone():
     """Under sampling the tree decides which tokens are drawn: a seeded request must not depend on load."""
-    settings = StopSettings(
-        cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE, batch_sessions=lambda: 63
-    )
-    policy = CostPolicy(settings)
-    assert policy.start_round() == 0
+    policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+    assert policy.start_round(64) == 0
     policy.batch_aware = False
-    assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.start_round(64) == COST_MAX_DEPTH
 
 
 def test_the_overhead_of_asking_the_drafter_is_charged_once_per_drafting_round():
@@ -257,14 +245,14 @@ def test_a_draft_that_does_not_pay_for_its_round_trip_drafts_nothing():
     longer chain does better): not worth asking at all. Acceptance 0.6 still pays (22 tok/s)."""
     policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
     policy.mean_acceptance = 0.3
-    assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.start_round(1) == COST_MAX_DEPTH
     policy.draft_overhead_s = 0.020
-    assert policy.start_round() == 0
+    assert policy.start_round(1) == 0
     policy.mean_acceptance = 0.6
-    assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.start_round(1) == COST_MAX_DEPTH
     policy.mean_acceptance = 0.3
     policy.batch_aware = False  # sampled: the overhead depends on timing, so it is not weighed
-    assert policy.start_round() == COST_MAX_DEPTH
+    assert policy.start_round(1) == COST_MAX_DEPTH
 
 
 def test_another_drafts_step_replaces_the_glide_drafts_and_survives_json() -> None:
@@ -285,20 +273,20 @@ def test_a_session_that_stopped_drafting_probes_again():
     of drafting rounds only, the first rejections stopped the session for good.)"""
     cost = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=0.006)
     policy = CostPolicy(StopSettings(cost_model=cost, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
-    assert policy.start_round() == COST_MAX_DEPTH  # the prior, 0.5
+    assert policy.start_round(1) == COST_MAX_DEPTH  # the prior, 0.5
     for _ in range(6):
         policy.observe(2, 0)  # two spine tokens drafted, none accepted
-        policy.start_round()
+        policy.start_round(1)
     assert policy.mean_acceptance < 0.14
     caps = []
     for _ in range(40):
         policy.observe(0, 0)  # a round of the root alone: nothing drafted, nothing learned
-        caps.append(policy.start_round())
+        caps.append(policy.start_round(1))
     probe = caps.index(COST_MAX_DEPTH)  # it drafts again, after a while: not at once
     assert probe > 0 and all(cap == 0 for cap in caps[:probe])
     for _ in range(20):
         policy.observe(1, 1)  # now its tokens are accepted
-        assert policy.start_round() == COST_MAX_DEPTH
+        assert policy.start_round(1) == COST_MAX_DEPTH
     assert policy.mean_acceptance > 0.8
 
 
@@ -309,12 +297,12 @@ def test_the_acceptance_estimate_weighs_recent_rounds_more_and_starts_from_its_p
     assert policy.mean_acceptance == 0.2 and policy.prior_acceptance == 0.2
     for accepted in (4, 4, 4, 0, 0):  # good rounds, then bad ones
         policy.observe(4, accepted)
-        policy.start_round()
+        policy.start_round(1)
     late_bad = policy.mean_acceptance
     policy.mean_acceptance = 0.2
     for accepted in (0, 0, 4, 4, 4):  # the same rounds, bad ones first
         policy.observe(4, accepted)
-        policy.start_round()
+        policy.start_round(1)
     assert 0.2 < late_bad < policy.mean_acceptance < 1.0
     with pytest.raises(InvalidArgument):
         policy.mean_acceptance = 1.5

@@ -80,7 +80,7 @@ class WrongDrafter:
     def __init__(self, reference: list[int], prompt_len: int, vocab: int) -> None:
         self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         nxt = len(token_ids) - self.prompt_len
         wrong = [(t + 1) % self.vocab for t in self.reference[nxt : nxt + 3]]
         return DraftTree(TokenTree.chain([token_ids[-1], *wrong]))
@@ -161,3 +161,29 @@ def test_speculative_sampling_preserves_target_distribution(small_target, small_
     expected = exact_joint_of_tokens_2_and_3(small_target.model, prompt, params, V) * trials
     result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())
     assert result.pvalue > 1e-3, f"p={result.pvalue:.2e}"
+
+
+def test_each_round_hands_the_drafter_the_batch_its_caller_counts(target):
+    """The loop asks its caller how many sessions share the target's forwards once per round and
+    passes that number to the drafter's propose (cost policies size the round by it); alone it is 1."""
+
+    class Recording:
+        def __init__(self) -> None:
+            self.batches: list[int] = []
+
+        def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+            self.batches.append(batch_sessions)
+            return DraftTree(TokenTree.chain([token_ids[-1], 1]))  # a token each round: never backed off
+
+        def observe(self, outcome) -> None: ...
+
+        def release(self) -> None: ...
+
+    counts = iter(range(1, 100))
+    crowded, alone = Recording(), Recording()
+    for drafter, batch_sessions in ((crowded, lambda: next(counts)), (alone, None)):
+        verifier = LocalVerifier(target, CAPACITY, sampling=GREEDY)
+        speculative_generate(PROMPT, verifier, drafter, 0, FinishChecker(6), batch_sessions=batch_sessions)
+    rounds = len(crowded.batches)  # the prefill emits the first token; each round then 1 or 2
+    assert rounds >= 3 and crowded.batches == list(range(1, rounds + 1))  # one count per round, in order
+    assert alone.batches == [1] * len(alone.batches)

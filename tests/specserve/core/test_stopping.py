@@ -56,7 +56,7 @@ def draft_round(policy: StopPolicy, logits_per_depth: list[torch.Tensor], token:
     """A drafter's spine loop: tokens drafted this round (the one that stopped it included)."""
     drafted = 0
     if isinstance(policy, RoundPolicy):
-        policy.start_round()
+        policy.start_round(1)
     for depth in range(policy.max_depth):
         logits = logits_per_depth[min(depth, len(logits_per_depth) - 1)]
         drafted += 1

@@ -26,7 +26,7 @@ class CountingDrafter:
     def __init__(self, chain: Sequence[int] = (), kind: CandidateKind = CandidateKind.FIXED) -> None:
         self.chain, self.kind, self.calls = list(chain), kind, 0
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         self.calls += 1
         return DraftTree(TokenTree.chain([token_ids[-1], *self.chain]), self.kind)
 
@@ -41,11 +41,11 @@ def test_a_confident_suffix_round_does_not_ask_the_model():
     model = CountingDrafter([99])
     drafter = SuffixDrafter(model, 16, FLAT_COST, SuffixSettings(model_skip_tokens=1.0))
     text = [7, 8, 9, 10, 11] * 6 + [7, 8]
-    draft = drafter.propose(text, round_seed=0)
+    draft = drafter.propose(text, round_seed=0, batch_sessions=1)
     assert model.calls == 0 and drafter.num_suffix_only_rounds == 1
     assert draft.tree.token_ids[:4] == (8, 9, 10, 11) and draft.suffix_nodes
     # text never seen before: the model is asked, and its chain is the tree
-    fresh = drafter.propose([*text, 50, 51, 52], round_seed=1)
+    fresh = drafter.propose([*text, 50, 51, 52], round_seed=1, batch_sessions=1)
     assert model.calls == 1 and fresh.tree.token_ids == (52, 99) and not fresh.suffix_nodes
 
 
@@ -54,7 +54,7 @@ def test_merged_trees_have_no_duplicate_paths_and_respect_the_node_budget():
     for budget in (4, 5, 8, 16):  # the model tree (4 nodes) fits; suffix nodes fill the rest
         model = CountingDrafter([3, 4, 9])  # shares "3 4" with a suffix branch
         drafter = SuffixDrafter(model, budget, None, SuffixSettings(min_score=0.0, model_skip_tokens=100.0))
-        draft = drafter.propose(text, round_seed=0)
+        draft = drafter.propose(text, round_seed=0, batch_sessions=1)
         tree = draft.tree
         assert tree.num_nodes <= budget and tree.token_ids[0] == 2
         for kids in tree_children(tree.parent_ids):
@@ -69,7 +69,7 @@ def test_merged_trees_have_no_duplicate_paths_and_respect_the_node_budget():
 def test_sampled_model_trees_are_never_mixed_with_suffix_candidates():
     model = CountingDrafter([3, 4], kind=CandidateKind.SAMPLED)
     drafter = SuffixDrafter(model, 16, None, SuffixSettings(min_score=0.0, model_skip_tokens=100.0))
-    draft = drafter.propose([1, 2, 5, 6, 1, 2], round_seed=0)
+    draft = drafter.propose([1, 2, 5, 6, 1, 2], round_seed=0, batch_sessions=1)
     assert (
         draft.kind is CandidateKind.SAMPLED and draft.tree.token_ids == (2, 3, 4) and not draft.suffix_nodes
     )
@@ -78,12 +78,12 @@ def test_sampled_model_trees_are_never_mixed_with_suffix_candidates():
 def test_trust_falls_when_suffix_candidates_are_rejected_and_sizes_fall_with_it():
     drafter = SuffixDrafter(None, 16, FLAT_COST)
     text = [1, 2, 3, 4, 5, 6] * 4
-    first = draft = drafter.propose(text, 0)
+    first = draft = drafter.propose(text, 0, 1)
     start = drafter.trust
     for round_ in range(8):  # the target writes something else after the root, then the pattern again
         drafter.observe(RoundOutcome.from_committed(draft, [60 + round_]))  # every candidate rejected
         text = [*text, 60 + round_, 1, 2, 3, 4, 5, 6]
-        draft = drafter.propose(text, round_ + 1)
+        draft = drafter.propose(text, round_ + 1, 1)
     assert drafter.trust < start / 2
     assert first.tree.num_nodes > 1
 
@@ -97,21 +97,20 @@ def test_in_a_batch_the_other_sessions_are_taken_to_send_trees_like_this_one():
     # Beside 3 others taken as the root alone (3 nodes), 4 candidates fit under the knee; if the others
     # send trees like this session's recent ones (2 nodes each), the forward is at the knee and one
     # candidate pays. Taken for the root alone, the others' nodes were never priced.
-    drafter = SuffixDrafter(None, 32, KNEE_COST, batch_load=lambda: 3)
+    drafter = SuffixDrafter(None, 32, KNEE_COST)
     drafter._sync(REPEATING)
     proposal = drafter._suffix_proposal(REPEATING)
     assert proposal is not None
-    assert drafter._sized(proposal, 1) == 4
+    assert drafter._sized(proposal, 1, batch_sessions=4) == 4
     drafter.mean_nodes, drafter.mean_emitted = 2.0, 2.0
-    assert drafter._sized(proposal, 1) == 1
-    lone = SuffixDrafter(None, 32, KNEE_COST)  # no batch: the means do not matter
-    lone.mean_nodes = lone.mean_emitted = 2.0
-    assert lone._sized(proposal, 1) == SuffixDrafter(None, 32, KNEE_COST)._sized(proposal, 1) == 7
+    assert drafter._sized(proposal, 1, batch_sessions=4) == 1
+    assert drafter._sized(proposal, 1, batch_sessions=1) == 7  # alone: the means do not matter
+    assert SuffixDrafter(None, 32, KNEE_COST)._sized(proposal, 1, batch_sessions=1) == 7
 
 
 def test_the_round_sizes_follow_the_rounds_the_target_verified():
     drafter = SuffixDrafter(None, 32, KNEE_COST)
-    draft = drafter.propose(REPEATING, round_seed=0)
+    draft = drafter.propose(REPEATING, round_seed=0, batch_sessions=1)
     assert draft.tree.token_ids[:3] == (8, 9, 10) and draft.tree.num_nodes >= 3
     # the target accepted "9" and then chose 42 (not "10"): 1 drafted token on the path, 2 emitted
     drafter.observe(RoundOutcome.from_committed(draft, [9, 42]))
@@ -131,10 +130,10 @@ def test_a_greedy_session_is_sized_by_the_cost_it_is_given_and_shares_the_batch(
 
     shared = TenantCache(SharedSuffixCache(4, 64), "tenant")
     model = CountingDrafter([99])
-    drafter = suffix_drafter(model, 16, GREEDY, calibrated, batch_load=lambda: 3, shared=shared)
+    drafter = suffix_drafter(model, 16, GREEDY, calibrated, shared=shared)
     assert drafter.inner is model and drafter.max_tree_nodes == 16
     assert drafter.cost is FLAT_COST and asked == [1]
-    assert drafter.batch_load() == 3 and drafter.shared is shared
+    assert drafter.batch_aware and drafter.shared is shared
 
 
 def test_a_sampled_session_is_sized_alike_wherever_it_runs_and_from_its_own_text():
@@ -146,6 +145,8 @@ def test_a_sampled_session_is_sized_alike_wherever_it_runs_and_from_its_own_text
 
     shared = TenantCache(SharedSuffixCache(4, 64), "tenant")
     sampled = SamplingParams(temperature=0.7)
-    drafter = suffix_drafter(None, 16, sampled, calibrated, batch_load=lambda: 3, shared=shared)
-    assert drafter.inner is None and drafter.cost is NOMINAL_CPU_COST
-    assert drafter.batch_load() == 0 and drafter.shared is None
+    drafter = suffix_drafter(None, 16, sampled, calibrated, shared=shared)
+    assert drafter.inner is None and drafter.cost is NOMINAL_CPU_COST and drafter.shared is None
+    crowded = drafter.propose(REPEATING, round_seed=0, batch_sessions=64)
+    alone = suffix_drafter(None, 16, sampled, calibrated).propose(REPEATING, round_seed=0, batch_sessions=1)
+    assert crowded.tree == alone.tree and crowded.num_draft_tokens > 0

@@ -126,7 +126,7 @@ def test_sampled_verification_of_a_shipped_cape_tree_keeps_the_target_distributi
     capacity = len(prompt_ids) + 64
     cape = CapeSettings()
     drafter = GlideDrafter(engine.glide_draft, verifier.cache, capacity, DraftShape(4), cape, params)
-    draft = drafter.propose([*prompt_ids, root], 1)
+    draft = drafter.propose([*prompt_ids, root], 1, 1)
     tree = draft.tree
     assert len(tree_children(tree.parent_ids)[0]) > 1  # a real tree: several candidates for the first token
     start = verifier.cache.length

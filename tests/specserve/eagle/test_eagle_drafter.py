@@ -130,7 +130,7 @@ def test_a_draft_reading_other_features_than_the_target_keeps_is_a_clear_error(t
             return verifier.cache.hidden_states()
 
     with pytest.raises(FailedPrecondition, match="serve both with the same hidden-state draft"):
-        EagleDrafter(fused, FinalStates(), CAPACITY).propose([*PROMPT, root], 0)
+        EagleDrafter(fused, FinalStates(), CAPACITY).propose([*PROMPT, root], 0, 1)
 
 
 def test_commit_path_keeps_the_accepted_branchs_states(target):
@@ -157,7 +157,7 @@ def test_a_round_drafts_from_h_t_and_x_t_plus_1_then_from_its_own_outputs(target
     drafter = EagleDrafter(model, verifier.cache, CAPACITY, DraftShape(depth=4))
     root = verifier.prefill(PROMPT, 0)
     token_ids = [*PROMPT, root]
-    spine = spine_token_ids(drafter.propose(token_ids, 0).tree)
+    spine = spine_token_ids(drafter.propose(token_ids, 0, 1).tree)
     features = verifier.cache.hidden_states()  # [1, L, H]
     nexts = token_ids[1:]
     expected: list[int] = []
@@ -177,13 +177,13 @@ def test_a_target_without_hidden_states_is_a_clear_error(target):
     root = verifier.prefill(PROMPT, 0)
     verifier.cache.features = None  # as a target that never kept them
     with pytest.raises(ValueError):
-        drafter.propose([*PROMPT, root], 0)
+        drafter.propose([*PROMPT, root], 0, 1)
     other = LocalVerifier(target, CAPACITY)
     EagleDrafter(_eagle(target.model, draft_vocab_size=None), other.cache, CAPACITY)
     root = other.prefill(PROMPT, 0)
     with pytest.raises(FailedPrecondition):  # the root's position is not committed yet
         EagleDrafter(_eagle(target.model, draft_vocab_size=None), other.cache, CAPACITY).propose(
-            [*PROMPT, root, 5], 0
+            [*PROMPT, root, 5], 0, 1
         )
 
 

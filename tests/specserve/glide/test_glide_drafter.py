@@ -55,8 +55,8 @@ class Recording:
     def __init__(self, drafter: GlideDrafter) -> None:
         self.drafter, self.trees = drafter, []
 
-    def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
-        draft = self.drafter.propose(token_ids, round_seed)
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+        draft = self.drafter.propose(token_ids, round_seed, 1)
         self.trees.append(draft)
         return draft
 
@@ -178,7 +178,7 @@ def test_draft_cache_depends_only_on_the_committed_sequence(target, glide):
     g = torch.Generator().manual_seed(0)
     for grow in [3, 1, 5, 2, 4, 1]:
         _commit(target, verifier, token_ids)
-        drafter.propose(token_ids, 0)
+        drafter.propose(token_ids, 0, 1)
         token_ids += torch.randint(0, 64, (grow,), generator=g).tolist()
     _commit(target, verifier, token_ids)
     target_kv = verifier.cache.layer_kv(-1)
@@ -212,7 +212,7 @@ def test_each_block_reads_its_own_target_layer(target):
         expected = glide.logits(glide(torch.tensor([token_ids]), per_block, mask)[0, -1])
         swapped = glide.logits(glide(torch.tensor([token_ids]), per_block[::-1], mask)[0, -1])
         drafter.release()
-        proposed = drafter.propose(token_ids, 0)
+        proposed = drafter.propose(token_ids, 0, 1)
     torch.testing.assert_close(synced, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(expected, swapped, atol=1e-3)  # the layers differ, so reading them does
     assert proposed.tree.token_ids[1] == int(expected.argmax())  # the drafter picks the same layers itself
@@ -245,7 +245,7 @@ def test_drafter_reads_the_target_cache_without_copying(target, glide):
     watch = AliasWatch({last.keys.untyped_storage().data_ptr(), last.values.untyped_storage().data_ptr()})
     try:
         with watch:
-            drafter.propose(token_ids, 0)
+            drafter.propose(token_ids, 0, 1)
     finally:
         hook.remove()
     assert len(seen) == 4  # sync + 3 spine steps
@@ -261,7 +261,7 @@ def test_target_cache_out_of_step_is_refused(target, glide):
     drafter = GlideDrafter(glide, verifier.cache, CAPACITY)
     verifier.prefill(PROMPT, 0)
     with pytest.raises(FailedPrecondition):
-        drafter.propose([*PROMPT, 1, 2], 0)  # the target has not verified token 1
+        drafter.propose([*PROMPT, 1, 2], 0, 1)  # the target has not verified token 1
 
 
 def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
@@ -271,7 +271,7 @@ def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
     drafter = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=3))
     token_ids = list(PROMPT)
     _commit(target, verifier, token_ids)
-    drafter.propose(token_ids, 0)
+    drafter.propose(token_ids, 0, 1)
     cached = drafter.cache.length
     token_ids += [5, 6]
     _commit(target, verifier, token_ids)
@@ -282,10 +282,10 @@ def test_a_round_the_policy_sizes_to_nothing_runs_no_forward(target, glide):
         def observe(self, num_drafted: int, num_accepted: int) -> None: ...
 
     real, drafter.stop_policy = drafter.stop_policy, Nothing()
-    draft = drafter.propose(token_ids, 0)
+    draft = drafter.propose(token_ids, 0, 1)
     assert draft.tree.token_ids == (token_ids[-1],) and drafter.cache.length == cached
     drafter.stop_policy = real
     token_ids += [7]
     _commit(target, verifier, token_ids)
     fresh = GlideDrafter(glide, verifier.cache, CAPACITY, DraftShape(depth=3))
-    assert drafter.propose(token_ids, 0).tree == fresh.propose(token_ids, 0).tree
+    assert drafter.propose(token_ids, 0, 1).tree == fresh.propose(token_ids, 0, 1).tree

@@ -14,7 +14,6 @@ from specserve.runtime.batching import (
     Scheduler,
     SchedulerThread,
     batched_call,
-    other_sessions,
     wait_until,
 )
 
@@ -76,23 +75,27 @@ def test_budget_is_first_in_first_out_and_never_starves_a_big_segment():
 
 
 def test_every_job_of_a_forward_sees_all_the_others_whatever_its_turn_to_resume():
-    """The cost policy sizes a round by other_sessions(): the job resumed first after a shared forward
-    must count the jobs resumed after it (they are in no queue yet), and a finished job counts no more."""
+    """Loops pass the scheduler's sessions() to their drafters, whose cost policies size a round by it:
+    the job resumed first after a shared forward must count the jobs resumed after it (they are in no
+    queue yet), and a finished job counts no more."""
     model = Recorder()
     seen: dict[str, list[int]] = {}
+    scheduler = Scheduler()
 
     def session(name: str, rounds: int):
         def run() -> None:
             for _ in range(rounds):
                 batched_call(model, Segment(name))
-                seen.setdefault(name, []).append(other_sessions())
+                seen.setdefault(name, []).append(scheduler.sessions())
 
         return run
 
-    Scheduler().run_all([session("a", 2), session("b", 2), session("c", 3)])
+    assert scheduler.sessions() == 1  # no job: whoever asks is alone
+    scheduler.run_all([session("a", 2), session("b", 2), session("c", 3)])
     # a and b end after their second forward: each job counts only those not finished by its turn
-    assert seen == {"a": [2, 2], "b": [2, 1], "c": [2, 0, 0]}
-    assert other_sessions() == 0  # outside a job
+    assert seen == {"a": [3, 3], "b": [3, 2], "c": [3, 1, 1]}
+    scheduler.load_hint = lambda: 5  # a service that knows of more sessions than run jobs right now
+    assert scheduler.sessions() == 5
 
 
 def test_models_are_batched_separately():

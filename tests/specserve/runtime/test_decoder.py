@@ -15,9 +15,9 @@ from specserve.core.tree_mask import tree_attention_mask
 from specserve.models.tiny import Architecture
 from specserve.runtime.decoder import supports_native_forward
 from specserve.runtime.kernels import apply_linear_kernel
-from specserve.runtime.ragged import causal_attend, forward_ragged
+from specserve.runtime.ragged import forward_ragged
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.segment import Segment
+from specserve.runtime.segment import Segment, causal_attend
 
 ATOL = 1e-4
 

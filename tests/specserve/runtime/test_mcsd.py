@@ -55,7 +55,7 @@ def test_greedy_output_equals_target_alone(target, draft, shape):
 
 def test_tree_is_the_full_static_shape_with_the_drafts_top_k(target, draft):
     drafter = MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2, 1)))
-    tree = drafter.propose(PROMPT, 0).tree
+    tree = drafter.propose(PROMPT, 0, 1).tree
     assert tree.parent_ids == multi_candidate_parents((2, 2, 1))
     # each node's children are the draft's top-k after the path to it (checked by a fresh causal forward)
     for node, children in enumerate(tree_children(tree.parent_ids)):
@@ -86,7 +86,7 @@ class StopAfter:
 def test_a_stop_slices_the_tree_after_that_level(draft, levels):
     drafter = MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2, 1)))
     drafter.stop_policy = StopAfter(levels)
-    tree = drafter.propose(PROMPT, 0).tree
+    tree = drafter.propose(PROMPT, 0, 1).tree
     assert tree.parent_ids == multi_candidate_parents((2, 2, 1)[:levels])
     assert drafter.cache.length == len(PROMPT)  # the tree's draft KV is gone, the root's stays
     # the policy saw the first child of each level's first node: the spine
@@ -95,9 +95,9 @@ def test_a_stop_slices_the_tree_after_that_level(draft, levels):
 
 def test_draft_cache_is_reused_across_rounds(draft):
     drafter = MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2)))
-    first = drafter.propose(PROMPT, 0)
-    again = drafter.propose([*PROMPT, 7, 11], 0)
-    fresh = MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2))).propose([*PROMPT, 7, 11], 0)
+    first = drafter.propose(PROMPT, 0, 1)
+    again = drafter.propose([*PROMPT, 7, 11], 0, 1)
+    fresh = MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2))).propose([*PROMPT, 7, 11], 0, 1)
     assert again.tree == fresh.tree and first.tree != again.tree
 
 
@@ -105,7 +105,7 @@ def test_draft_cache_is_reused_across_rounds(draft):
 def test_sampled_trees_carry_q_of_every_internal_node(draft, kind):
     params = SamplingParams(temperature=1.0)
     shape = McsdShape((3, 2), sampled_kind=kind)
-    proposal = MultiCandidateDrafter(draft, CAPACITY, shape, params).propose(PROMPT, 4)
+    proposal = MultiCandidateDrafter(draft, CAPACITY, shape, params).propose(PROMPT, 4, 1)
     internal = [i for i, c in enumerate(tree_children(proposal.tree.parent_ids)) if c]
     assert proposal.kind is kind and sorted(proposal.draft_probs) == internal
     if kind is CandidateKind.SAMPLED_WITHOUT_REPLACEMENT:
@@ -125,7 +125,7 @@ def test_target_rooted_rounds_hand_over_the_targets_top_w(target, draft):
     drafter = MultiCandidateDrafter(draft, CAPACITY, shape)
     verifier = LocalVerifier(target, CAPACITY)
     root = verifier.prefill(PROMPT, 0)
-    first = drafter.propose([*PROMPT, root], 0)
+    first = drafter.propose([*PROMPT, root], 0, 1)
     assert first.tree.num_nodes == 1 and first.target_roots == 2 and first.num_draft_tokens == 0
     outcome = verifier.verify(first, 0)
     with torch.inference_mode():
@@ -133,7 +133,7 @@ def test_target_rooted_rounds_hand_over_the_targets_top_w(target, draft):
     assert outcome.next_token is None and outcome.accepted_nodes == [0]
     assert list(outcome.root_candidates) == torch.topk(logits, 2).indices.tolist()
     assert verifier.cache.length == len(PROMPT)  # the root stays the root: its KV is not committed
-    seeded = drafter.propose_from_roots([*PROMPT, root], outcome.root_candidates, 0)
+    seeded = drafter.propose_from_roots([*PROMPT, root], outcome.root_candidates, 0, 1)
     first_level = tree_children(seeded.tree.parent_ids)[0]
     assert [seeded.tree.token_ids[c] for c in first_level] == list(outcome.root_candidates)
     assert seeded.num_seeded == 2 and seeded.num_draft_tokens == seeded.tree.num_nodes - 3
@@ -145,7 +145,7 @@ def test_root_candidates_need_a_seeded_drafter_and_a_target_shape(target, draft)
     class RootOnlyOnce:
         """A drafter asking for root candidates but unable to use them."""
 
-        def propose(self, token_ids: Sequence[int], round_seed: int) -> DraftTree:
+        def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
             return DraftTree(TokenTree.chain([token_ids[-1]]), target_roots=2)
 
         def observe(self, outcome) -> None: ...
@@ -155,7 +155,7 @@ def test_root_candidates_need_a_seeded_drafter_and_a_target_shape(target, draft)
     with pytest.raises(FailedPrecondition):
         run(target, RootOnlyOnce(), GREEDY)
     with pytest.raises(InvalidArgument):
-        MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2))).propose_from_roots(PROMPT, [1, 2], 0)
+        MultiCandidateDrafter(draft, CAPACITY, McsdShape((2, 2))).propose_from_roots(PROMPT, [1, 2], 0, 1)
     with pytest.raises(InvalidArgument):
         McsdShape((2, 2), target_roots=True, stop="svip")
 

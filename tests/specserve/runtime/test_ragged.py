@@ -9,9 +9,9 @@ from tiny_llama import EACH_ARCHITECTURE, tiny_model
 
 from specserve.errors import ResourceExhausted
 from specserve.runtime.kv_cache import MIN_ALLOCATION
-from specserve.runtime.ragged import causal_attend, forward_ragged
+from specserve.runtime.ragged import forward_ragged
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.segment import Segment
+from specserve.runtime.segment import Segment, causal_attend
 
 ATOL = 1e-4
 

@@ -60,9 +60,11 @@ class RecordingPolicy:
     def max_depth(self) -> int:
         return self.inner.max_depth
 
-    def start_round(self) -> int:
+    def start_round(self, batch_sessions: int) -> int:
         self.calls.append("start")
-        return self.inner.start_round() if isinstance(self.inner, RoundPolicy) else self.inner.max_depth
+        if isinstance(self.inner, RoundPolicy):
+            return self.inner.start_round(batch_sessions)
+        return self.inner.max_depth
 
     def should_stop(self, step: DraftStep) -> bool:
         self.steps.append(step)
@@ -331,8 +333,8 @@ def test_a_round_is_sized_once_after_the_policy_learned_from_the_last(target, gl
     assert calls[-1] == "observe"  # the last round's outcome too
     assert all(calls[i + 1] == "start" for i, call in enumerate(calls[:-1]) if call == "observe")
     token_ids = list(verifier.inner.token_ids)
-    cap = drafter.open_round(token_ids)
-    draft = drafter.propose(token_ids, 1)
+    cap = drafter.open_round(token_ids, 1)
+    draft = drafter.propose(token_ids, 1, 1)
     assert calls.count("start") == len(verifier.rounds) + 1
     assert cap == 4 and 1 <= draft.num_draft_tokens <= cap
 
