@@ -10,11 +10,11 @@ n new queries into the forward (n = 1: a decode step; n = 8: a small tree). Time
 - `padded, resident`: the same SDPA with the caches already in one tensor (no copy: the bound a
   batched cache pool would give).
 It also reports whether the padded rows equal the per-session rows bit for bit: greedy identity under
-batching rests on a session's logits not depending on who shares its forward. With --model-dir it
-times the model's whole forward over the same batch of decode steps (the runtime's ForwardBatch, with
-the linear kernel the engine uses), so the per-session loop's share of a forward is seen.
+batching rests on a session's logits not depending on who shares its forward. With --forward it times
+the engine's own target forward (its model, weights and kernels as configured) over the same batches of
+decode steps, so the per-session loop's share of a forward is seen; the shapes are then that model's.
 
-    python scripts/diagnostics/batched_attention.py --model-dir <a checkpoint directory>
+    python scripts/diagnostics/batched_attention.py --forward
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from specserve.runtime.runner import ModelRunner
+from specserve.runtime.segment import Segment
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -94,7 +97,7 @@ def measure(sessions: int, n: int, context: int, heads: int, kv_heads: int, dim:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, help="read heads and head size from its config.json")
+    parser.add_argument("--forward", action="store_true", help="also time the engine's target forward")
     parser.add_argument("--heads", type=int, default=9)
     parser.add_argument("--kv-heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -104,10 +107,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
-    if args.model_dir is not None:
-        config = json.loads((args.model_dir / "config.json").read_text())
-        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        dim = config.get("head_dim") or config["hidden_size"] // heads
+    runner = None
+    if args.forward:
+        from specserve.engine import Engine
+
+        runner = Engine().target_runner
+        config = runner.model.config
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     torch.set_grad_enabled(False)
     print(
         f"heads {heads}, kv heads {kv_heads}, head size {dim}, context ~{args.context},"
@@ -124,28 +131,19 @@ def main() -> None:
                 f"  {row['padded_resident_ms']:18.3f}  {row['bit_identical']!s:>13}"
                 f"  {row['max_abs_diff']:.1e}"
             )
-    if args.model_dir is not None:
+    if runner is not None:
         for sessions in args.sessions:
-            forward_ms = time_forward(args.model_dir, sessions, args.context, args.repeats)
+            forward_ms = time_forward(runner, sessions, args.context, args.repeats)
             loop_ms = next(r for r in rows if r["sessions"] == sessions and r["new_tokens"] == 1)
-            share = loop_ms["per_session_ms"] * layers(args.model_dir) / forward_ms
+            share = loop_ms["per_session_ms"] * runner.num_layers / forward_ms
             print(f"{sessions} decode steps: forward {forward_ms:.2f} ms, attention loop ~{100 * share:.0f}%")
             rows.append({"sessions": sessions, "forward_ms": forward_ms, "attention_share": share})
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
 
 
-def layers(model_dir: Path) -> int:
-    return int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
-
-
-def time_forward(model_dir: Path, sessions: int, context: int, repeats: int) -> float:
+def time_forward(runner: ModelRunner, sessions: int, context: int, repeats: int) -> float:
     """ms of one forward of `sessions` decode steps, each after its own cache of ~context positions."""
-    from specserve.models.loading import load_causal_lm
-    from specserve.runtime.runner import ModelRunner
-    from specserve.runtime.segment import Segment
-
-    runner = ModelRunner(load_causal_lm(model_dir, linear_kernel="auto"), label="target")
     caches = []
     for i in range(sessions):
         length = context // 2 + (context * i) // max(1, sessions)

@@ -214,8 +214,9 @@ class RemoteVerifier:
 
 
 class RoundTripMean:
-    """Propose round trips smoothed over every session of a router: where a new session's estimate of
-    what asking the draft costs starts, instead of nothing (its own calls take over from its first)."""
+    """What Propose calls cost beyond the draft's own work (their transport and KV-feed waits), smoothed
+    over every session of a router: where a new session's estimate starts, instead of nothing (its own
+    calls take over from its second; the first carries one-time work)."""
 
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds = seconds  # 0 = no call measured yet
@@ -260,7 +261,8 @@ class RemoteDrafter:
 
     @property
     def overhead_s(self) -> float:
-        """What asking the draft costs a round: a Propose's round trip, smoothed (0 = not known yet)."""
+        """What asking the draft costs a round beyond the draft's own work: a Propose's round trip less
+        its handler's time, plus the handler's wait for the KV feed, smoothed (0 = not known yet)."""
         return self._round_trip.seconds
 
     def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
@@ -328,9 +330,12 @@ class RemoteDrafter:
         self.counters.kv_feed_bytes = response.kv_feed_bytes
         self.counters.draft_service_s += response.handler_seconds
         if not opening:
-            self._round_trip.observe(round_trip_s)
+            # The draft's steps and fixed cost are in its own cost model: what the router adds is the
+            # transport and the wait for the KV feed.
+            transport_s = max(0.0, round_trip_s - response.handler_seconds) + response.kv_wait_seconds
+            self._round_trip.observe(transport_s)
             if self.round_trips is not None:
-                self.round_trips.observe(round_trip_s)
+                self.round_trips.observe(transport_s)
         self.counters.prepared_proposals += response.prepared
         self._skipped = 0
         self.drafts_up_to = (

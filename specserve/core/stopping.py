@@ -347,9 +347,12 @@ class CostPolicy:
         # sampling the tokens drawn depend on the tree, so a seeded request must get the same trees
         # whatever else runs: its trees are sized as if alone.
         self.batch_aware = True
-        # What asking the drafter costs a round beyond its draft steps, as the caller measures it (the
-        # router's Propose round trip). It depends on timing, so like the load only greedy rounds use it.
-        self.draft_overhead_s = 0.0
+        # What asking the drafter costs a round beyond the drafter's own work (its calibrated fixed cost
+        # and its steps, which the cost model holds): the transport and waits of the caller's call, as
+        # the caller measures it (the router's Propose round trip less the draft's handler time, plus
+        # the handler's wait for the KV feed). It depends on timing, so like the load only greedy rounds
+        # use it.
+        self.transport_s = 0.0
         self._sizes_counted = False  # the round being observed was counted already (a cap of 0)
         self.estimate = AcceptanceEstimate(settings.cost_acceptance)
         self.model = (
@@ -364,8 +367,8 @@ class CostPolicy:
         self._width_depth = -1  # the depth `choose_width` already accounted for
 
     def _round_cost(self) -> CostModel:
-        if self.batch_aware and self.draft_overhead_s > 0:
-            return replace(self.cost, draft_overhead_s=self.draft_overhead_s)
+        if self.batch_aware and self.transport_s > 0:
+            return replace(self.cost, draft_overhead_s=self.cost.draft_overhead_s + self.transport_s)
         return self.cost
 
     @property

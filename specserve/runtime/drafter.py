@@ -127,7 +127,7 @@ class PolicyDrafter:
 
     def charge_overhead(self, seconds: float) -> None:
         if self._cost_policy is not None:
-            self._cost_policy.draft_overhead_s = seconds
+            self._cost_policy.transport_s = seconds
 
     def drafts_up_to(self, batch_sessions: int) -> int | None:
         policy = self._cost_policy

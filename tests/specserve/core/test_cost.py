@@ -203,7 +203,7 @@ def test_the_largest_drafting_batch_is_where_rounds_start_drafting_again(accepta
     assert policy.start_round(largest + 1) == 0  # one session more than the largest drafting batch
     assert policy.start_round(largest) == COST_MAX_DEPTH
     policy.batch_aware = False  # sampled: sized as if alone, so the load never matters
-    policy.draft_overhead_s = 1.0  # and a round trip of a second never pays, alone or not
+    policy.transport_s = 1.0  # and a round trip of a second never pays, alone or not
     policy.cost = CostModel(LINEAR.verify_points, LINEAR.draft_step_s, draft_overhead_s=1.0)
     assert policy.start_round(1) == 0 and policy.largest_drafting_batch(64) == 0
 
@@ -246,7 +246,7 @@ def test_a_draft_that_does_not_pay_for_its_round_trip_drafts_nothing():
     policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
     policy.mean_acceptance = 0.3
     assert policy.start_round(1) == COST_MAX_DEPTH
-    policy.draft_overhead_s = 0.020
+    policy.transport_s = 0.020
     assert policy.start_round(1) == 0
     policy.mean_acceptance = 0.6
     assert policy.start_round(1) == COST_MAX_DEPTH
