@@ -122,9 +122,12 @@ def add_serve_parsers(subparsers: Any) -> None:
 # takes many times longer. That was the stack's slow mode, steady for as long as the cores stayed shared:
 # on 2 cores, a one-token completion took 0.33 s at 30,000 spins (libgomp's default, 300,000, slower
 # still) and 0.06 s at 100; 0.91 s against 0.10 s with one more core kept busy (docs/benchmarks.md, the
-# distributed stack). 100 spins are a few microseconds: a worker still catches the next region of a
-# forward that has the cores to itself, and sleeps at once when it does not.
-SERVICE_GOMP_SPINCOUNT = "100"
+# distributed stack). Too few spins cost the idle case instead: a worker that sleeps at once must be woken
+# for the next region, and at 100 spins a one-token forward took 45-48 ms against 35 ms on an idle
+# machine. 10,000 spins (a few hundred microseconds) are as fast as libgomp's default when the cores are
+# free (35.3 ms) and keep the slow mode away when they are not (139 ms with three busy processes, against
+# 107 ms at 100 spins and 337 ms at the default): docs/benchmarks.md, "Cores shared with other work".
+SERVICE_GOMP_SPINCOUNT = "10000"
 
 
 def run_serve(args: argparse.Namespace) -> int:
