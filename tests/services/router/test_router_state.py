@@ -18,6 +18,8 @@ from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument, NotFound, Unavailable
 from specserve.serving.stack import free_port, redis_server_binary
 
+pytestmark = pytest.mark.integration  # starts a redis-server process
+
 PASSWORD = secrets.token_hex(8)
 
 

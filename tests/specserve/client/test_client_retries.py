@@ -25,7 +25,7 @@ from specserve.client.common import RetryBudget
 from specserve.errors import Unavailable
 from specserve.serving.stack import free_port
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]  # starts router processes it kills
 
 ROUTER = Path(__file__).with_name("counting_router.py")
 NUM_TOKENS = 40

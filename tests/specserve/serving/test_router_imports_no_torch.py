@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration  # starts fresh interpreters
+
 HEAVY = ("torch", "transformers")
 CHECK = """
 import importlib, json, sys

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from specserve.serving.stack import free_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]  # starts worker processes
 
 WORKER = textwrap.dedent(
     """

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specserve.training.distill.run_log import LOG, SUMMARY
+
+pytestmark = pytest.mark.integration  # starts the CLI in a process of its own
 
 
 def finished_run(directory: Path, fraction: float, answer_tokens: int, agreement: float) -> Path:
