@@ -2,10 +2,11 @@
 
 Each setting runs in a fresh process (libgomp reads GOMP_SPINCOUNT when torch loads): the served target
 (packed weights, as the target service runs it), the median of 30 forwards of one token and of a 7-node
-tree over a 150-token cache; `--busy-core` keeps one more process busy meanwhile. docs/benchmarks.md
+tree over a 150-token cache; `--busy N` keeps N more processes busy meanwhile. docs/benchmarks.md
 (the distributed stack, "Cores shared with other work") quotes:
 
     python scripts/diagnostics/openmp_spin.py 0 100 1000 30000 default
+    python scripts/diagnostics/openmp_spin.py 100 1000 3000 10000 default --busy 3
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def measure() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spins", nargs="+", help="GOMP_SPINCOUNT values; 'default' leaves libgomp's own")
-    parser.add_argument("--busy-core", action="store_true", help="keep one core busy with another process")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="processes keeping a core busy")
     args = parser.parse_args()
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy_core else None
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         for spin in args.spins:
             env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
@@ -64,9 +65,9 @@ def main() -> None:
             ).stdout.split()
             print(f"GOMP_SPINCOUNT={spin}: one token {out[-2]} ms, 7-node tree {out[-1]} ms", flush=True)
     finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
+        for process in busy:
+            process.kill()
+            process.wait()
 
 
 if __name__ == "__main__":

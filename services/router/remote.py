@@ -298,7 +298,7 @@ class RemoteDrafter:
         # over the feed, the draft's own prefill): it is not what asking the draft costs a round.
         opening = self.known == 0
         try:
-            if self.known == 0:
+            if opening:
                 prefill = draft_pb2.DraftPrefillRequest(
                     session_id=self.session_id,
                     method=self.method,

@@ -73,10 +73,6 @@ class ForwardBatch:
         positions = torch.cat([s.positions.to(device) for s in segments])  # [N]
         return cls(tuple(segments), token_ids, positions, tuple(bounds), tuple(masks), tuple(keep))
 
-    @property
-    def num_tokens(self) -> int:
-        return self.bounds[-1][1] if self.bounds else 0
-
     def split_logits(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """[len(keep), V] -> each segment's [n, V] (or [V] if last_only)."""
         results, row = [], 0
