@@ -25,6 +25,8 @@ class GenerationStats:
     num_accepted_tokens: int = 0  # draft tokens the verifier accepted
     num_suffix_draft_tokens: int = 0  # of num_draft_tokens, those the suffix index proposed
     num_suffix_accepted_tokens: int = 0  # of num_accepted_tokens, those the suffix index proposed
+    num_forced_draft_tokens: int = 0  # of num_draft_tokens, those a constraint's grammar forced
+    num_forced_accepted_tokens: int = 0  # of num_accepted_tokens, those a constraint's grammar forced
     num_generated_tokens: int = 0
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter

@@ -91,6 +91,8 @@ def speculative_generate(
             stats.num_accepted_tokens += outcome.num_accepted_tokens
             stats.num_suffix_draft_tokens += outcome.num_suffix_draft_tokens
             stats.num_suffix_accepted_tokens += outcome.num_suffix_accepted_tokens
+            stats.num_forced_draft_tokens += outcome.num_forced_draft_tokens
+            stats.num_forced_accepted_tokens += outcome.num_forced_accepted_tokens
             if drafter is not None:
                 drafter.observe(outcome)
             if on_round is not None:

@@ -62,6 +62,9 @@ class DraftTree:
     # Nodes proposed by the session's suffix index rather than a draft model (core/suffix_drafter.py):
     # they verify like any fixed candidate; the stats count their acceptances apart.
     suffix_nodes: frozenset[int] = frozenset()
+    # Nodes a constraint's grammar forced (the only continuation it allows, core/grammar.py): fixed
+    # candidates like the rest; the stats count them apart.
+    forced_nodes: frozenset[int] = frozenset()
 
     @classmethod
     def root_only(cls, root_token: int) -> DraftTree:
@@ -154,6 +157,14 @@ class RoundOutcome:
     @property
     def num_suffix_accepted_tokens(self) -> int:
         return sum(1 for node in self.accepted_nodes if node in self.draft.suffix_nodes)
+
+    @property
+    def num_forced_draft_tokens(self) -> int:
+        return len(self.draft.forced_nodes)
+
+    @property
+    def num_forced_accepted_tokens(self) -> int:
+        return sum(1 for node in self.accepted_nodes if node in self.draft.forced_nodes)
 
 
 class Drafter(Protocol):

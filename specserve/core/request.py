@@ -6,7 +6,8 @@ the validated request and never checks it again. Torch-free: the router builds r
 
 A request splits as Hugging Face TGI's does: sampling (how a token is chosen; fixed for a whole session,
 so the target and draft services are told it once), stopping (when the generation ends), and what
-concerns the run as a whole (method, seed, the lossy opt-in, log-probabilities).
+concerns the run as a whole (method, seed, the lossy opt-in, log-probabilities, the constraint its text
+must satisfy).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from specserve.catalog import DEFAULT_METHOD, IN_PROCESS, MethodSupport, method_info
+from specserve.core.constraint import Constraint
 from specserve.core.rng import fresh_seed
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument
+from specserve.method_axes import Tree
 
 # Bounds every request must respect, whoever serves it. The new-token cap is the default of
 # EngineSettings.max_new_tokens_limit (SPECSERVE_MAX_NEW_TOKENS_LIMIT), which the services report.
@@ -81,6 +84,8 @@ class GenerationRequest:
     allow_lossy: bool = False  # opt in to a lossy method (catalog: lossless False) at T > 0
     logprobs: bool = False  # report each token's log-probability under the target
     top_logprobs: int = 0  # ... with this many most likely tokens at its position
+    # The language the generated text must belong to (core/constraint.py); None = unconstrained.
+    constraint: Constraint | None = None
 
     @classmethod
     def build(
@@ -97,6 +102,7 @@ class GenerationRequest:
         allow_lossy: bool = False,
         logprobs: bool = False,
         top_logprobs: int = 0,
+        constraint: Constraint | None = None,
         limits: RequestLimits | None = None,
         prompt_ids: Sequence[int] | None = None,
     ) -> GenerationRequest:
@@ -110,6 +116,7 @@ class GenerationRequest:
             allow_lossy=allow_lossy,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            constraint=constraint,
         )
         request = request.validate(limits or RequestLimits(), prompt_ids)
         return replace(request, method=method_info(request.method).name)
@@ -129,6 +136,8 @@ class GenerationRequest:
             raise InvalidField("top_logprobs", "top_logprobs needs logprobs")
         if self.logprobs and not limits.supports_logprobs:
             raise InvalidField("logprobs", "logprobs are not supported by this deployment")
+        if self.constraint is not None:
+            self._check_constrained()
         if prompt_ids is not None:
             _check_prompt(prompt_ids, self.stopping.max_new_tokens, limits)
         return self
@@ -149,6 +158,17 @@ class GenerationRequest:
             raise InvalidField(
                 "method", f"method {self.method!r} is not served here; available: {', '.join(served)}"
             )
+
+    def _check_constrained(self) -> None:
+        # A finished language allows only the end of sequence: ignoring it would leave nothing to emit.
+        if self.stopping.ignore_eos:
+            raise InvalidField("ignore_eos", "ignore_eos cannot be combined with a constraint")
+        axes = method_info(self.method).axes
+        if axes is None:
+            raise InvalidField("method", f"method {self.method} (transformers' generate) takes no constraint")
+        if axes.tree is Tree.MCSD_TARGET:
+            # Its rounds commit the target's root candidates without one distribution to mask.
+            raise InvalidField("method", f"method {self.method} cannot run under a constraint")
 
     def with_seed(self) -> GenerationRequest:
         """This request with its seed fixed: a fresh one if it had none."""
@@ -175,6 +195,7 @@ class GenerationRequest:
             allow_lossy=data["allow_lossy"],
             logprobs=data["logprobs"],
             top_logprobs=data["top_logprobs"],
+            constraint=Constraint.from_dict(data["constraint"]) if data.get("constraint") else None,
         )
 
 

@@ -7,6 +7,7 @@ import math
 import re
 
 from specserve.catalog import MethodSupport
+from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.cost import VerifyPoints, verify_points_from_json
 from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
 from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
@@ -57,6 +58,33 @@ def sampling_from_pb(message: common_pb2.SamplingParams) -> SamplingParams:
     return sampling
 
 
+_KIND_TO_PB = {
+    ConstraintKind.JSON_SCHEMA: common_pb2.CONSTRAINT_KIND_JSON_SCHEMA,
+    ConstraintKind.JSON_OBJECT: common_pb2.CONSTRAINT_KIND_JSON_OBJECT,
+    ConstraintKind.REGEX: common_pb2.CONSTRAINT_KIND_REGEX,
+    ConstraintKind.GRAMMAR: common_pb2.CONSTRAINT_KIND_GRAMMAR,
+}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+
+
+def constraint_to_pb(constraint: Constraint | None) -> common_pb2.Constraint | None:
+    if constraint is None:
+        return None
+    return common_pb2.Constraint(kind=_KIND_TO_PB[constraint.kind], source=constraint.source)
+
+
+def constraint_from_pb(message: common_pb2.Constraint) -> Constraint | None:
+    """None for an unset or UNSPECIFIED constraint; InvalidArgument (InvalidConstraint) for a bad one."""
+    if message.kind == common_pb2.CONSTRAINT_KIND_UNSPECIFIED:
+        if message.source:
+            raise InvalidArgument("constraint.kind is required when constraint.source is set")
+        return None
+    kind = _KIND_FROM_PB.get(message.kind)
+    if kind is None:
+        raise InvalidArgument(f"unknown constraint.kind {message.kind}")
+    return Constraint(kind, message.source)
+
+
 def request_from_pb(
     message: router_pb2.GenerateRequest,
     prompt_ids: list[int],
@@ -78,6 +106,7 @@ def request_from_pb(
         seed=sampling.seed if sampling.HasField("seed") else None,
         logprobs=message.logprobs,
         top_logprobs=message.top_logprobs,
+        constraint=constraint_from_pb(message.constraint) if message.HasField("constraint") else None,
         limits=limits,
         prompt_ids=prompt_ids,
     )
@@ -174,6 +203,8 @@ def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.Gene
         num_accepted_tokens=stats.num_accepted_tokens,
         num_suffix_draft_tokens=stats.num_suffix_draft_tokens,
         num_suffix_accepted_tokens=stats.num_suffix_accepted_tokens,
+        num_forced_draft_tokens=stats.num_forced_draft_tokens,
+        num_forced_accepted_tokens=stats.num_forced_accepted_tokens,
         mean_accepted_length=stats.mean_accepted_length,
         elapsed_seconds=stats.elapsed_s,
         tokens_per_second=stats.tokens_per_s,
