@@ -8,8 +8,10 @@ A test checks the result equals the engine's own encoding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -28,28 +30,39 @@ class RouterTokenizer:
         self.max_token_chars = max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)))
         self.info = info
         self.template = None
+        # The template renders `tools` itself, and calls in the HTTP API's format (services/router/http/
+        # tools.py): then tools, calls and tool messages are passed to it as transformers passes them.
+        self.native_tools = False
         if info.chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             self.template = env.from_string(info.chat_template)
+            variables = meta.find_undeclared_variables(env.parse(info.chat_template))
+            self.native_tools = "tools" in variables and "<tool_call>" in info.chat_template
 
     def encode_prompt(self, user_message: str) -> list[int]:
         if not user_message.strip():
             raise InvalidArgument("the prompt is empty")
         return self.encode_chat([{"role": "user", "content": user_message}])
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """A conversation ({"role", "content"} dicts, any number of turns) through the chat template, with
-        the assistant's turn opened. Without a template the contents are joined by newlines."""
-        if not any(m["content"].strip() for m in messages):
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """A conversation ({"role", "content"} dicts, any number of turns; with `native_tools`, also
+        calls and tool messages) through the chat template, with the assistant's turn opened. `tools`:
+        the functions (templates with `native_tools` only). Without a template the contents are joined by
+        newlines."""
+        if not any((m.get("content") or "").strip() for m in messages):
             raise InvalidArgument("the messages are empty")
         if self.template is None:
-            return self.tokenizer.encode("\n".join(m["content"] for m in messages)).ids
+            return self.tokenizer.encode("\n".join(m.get("content") or "" for m in messages)).ids
+        extra = {"tools": list(tools)} if tools else {}
         text = self.template.render(
             messages=list(messages),
             add_generation_prompt=True,
             bos_token=self.info.bos_token,
             eos_token=self.info.eos_token,
+            **extra,
         )
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

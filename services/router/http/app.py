@@ -36,6 +36,7 @@ from services.router.http.generation import (
     chat_logprobs,
     check_model,
     completion_logprobs,
+    constraint_error,
     generation_request,
     usage,
 )
@@ -48,6 +49,9 @@ from services.router.http.openapi import (
     nullable,
 )
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
+from services.router.http.structured import BodyConstraint, body_constraint
+from services.router.http.tool_calls import ToolStream
+from services.router.http.tools import chat_messages, template_tools
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from specserve import __version__
@@ -217,9 +221,10 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
         body = await read(request, ChatCompletionRequest)
 
         def prompt_ids() -> list[int]:
-            return servicer.tokenizer.encode_chat(
-                [{"role": m.role, "content": m.text} for m in body.messages]
-            )
+            tokenizer = servicer.tokenizer
+            native = tokenizer.native_tools
+            tools = template_tools(body) if native and body.tool_mode != "none" else None
+            return tokenizer.encode_chat(chat_messages(body, native), tools)
 
         return await _serve(request, body, prompt_ids, ChatOutput)
 
@@ -238,6 +243,7 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
         return await _serve(request, body, prompt_ids, CompletionOutput)
 
     async def _serve(request: Request, body, prompt_ids: Callable[[], list[int]], output_type) -> Response:
+        constraint = body_constraint(body)  # a malformed one is refused before anything starts
         release = admission.enter()
         try:
             served = await model_name()
@@ -245,17 +251,20 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
 
             def start() -> SessionRecord:
                 ids = prompt_ids()
-                return servicer.start_session(generation_request(body, ids, servicer), ids)
+                return servicer.start_session(generation_request(body, ids, servicer, constraint), ids)
 
             # In the request's context: the caller's principal (serving/auth.py BearerTokenASGI) binds the
             # session to its creator, as over gRPC.
-            record = await asyncio.to_thread(start)
+            try:
+                record = await asyncio.to_thread(start)
+            except SpecserveError as e:
+                raise constraint_error(from_specserve(e), constraint) from None
             generation = Generation(record.session_id, lambda gone: servicer.stream_session(record, gone))
         except BaseException:
             release()
             raise
         output = output_type(servicer, body, record, served, record.request.method)
-        return await _respond(request, body, generation, output, release)
+        return await _respond(request, body, generation, output, release, constraint)
 
     @app.get("/v1/streams/{stream_id}", responses=RESUME_RESPONSES)
     async def resume_stream(
@@ -285,7 +294,14 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
         )
         return await _respond(request, body, generation, output, release)
 
-    async def _respond(request: Request, body, generation: Generation, output: Output, release) -> Response:
+    async def _respond(
+        request: Request,
+        body,
+        generation: Generation,
+        output: Output,
+        release,
+        constraint: BodyConstraint | None = None,
+    ) -> Response:
         loop = asyncio.get_running_loop()
         deadline = None if body.timeout_seconds is None else loop.time() + body.timeout_seconds
 
@@ -293,17 +309,25 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
             generation.cancel()  # a no-op once the session finished
             release()
 
+        async def first_message() -> router_pb2.GenerateResponse | None:
+            try:  # the prefill compiles a constraint: its errors come with the first message
+                return await generation.next(deadline)
+            except HttpError as e:
+                raise constraint_error(e, constraint) from None
+
         if body.stream:
             try:  # errors before the first round still get their HTTP status
-                first = await generation.next(deadline)
+                first = await first_message()
             except BaseException:
                 close()
                 raise
             return SessionStream(_events(output, generation, first, deadline), close)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, generation))
         try:
-            while (message := await generation.next(deadline)) is not None:
+            message = await first_message()
+            while message is not None:
                 output.add(message)
+                message = await generation.next(deadline)
             return JSONResponse(output.response())
         finally:
             watcher.cancel()
@@ -479,7 +503,8 @@ class Output:
         self.num_tokens += len(message.token_ids)
         num_accepted = message.round.num_accepted_tokens
         num_suffix = min(message.round.num_suffix_accepted_tokens, num_accepted)
-        accepted, target, suffix = self.text.add(list(message.token_ids), num_accepted, num_suffix)
+        num_forced = min(message.round.num_forced_accepted_tokens, num_accepted - num_suffix)
+        parts = self.text.add_round(list(message.token_ids), num_accepted, num_suffix, num_forced)
         logprobs = list(message.logprobs)
         self.logprobs.extend(logprobs)
         round_ = Round(
@@ -487,12 +512,14 @@ class Output:
             list(message.token_ids),
             message.round.num_draft_tokens,
             num_accepted,
-            accepted,
-            target,
+            parts.accepted,
+            parts.target,
             num_suffix,
-            suffix,
+            parts.suffix,
+            num_forced,
+            parts.forced,
         )
-        return [self._chunk(accepted + target, logprobs, round_)]
+        return [self._chunk(parts.accepted + parts.target, logprobs, round_)]
 
     def usage(self) -> dict:
         assert self.stats is not None
@@ -550,29 +577,67 @@ class ChatOutput(Output):
             stream_options=StreamOptions(include_usage=include_usage),
         )
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # With tools in play the text is split into content and calls (tool_calls.py).
+        mode = self.body.tool_mode
+        self.tools = None if mode == "none" else ToolStream(mode)
+
     def start_chunks(self) -> list[dict]:
-        # A resumed stream's client has had the role (in the first chunk) already.
-        return [] if self.num_tokens else [self._choice({"role": "assistant", "content": ""})]
+        # A resumed stream's client has had the role (in the first chunk) already. An answer that may be
+        # calls has no content yet, as OpenAI's.
+        if self.num_tokens:
+            return []
+        return [self._choice({"role": "assistant", "content": "" if self.tools is None else None})]
 
     def _choice(self, delta: dict, logprobs: dict | None = None, finish: str | None = None) -> dict:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return self._envelope([choice])
 
+    def _delta(self, text: str) -> dict:
+        if self.tools is None:
+            return {"content": text}
+        content, calls = self.tools.feed(text)
+        delta: dict = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = [c.to_json() for c in calls]
+        return delta
+
     def _chunk(self, text: str, logprobs: list, round_: Round | None) -> dict:
         chunk = self._choice(
-            {"content": text}, chat_logprobs(self.tokenizer, logprobs) if self.body.logprobs else None
+            self._delta(text), chat_logprobs(self.tokenizer, logprobs) if self.body.logprobs else None
         )
         if round_ is not None:
             chunk["specserve"] = {"round": round_.to_json()}
         return chunk
 
+    def end_chunks(self) -> list[dict]:
+        held = self.tools.finish() if self.tools is not None else ""
+        return ([self._choice({"content": held})] if held else []) + super().end_chunks()
+
+    @property
+    def answer_finish_reason(self) -> str | None:
+        """`tool_calls` for an answer of calls that all closed at the end of the text, as OpenAI's."""
+        tools = self.tools
+        if tools is not None and tools.calls and tools.parser.complete and self.finish_reason == "stop":
+            return "tool_calls"
+        return self.finish_reason
+
     def _finish_chunk(self) -> dict:
-        chunk = self._choice({}, None, self.finish_reason)
+        chunk = self._choice({}, None, self.answer_finish_reason)
         chunk["specserve"] = {"stats": self.usage()["specserve"]}
         return chunk
 
     def response(self) -> dict:
-        message = {"role": "assistant", "content": self.text.text}
+        message: dict = {"role": "assistant", "content": self.text.text}
+        if self.tools is not None:
+            self.tools.finish()
+            if self.tools.calls:
+                message = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [c.to_json() for c in self.tools.calls],
+                }
         logprobs = chat_logprobs(self.tokenizer, self.logprobs) if self.body.logprobs else None
         return {
             "id": self.id,
@@ -580,7 +645,12 @@ class ChatOutput(Output):
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason}
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": self.answer_finish_reason,
+                }
             ],
             "usage": self.usage(),
         }

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 from services.router.http.errors import HttpError, from_specserve, invalid
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from services.router.http.structured import BodyConstraint
 from services.router.servicer import OnClientGone, RouterServicer
 from services.router.tokenizer import IncrementalText, RouterTokenizer
+from specserve.core.constraint import InvalidConstraint
 from specserve.core.request import GenerationRequest, InvalidField
 from specserve.errors import SpecserveError, quoted
 from specserve.v1 import common_pb2, router_pb2
@@ -39,6 +41,7 @@ def generation_request(
     body: ChatCompletionRequest | CompletionRequest,
     prompt_ids: list[int],
     servicer: RouterServicer,
+    constraint: BodyConstraint | None = None,
 ) -> GenerationRequest:
     """The validated request of an HTTP body, through the router's GenerationRequest.build (so gRPC and
     HTTP refuse the same input with the same message); sampling defaults are OpenAI's: temperature 1."""
@@ -59,11 +62,31 @@ def generation_request(
             allow_lossy=body.allow_lossy,
             logprobs=top is not None,
             top_logprobs=top or 0,
+            constraint=None if constraint is None else constraint.constraint,
             limits=servicer.limits,
             prompt_ids=prompt_ids,
         )
     except InvalidField as e:
         raise invalid(str(e), (_PARAMS | {"prompt": body.prompt_param}).get(e.field, e.field)) from None
+    except InvalidConstraint as e:
+        raise invalid(str(e), None if constraint is None else constraint.param) from None
+
+
+def constraint_error(error: HttpError, constraint: BodyConstraint | None) -> HttpError:
+    """A 400 from the engine before the first token, for a constrained request the router accepted, is
+    the constraint's: its schema, regex or grammar did not compile (InvalidConstraint, which crosses
+    gRPC as a plain INVALID_ARGUMENT). It names the field the constraint came from."""
+    if constraint is None or error.status != 400 or error.param is not None:
+        return error
+    return HttpError(error.status, error.message, error.type, constraint.param, error.code)
+
+
+@dataclass(frozen=True)
+class RoundText:
+    accepted: str  # the text of the draft's tokens the target accepted
+    target: str  # the text of the target's own token
+    suffix: str = ""  # the tail of `accepted` the suffix index proposed
+    forced: str = ""  # the head of `accepted` a constraint's grammar forced
 
 
 class TextAssembler:
@@ -81,19 +104,29 @@ class TextAssembler:
         """Returns (accepted text, target text, the accepted text's suffix-index tail) of a round:
         accepted + target is the new content; the last `num_suffix` accepted tokens came from the suffix
         index, and the third string is their share of the accepted text."""
+        parts = self.add_round(token_ids, num_accepted, num_suffix)
+        return parts.accepted, parts.target, parts.suffix
+
+    def add_round(
+        self, token_ids: Sequence[int], num_accepted: int, num_suffix: int = 0, num_forced: int = 0
+    ) -> RoundText:
+        """As `add`, and the accepted text's head that the first `num_forced` accepted tokens, forced by
+        a constraint's grammar, produced."""
         incremental = self.incremental
         sent_before = len(incremental.sent)
-        after_accepted = incremental.visible([*incremental.token_ids, *token_ids[:num_accepted]])
-        if num_suffix:  # decoded only for rounds that took suffix tokens
-            after_model = incremental.visible(
-                [*incremental.token_ids, *token_ids[: num_accepted - num_suffix]]
-            )
-        else:
-            after_model = after_accepted
+
+        def end_after(count: int) -> int:  # where the text of the round's first `count` tokens ends
+            return len(incremental.visible([*incremental.token_ids, *token_ids[:count]])) - sent_before
+
+        after_accepted = end_after(num_accepted)
+        # decoded again only for rounds that took suffix or forced tokens
+        after_model = end_after(num_accepted - num_suffix) if num_suffix else after_accepted
+        after_forced = end_after(num_forced) if num_forced else 0
         delta = incremental.add(token_ids)
-        boundary = min(max(0, len(after_accepted) - sent_before), len(delta))
-        model_end = min(max(0, len(after_model) - sent_before), boundary)
-        return delta[:boundary], delta[boundary:], delta[model_end:boundary]
+        boundary = min(max(0, after_accepted), len(delta))
+        model_end = min(max(0, after_model), boundary)
+        forced_end = min(max(0, after_forced), model_end)
+        return RoundText(delta[:boundary], delta[boundary:], delta[model_end:boundary], delta[:forced_end])
 
     def finish(self) -> str:
         """The rest of the text once the generation ended."""
@@ -204,6 +237,9 @@ def usage(prompt_tokens: int, stats: router_pb2.GenerationStats, method: str, se
             # of the two above, the tokens the session's suffix index proposed (no draft model)
             "num_suffix_draft_tokens": stats.num_suffix_draft_tokens,
             "num_suffix_accepted_tokens": stats.num_suffix_accepted_tokens,
+            # ... and those a constraint's grammar forced (its only continuation)
+            "num_forced_draft_tokens": stats.num_forced_draft_tokens,
+            "num_forced_accepted_tokens": stats.num_forced_accepted_tokens,
             "mean_accepted_length": stats.mean_accepted_length,
             "tokens_per_second": stats.tokens_per_second,
             "elapsed_seconds": stats.elapsed_seconds,
@@ -256,6 +292,8 @@ class Round:
     target_text: str
     num_suffix_accepted_tokens: int = 0  # the last of the accepted tokens, from the suffix index
     suffix_text: str = ""  # their text: the tail of accepted_text
+    num_forced_accepted_tokens: int = 0  # the first of the accepted tokens, forced by the constraint
+    forced_text: str = ""  # their text: the head of accepted_text
     unix_seconds: float = field(default_factory=time.time)
 
     def to_json(self) -> dict:
@@ -267,6 +305,8 @@ class Round:
             "num_suffix_accepted_tokens": self.num_suffix_accepted_tokens,
             "accepted_text": self.accepted_text,
             "suffix_text": self.suffix_text,
+            "num_forced_accepted_tokens": self.num_forced_accepted_tokens,
+            "forced_text": self.forced_text,
             "target_text": self.target_text,
         }
 

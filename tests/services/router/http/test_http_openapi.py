@@ -114,6 +114,27 @@ STATIC_REFUSALS = [
     pytest.param(ChatCompletionRequest, CHAT | {"seed": 2**63}, id="seed"),
     pytest.param(ChatCompletionRequest, CHAT | {"stop": ["x"] * 17}, id="stop-count"),
     pytest.param(ChatCompletionRequest, CHAT | {"stop": ""}, id="stop-empty"),
+    pytest.param(ChatCompletionRequest, {"messages": [{"role": "user"}]}, id="no-content"),
+    pytest.param(
+        ChatCompletionRequest, {"messages": [{"role": "tool", "content": "1"}]}, id="tool-without-call-id"
+    ),
+    pytest.param(
+        ChatCompletionRequest,
+        {"messages": [{"role": "user", "content": "hi", "tool_call_id": "c"}]},
+        id="call-id-not-from-a-tool",
+    ),
+    pytest.param(
+        ChatCompletionRequest,
+        {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
+        id="calls-not-from-the-assistant",
+    ),
+    pytest.param(
+        ChatCompletionRequest, CHAT | {"response_format": {"type": "json_schema"}}, id="no-json-schema"
+    ),
+    pytest.param(
+        ChatCompletionRequest, CHAT | {"structured_outputs": {"regex": "a", "grammar": "b"}}, id="two-kinds"
+    ),
+    pytest.param(CompletionRequest, COMPLETION | {"structured_outputs": {"regex": None}}, id="null-kind"),
 ]
 
 
@@ -137,6 +158,31 @@ ACCEPTED = [
         CHAT | {"temperature": 0, "top_p": 1, "top_k": 0, "seed": 0, "stop": ["\n"], "n": 1},
         id="sampling-at-bounds",
     ),
+    pytest.param(
+        ChatCompletionRequest,
+        {
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "sunny"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+        id="tools",
+    ),
+    pytest.param(
+        ChatCompletionRequest,
+        CHAT | {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
+        id="json-schema",
+    ),
+    pytest.param(CompletionRequest, COMPLETION | {"structured_outputs": {"choice": ["a"]}}, id="choice"),
 ]
 
 
