@@ -1,0 +1,179 @@
+"""Function calling's prompt and grammar: the tools reach the model (natively through a template that
+takes them, else in the system message), the history's calls and tool answers render, and the grammar
+(compiled here by llguidance against the default model's tokenizer, as the engine compiles it) accepts
+exactly the answers tool_choice allows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.router.http.schemas import ChatCompletionRequest, FunctionDefinition
+from services.router.http.structured import body_constraint
+from services.router.http.tools import chat_messages, template_tools, tool_grammar
+from services.router.tokenizer import RouterTokenizer
+from specserve.core.constraint import ConstraintKind
+from specserve.v1 import target_pb2
+
+llguidance = pytest.importorskip("llguidance")
+
+WEATHER = FunctionDefinition(
+    name="get_weather",
+    description="The weather in a city",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"$ref": "#/$defs/unit"}},
+        "required": ["city"],
+        "additionalProperties": False,
+        "$defs": {"unit": {"enum": ["C", "F"]}},
+    },
+)
+TIME = FunctionDefinition(name="get_time")  # no parameters: an empty object
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
+TIME_CALL = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+]
+# A template that takes tools and writes calls in the Hermes format (Qwen2.5's, shortened).
+NATIVE_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n{{ c.function.arguments | tojson }}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(default_model_dir: Path) -> str:
+    return (default_model_dir / "tokenizer.json").read_text()
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(tokenizer_json: str):
+    from tokenizers import Tokenizer
+
+    return llguidance.LLTokenizer(tokenizer_json), Tokenizer.from_str(tokenizer_json)
+
+
+def accepts(ll_tokenizer, grammar: str, text: str) -> bool:
+    """Whether `grammar` allows `text` as a whole answer (then the end of sequence)."""
+    tokenizer, hf = ll_tokenizer
+    compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+    assert llguidance.LLMatcher.validate_grammar(compiled, tokenizer) == ""
+    matcher = llguidance.LLMatcher(tokenizer, compiled)
+    ids = hf.encode(text, add_special_tokens=False).ids
+    return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
+def test_required_allows_calls_of_any_tool_with_valid_arguments_only(ll_tokenizer) -> None:
+    grammar = tool_grammar([WEATHER, TIME], mode="required")
+    assert accepts(ll_tokenizer, grammar, CALL)
+    assert accepts(ll_tokenizer, grammar, TIME_CALL)
+    assert accepts(ll_tokenizer, grammar, f"{CALL}\n{TIME_CALL}")  # parallel calls
+    assert not accepts(ll_tokenizer, grammar, "It is sunny.")
+    assert not accepts(ll_tokenizer, grammar, CALL.replace('"C"', '"K"'))  # the enum, through its $ref
+    assert not accepts(ll_tokenizer, grammar, CALL.replace('"city"', '"town"'))
+    assert not accepts(ll_tokenizer, grammar, CALL.replace("get_weather", "get_wether"))
+
+
+def test_one_call_without_parallel_calls_and_only_the_named_function(ll_tokenizer) -> None:
+    single = tool_grammar([WEATHER, TIME], mode="required", parallel=False)
+    assert accepts(ll_tokenizer, single, CALL) and not accepts(ll_tokenizer, single, f"{CALL}\n{TIME_CALL}")
+    named = tool_grammar([WEATHER, TIME], mode="named", named="get_time")
+    assert accepts(ll_tokenizer, named, TIME_CALL) and not accepts(ll_tokenizer, named, CALL)
+
+
+def test_auto_allows_text_or_calls_but_no_broken_call(ll_tokenizer) -> None:
+    grammar = tool_grammar([WEATHER], mode="auto")
+    assert accepts(ll_tokenizer, grammar, "I cannot tell the weather.")
+    assert accepts(ll_tokenizer, grammar, CALL)
+    assert accepts(ll_tokenizer, grammar, "Text that mentions <tool_call> later on")
+    assert not accepts(ll_tokenizer, grammar, '<tool_call>\n{"name": "get_weather"}')
+    # a call opens the answer: past whitespace it would be text that looks like a call, unchecked
+    assert not accepts(ll_tokenizer, grammar, f"\n {CALL}")
+
+
+def test_auto_with_a_response_format_answers_in_it_or_calls(ll_tokenizer) -> None:
+    grammar = tool_grammar([WEATHER], mode="auto", text_schema={"type": "object", "required": ["a"]})
+    assert accepts(ll_tokenizer, grammar, '{"a": 1}') and accepts(ll_tokenizer, grammar, CALL)
+    assert not accepts(ll_tokenizer, grammar, "plain text")
+
+
+def request(**fields: Any) -> ChatCompletionRequest:
+    tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in (WEATHER, TIME)]
+    return ChatCompletionRequest.model_validate_json(
+        json.dumps({"messages": HISTORY, "tools": tools} | fields)
+    )
+
+
+def test_the_body_asks_for_the_grammar_of_its_tool_choice() -> None:
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
+        found = body_constraint(request(tool_choice=choice))
+        assert (
+            found is not None and found.param == "tools" and found.constraint.kind is ConstraintKind.GRAMMAR
+        )
+    assert body_constraint(request()).constraint.source.startswith("start: text | calls")  # auto by default
+    assert body_constraint(request(tool_choice="none")) is None
+
+
+def test_without_native_tools_the_system_message_describes_them_and_the_history_is_text() -> None:
+    system, user, assistant, tool = chat_messages(request(tool_choice="required"), native=False)
+    assert (
+        system["role"] == "system"
+        and "get_weather" in system["content"]
+        and "<tool_call>" in system["content"]
+    )
+    assert "one or more function calls" in system["content"]
+    assert user == {"role": "user", "content": "Weather in Paris?"}
+    assert (
+        assistant["content"]
+        == '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>'
+    )
+    assert tool == {"role": "user", "content": "<tool_response>\n18 C, sunny\n</tool_response>"}
+    # a system message of the caller's keeps its text, the tools after it; none: no tools shown
+    messages = chat_messages(
+        request(messages=[{"role": "system", "content": "Be brief."}, *HISTORY]), native=False
+    )
+    assert messages[0]["content"].startswith("Be brief.\n\n# Tools")
+    assert "# Tools" not in chat_messages(request(tool_choice="none"), native=False)[0]["content"]
+
+
+def test_answers_in_a_row_share_one_turn() -> None:
+    second = {"role": "tool", "tool_call_id": "call_2", "content": "12:00"}
+    *_, last = chat_messages(request(messages=[*HISTORY, second]), native=False)
+    assert (
+        last["content"]
+        == "<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n12:00\n</tool_response>"
+    )
+
+
+def test_a_template_that_takes_tools_gets_them_and_the_calls_as_objects(tokenizer_json: str) -> None:
+    native = RouterTokenizer(
+        target_pb2.ModelInfo(tokenizer_json=tokenizer_json, chat_template=NATIVE_TEMPLATE)
+    )
+    plain = RouterTokenizer(
+        target_pb2.ModelInfo(tokenizer_json=tokenizer_json, chat_template="{{ messages }}")
+    )
+    assert native.native_tools and not plain.native_tools
+    body = request()
+    text = native.tokenizer.decode(
+        native.encode_chat(chat_messages(body, native=True), template_tools(body)), skip_special_tokens=False
+    )
+    assert '"name": "get_time"' in text  # the tools, rendered by the template
+    assert '<tool_call>\n{"city": "Paris"}\n</tool_call>' in text  # arguments as an object, through tojson
+    assert "18 C, sunny" in text
