@@ -57,7 +57,7 @@ def documented(
 ) -> Any:
     """A field that the OpenAPI document describes as `schema` (or null), checked elsewhere (see above).
     `default=...`: required."""
-    extra = {"anyOf": [schema, {"type": "null"}]} if nullable else schema
+    extra: dict[str, Any] = {"anyOf": [schema, {"type": "null"}]} if nullable else schema
     return Field(default, alias=alias, json_schema_extra=extra)
 
 
@@ -136,7 +136,10 @@ class ChatMessage(Strict):
                 },
                 {
                     "if": {"properties": {"role": {"const": "tool"}}},
-                    "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}},
+                    "then": {
+                        "required": ["tool_call_id"],
+                        "properties": {"tool_call_id": {"type": "string"}},
+                    },
                     "else": {"properties": {"tool_call_id": {"type": "null"}}},
                 },
             ]

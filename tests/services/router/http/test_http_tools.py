@@ -53,7 +53,8 @@ HISTORY: list[dict[str, Any]] = [
 NATIVE_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
     "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}<tool_call>\n{{ c.function.arguments | tojson }}\n</tool_call>{% endfor %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n{{ c.function.arguments | tojson }}\n</tool_call>"
+    "{% endfor %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
