@@ -62,7 +62,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specserve.app.sampling_args import add_sampling_options
+    from specserve.app.sampling_args import add_constraint_options, add_sampling_options
     from specserve.bench.cli import add_bench_parser
 
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tls-cert", metavar="FILE", help="--remote: a client certificate, if asked for")
     gen.add_argument("--tls-key", metavar="FILE", help="--remote: its key")
     add_sampling_options(gen, default_seed=None)
+    add_constraint_options(gen)
     _add_engine_options(gen)
 
     sub.add_parser("methods", help="list the draft methods")

@@ -47,6 +47,7 @@ def client_options(request: GenerationRequest) -> GenerateOptions:
         "seed": request.seed,
         "stop": request.stopping.stop,
         "ignore_eos": request.stopping.ignore_eos,
+        "constraint": request.constraint,
     }
 
 

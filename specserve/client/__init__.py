@@ -5,6 +5,12 @@
         for chunk in client.stream("Write a haiku.", max_new_tokens=64):
             print(chunk.text, end="", flush=True)
 
+A constraint holds the text to a language (JSON Schema, any JSON object, a regex, a Lark grammar):
+
+    from specserve.client import Constraint
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    client.generate("Where is the Eiffel tower? Answer in JSON.", constraint=Constraint.json_schema(schema))
+
 Errors are the `specserve.errors` hierarchy (one base class, `SpecserveError`, with `InvalidArgument`,
 `NotFound`, `ResourceExhausted`, `DeadlineExceeded`, `Unavailable`, ...). A stream that breaks with
 UNAVAILABLE (a router restarting or gone) is resumed where it stopped, on any router (the session lives
@@ -13,5 +19,6 @@ in Redis), for up to `retry_seconds` (30 s by default) since it last received an
 
 from specserve.client.aio import AsyncClient
 from specserve.client.sync import Chunk, Client, Completion
+from specserve.core.constraint import Constraint, ConstraintKind
 
-__all__ = ["AsyncClient", "Chunk", "Client", "Completion"]
+__all__ = ["AsyncClient", "Chunk", "Client", "Completion", "Constraint", "ConstraintKind"]

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from specserve.core.constraint import Constraint
+from specserve.serving.convert import constraint_to_pb
 from specserve.v1 import common_pb2, router_pb2
 
 _FINISH = {
@@ -47,6 +49,10 @@ class Round:
     # the last of the accepted tokens.
     num_suffix_draft_tokens: int = 0
     num_suffix_accepted_tokens: int = 0
+    # Under a constraint: of each, the tokens its grammar forced (its only continuation); the accepted
+    # ones are the first of the accepted tokens.
+    num_forced_draft_tokens: int = 0
+    num_forced_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ class GenerateOptions(TypedDict, total=False):
     stop: list[str] | tuple[str, ...]
     ignore_eos: bool
     session_id: str | None
+    constraint: Constraint | None
 
 
 def generate_request(
@@ -132,8 +139,11 @@ def generate_request(
     stop: list[str] | tuple[str, ...] = (),
     ignore_eos: bool = False,
     session_id: str | None = None,
+    constraint: Constraint | None = None,
 ) -> router_pb2.GenerateRequest:
-    """method "" = the router's default; seed None = a fresh one; session_id None = a fresh id."""
+    """method "" = the router's default; seed None = a fresh one; session_id None = a fresh id;
+    constraint: the language the text must belong to (`Constraint.json_schema({...})`,
+    `Constraint(ConstraintKind.REGEX, ...)`, ...), None = unconstrained."""
     # A seed fixed here makes a retried generation reproduce the tokens already received.
     sampling = common_pb2.SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=secrets.randbits(63) if seed is None else seed
@@ -146,6 +156,7 @@ def generate_request(
         method=method,
         # Chosen here, so a retry after a lost connection can resume instead of starting over.
         session_id=session_id or uuid.uuid4().hex,
+        constraint=constraint_to_pb(constraint),
     )
     if isinstance(prompt, str):
         request.prompt = prompt
@@ -170,6 +181,8 @@ def to_chunk(message: router_pb2.GenerateResponse) -> Chunk:
             message.round.num_accepted_tokens,
             message.round.num_suffix_draft_tokens,
             message.round.num_suffix_accepted_tokens,
+            message.round.num_forced_draft_tokens,
+            message.round.num_forced_accepted_tokens,
         )
         if message.HasField("round")
         else None,
