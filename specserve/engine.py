@@ -108,7 +108,10 @@ class Engine(ServedModels):
         if spec.uses_hf_generate:
             stats = self._hf_generate(prompt_ids, request, finish, on_tokens)
         else:
-            verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling)
+            # Two guides through the constraint: the verifier's masks the target, the loop's shapes drafts.
+            guide = self.guide(request.constraint, len(prompt_ids))
+            verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling, guide=guide)
+            grammar = self.guide(request.constraint, len(prompt_ids))
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
             try:
                 stats = speculative_generate(
@@ -120,6 +123,7 @@ class Engine(ServedModels):
                     on_tokens,
                     on_round=on_round,
                     batch_sessions=batch_sessions,
+                    grammar=grammar,
                 )
             finally:
                 verifier.release()

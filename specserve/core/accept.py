@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specserve.core.protocols import DraftTree, VerifyOutcome
@@ -9,21 +11,39 @@ from specserve.core.sampling import logits_to_probs, make_generator, sample_toke
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.verify import verify_greedy, verify_sampled, verify_target_rooted
 
+# node -> the tokens a constraint allows after it ([V] bool), asked along the verification walk only
+AllowedAt = Callable[[int], torch.Tensor]
+
 
 def accept_draft(
     target_logits: torch.Tensor,  # [N, V], row i = target's next-token logits after node i
     draft: DraftTree,
     params: SamplingParams,
     seed: int,
+    allowed_at: AllowedAt | None = None,
 ) -> VerifyOutcome:
+    """With `allowed_at` (a constraint), each visited row is masked to what the constraint allows there
+    before it is judged: the output is the target's own constrained decoding."""
     tree = draft.tree
+
+    def row(node: int) -> torch.Tensor:  # [V]
+        logits = target_logits[node]
+        return logits if allowed_at is None else logits.masked_fill(~allowed_at(node), float("-inf"))
+
     if params.greedy:
-        outcome = verify_greedy(target_logits.argmax(-1).tolist(), tree.parent_ids, tree.token_ids)
+        if allowed_at is None:
+            choice = target_logits.argmax(-1).tolist().__getitem__
+        else:
+
+            def choice(node: int) -> int:
+                return int(row(node).argmax())
+
+        outcome = verify_greedy(choice, tree.parent_ids, tree.token_ids)
         if not draft.target_roots:
             return outcome
         # Exact at T = 0: the greedy path is the same, and the target's top-W starts with the argmax that
         # would have been the next token; the next round can only accept that one among them.
-        last = target_logits[outcome.accepted_nodes[-1]]  # [V]
+        last = row(outcome.accepted_nodes[-1])  # [V]
         candidates = torch.topk(last, min(draft.target_roots, last.shape[-1])).indices.tolist()
         return VerifyOutcome(outcome.accepted_nodes, None, tuple(candidates))
     generator = make_generator(seed)
@@ -31,7 +51,7 @@ def accept_draft(
     # Seeded generators live on the CPU, so sampling happens there: a seed gives the same tokens on any
     # device, and only the rows verification visits are copied.
     def target_probs(node: int) -> torch.Tensor:
-        return logits_to_probs(target_logits[node].cpu(), params)
+        return logits_to_probs(row(node).cpu(), params)
 
     rule = (target_probs, tree.parent_ids, tree.token_ids, draft.draft_probs, draft.kind, generator)
     if draft.target_roots:
@@ -39,8 +59,12 @@ def accept_draft(
     return verify_sampled(*rule)
 
 
-def choose_token(logits: torch.Tensor, params: SamplingParams, seed: int) -> int:
-    """logits: [V] -> the next token under `params` (argmax when greedy)."""
+def choose_token(
+    logits: torch.Tensor, params: SamplingParams, seed: int, allowed: torch.Tensor | None = None
+) -> int:
+    """logits: [V] -> the next token under `params` (argmax when greedy), among `allowed` [V] if given."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if params.greedy:
         return int(logits.argmax())
     return sample_token(logits_to_probs(logits.cpu(), params), make_generator(seed))

@@ -38,7 +38,8 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | bool) -> Constraint:
-        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, separators=(",", ":"), sort_keys=True))
+        # Key order kept: a schema's property order is the order its JSON is written in.
+        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, separators=(",", ":")))
 
     def to_dict(self) -> dict[str, str]:
         return {"kind": self.kind.value, "source": self.source}

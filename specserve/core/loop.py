@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
+from specserve.core.grammar import GrammarState, forced_draft, shape_draft
 from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, RoundOutcome, Verifier
 from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.errors import FailedPrecondition
@@ -25,6 +26,7 @@ def speculative_generate(
     round_scope: Callable[[int], AbstractContextManager[object]] | None = None,
     on_round: Callable[[RoundOutcome], None] | None = None,
     batch_sessions: Callable[[], int] | None = None,
+    grammar: GrammarState | None = None,
 ) -> GenerationStats:
     """Generates until `finish` says so; new tokens go to `on_tokens` as soon as they are accepted.
 
@@ -38,6 +40,11 @@ def speculative_generate(
     before its tokens are emitted. `batch_sessions()`: the sessions whose segments share the target's
     forwards now, this one included, as the caller's scheduler knows them (None: alone); read once per
     round and handed to the drafter, whose cost policy sizes the round's tree by it.
+
+    Under a constraint the verifier masks the target (it holds its own guide); `grammar`, the loop's
+    place in the same language, shapes the drafts (core/grammar.py): a round where the language forces
+    the continuation drafts it without asking the drafter, and a drafter's tree loses what the language
+    forbids. The drafter then observes its round as it proposed it.
     """
     stats = GenerationStats()
     start = time.perf_counter()
@@ -68,7 +75,14 @@ def speculative_generate(
             t0 = time.perf_counter()
             draft_seed = draft_round_seed(request_seed, position)
             sessions = max(1, batch_sessions()) if batch_sessions is not None else 1
-            if drafter is None:
+            forced = None
+            if grammar is not None:
+                grammar.sync(token_ids)
+                # Forced rounds are drafting: the `target` baseline (no drafter) decodes one token a round.
+                forced = forced_draft(token_ids[-1], grammar) if drafter is not None else None
+            if forced is not None:
+                draft = forced
+            elif drafter is None:
                 draft = DraftTree.root_only(token_ids[-1])
             elif root_candidates:
                 if not isinstance(drafter, RootSeededDrafter):
@@ -80,6 +94,9 @@ def speculative_generate(
                     backoff.observe(draft.num_draft_tokens)
             else:
                 draft = DraftTree.root_only(token_ids[-1])
+            proposed = draft  # what the drafter (or the forced chain) proposed, before shaping
+            if grammar is not None and forced is None and drafter is not None:
+                draft = shape_draft(draft, grammar)
             t1 = time.perf_counter()
             verified = verifier.verify(draft, verify_round_seed(request_seed, position))
             t2 = time.perf_counter()
@@ -94,7 +111,7 @@ def speculative_generate(
             stats.num_forced_draft_tokens += outcome.num_forced_draft_tokens
             stats.num_forced_accepted_tokens += outcome.num_forced_accepted_tokens
             if drafter is not None:
-                drafter.observe(outcome)
+                drafter.observe(outcome if proposed is draft else _as_proposed(proposed, outcome, forced))
             if on_round is not None:
                 on_round(outcome)
             root_candidates = verified.root_candidates
@@ -102,3 +119,10 @@ def speculative_generate(
 
     stats.elapsed_s = time.perf_counter() - start
     return stats
+
+
+def _as_proposed(proposed: DraftTree, outcome: RoundOutcome, forced: DraftTree | None) -> RoundOutcome:
+    """The round as its drafter proposed it, before a constraint shaped it: walked along the tokens it
+    committed. A forced round asked no drafter: it sees a root-only round, as when it is skipped."""
+    drafted = DraftTree.root_only(proposed.tree.token_ids[0]) if forced is not None else proposed
+    return RoundOutcome.from_committed(drafted, outcome.emitted_token_ids)

@@ -23,14 +23,14 @@ from specserve.core.tree import tree_children
 
 
 def verify_greedy(
-    target_argmax: list[int],  # [N] target argmax at each node
+    target_argmax: Callable[[int], int],  # node -> the target's argmax there (asked along the walk only)
     parent_ids: tuple[int, ...] | list[int],
     token_ids: tuple[int, ...] | list[int],
 ) -> VerifyOutcome:
     children = tree_children(parent_ids)
     node, path = 0, [0]
     while True:
-        wanted = target_argmax[node]
+        wanted = target_argmax(node)
         match = next((c for c in children[node] if token_ids[c] == wanted), None)
         if match is None:
             return VerifyOutcome(path, wanted)
@@ -124,7 +124,9 @@ def _try_sampled(
     p, q = p.clone(), q.clone()
     for i, x in enumerate(candidates):
         px, qx = float(p[x]), float(q[x])
-        if qx > 0 and uniform(generator) * qx <= px:
+        # px > 0: a token the target cannot emit (a constraint masked it) is never accepted, even by a
+        # zero uniform draw.
+        if qx > 0 and px > 0 and uniform(generator) * qx <= px:
             return i, p
         residual = (p - q).clamp_min(0)
         total = float(residual.sum())

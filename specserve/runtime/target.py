@@ -12,6 +12,8 @@ from specserve.core.accept import accept_draft, choose_token
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.errors import FailedPrecondition
+from specserve.grammar.guide import Guide
+from specserve.grammar.masks import PathMasks, allowed_tokens
 from specserve.runtime.runner import ModelRunner
 
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per forward: bounds how long a prefill holds up decoding
@@ -23,6 +25,8 @@ class LocalVerifier:
     commit_lock guards what readers on other threads see (token_ids, committed_length): it is held only
     while a result is committed, never across a forward, so concurrent sessions' forwards can batch.
     Prompts are prefilled `prefill_chunk` tokens per forward, so other sessions keep decoding between.
+    With a `guide` (a constraint), the first token and every verified node are chosen from the target's
+    distribution masked to what the constraint allows there (specserve/grammar/masks.py).
     """
 
     def __init__(
@@ -32,9 +36,11 @@ class LocalVerifier:
         commit_lock: AbstractContextManager[object] | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         sampling: SamplingParams = GREEDY,
+        guide: Guide | None = None,
     ) -> None:
         self.runner = runner
         self.sampling = sampling  # the session's, fixed
+        self.guide = guide
         self.cache = runner.new_cache(capacity)
         self.commit_lock = commit_lock if commit_lock is not None else threading.RLock()
         self.prefill_chunk = prefill_chunk
@@ -69,9 +75,14 @@ class LocalVerifier:
     def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
         logits = self._encode(prompt_ids)  # [V]
         self.last_logits = logits if self.keep_logits else None
-        root = choose_token(logits, self.sampling, round_seed)
+        allowed = None
+        if self.guide is not None:
+            allowed = allowed_tokens(self.guide.bitmask(), logits.shape[-1], logits.device)
+        root = choose_token(logits, self.sampling, round_seed, allowed)
         with self.commit_lock:
             self.token_ids = [*prompt_ids, root]
+        if self.guide is not None:
+            self.guide.sync(self.token_ids)
         return root
 
     def resume(self, token_ids: Sequence[int]) -> None:
@@ -83,6 +94,8 @@ class LocalVerifier:
             self.cache.truncate(0)
         with self.commit_lock:
             self.token_ids = list(token_ids)
+        if self.guide is not None:
+            self.guide.sync(self.token_ids)
 
     def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
         tree = draft.tree
@@ -95,7 +108,15 @@ class LocalVerifier:
             self.cache, tree.token_ids, None if tree.is_chain() else tree.parent_ids
         )  # [N, V]
         self.last_logits = logits if self.keep_logits else None
-        outcome = accept_draft(logits, draft, self.sampling, round_seed)
+        allowed_at = None
+        if self.guide is not None:
+            self.guide.sync(self.token_ids)
+            masks = PathMasks(self.guide, tree, logits.shape[-1])
+
+            def allowed_at(node: int) -> torch.Tensor:
+                return masks.allowed(node, logits.device)
+
+        outcome = accept_draft(logits, draft, self.sampling, round_seed, allowed_at)
         accepted = [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
         with self.commit_lock:
             self.cache.commit_path(start, outcome.accepted_nodes)
@@ -106,6 +127,8 @@ class LocalVerifier:
                 self.token_ids = [*self.token_ids, *accepted]
             else:
                 self.token_ids = [*self.token_ids, *accepted, outcome.next_token]
+        if self.guide is not None:
+            self.guide.sync(self.token_ids)  # the walk pushed the accepted path; this adds the next token
         return outcome
 
     def release(self) -> None:

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specserve.core.constraint import Constraint
 from specserve.core.cost import VerifyPoints, default_calibration_name, verify_points_from_json
 from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.eagle.config import EagleConfig
+from specserve.grammar import GrammarCompiler, Guide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.models.install import as_shipped_dir
 from specserve.models.profiles import ModelProfile, model_profile
@@ -101,6 +103,18 @@ class TargetRuntime(RoleRuntime):
     @functools.cached_property
     def tokenizer(self):
         return load_tokenizer(self.model_dir)
+
+    @functools.cached_property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Constraints compiled against this target's tokenizer; a finished language ends at its eos."""
+        return GrammarCompiler(self.tokenizer.backend_tokenizer.to_str(), self.eos_token_ids)
+
+    def guide(self, constraint: Constraint | None, num_prompt_tokens: int) -> Guide | None:
+        """A session's guide through `constraint` (None: unconstrained); InvalidConstraint if it does not
+        compile."""
+        if constraint is None:
+            return None
+        return self.grammar_compiler.guide(constraint, num_prompt_tokens, self.settings.max_tree_nodes)
 
     @functools.cached_property
     def as_shipped_dir(self) -> Path | None:

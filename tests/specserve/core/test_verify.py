@@ -7,6 +7,8 @@ distribution of the first two emitted tokens with p(x1) p(x2 | x1) by a chi-squa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -19,8 +21,9 @@ from specserve.core.verify import verify_greedy, verify_sampled
 V = 4  # vocabulary size of the statistical tests
 
 
-def _one_hot_argmax(*tokens: int) -> list[int]:
-    return list(tokens)
+def _one_hot_argmax(*tokens: int) -> Callable[[int], int]:
+    """The target's argmax at each node, as the walk asks for it."""
+    return list(tokens).__getitem__
 
 
 def test_greedy_all_accepted_gives_bonus():
@@ -37,14 +40,14 @@ def test_greedy_first_token_rejected():
 
 def test_greedy_empty_draft():
     tree = TokenTree((9,), (-1,))
-    out = verify_greedy([4], tree.parent_ids, tree.token_ids)
+    out = verify_greedy(_one_hot_argmax(4), tree.parent_ids, tree.token_ids)
     assert out.accepted_nodes == [0] and out.next_token == 4
 
 
 def test_greedy_follows_the_matching_branch():
     # root -> {a=1, b=2}; b -> c=3. The target wants 2 then 3 then 8: path root, b, c; bonus 8.
     tree = TokenTree((9, 1, 2, 3), (-1, 0, 0, 2))
-    out = verify_greedy([2, 0, 3, 8], tree.parent_ids, tree.token_ids)
+    out = verify_greedy(_one_hot_argmax(2, 0, 3, 8), tree.parent_ids, tree.token_ids)
     assert out.accepted_nodes == [0, 2, 3] and out.next_token == 8
 
 
