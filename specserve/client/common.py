@@ -50,7 +50,7 @@ class Round:
     num_suffix_draft_tokens: int = 0
     num_suffix_accepted_tokens: int = 0
     # Under a constraint: of each, the tokens its grammar forced (its only continuation); the accepted
-    # ones are the first of the accepted tokens.
+    # ones are the last of the accepted tokens (the suffix index's come just before them).
     num_forced_draft_tokens: int = 0
     num_forced_accepted_tokens: int = 0
 

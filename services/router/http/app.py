@@ -502,8 +502,8 @@ class Output:
             return [self._chunk(rest, [], None)] if rest else []
         self.num_tokens += len(message.token_ids)
         num_accepted = message.round.num_accepted_tokens
-        num_suffix = min(message.round.num_suffix_accepted_tokens, num_accepted)
-        num_forced = min(message.round.num_forced_accepted_tokens, num_accepted - num_suffix)
+        num_forced = min(message.round.num_forced_accepted_tokens, num_accepted)
+        num_suffix = min(message.round.num_suffix_accepted_tokens, num_accepted - num_forced)
         parts = self.text.add_round(list(message.token_ids), num_accepted, num_suffix, num_forced)
         logprobs = list(message.logprobs)
         self.logprobs.extend(logprobs)

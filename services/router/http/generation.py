@@ -85,8 +85,8 @@ def constraint_error(error: HttpError, constraint: BodyConstraint | None) -> Htt
 class RoundText:
     accepted: str  # the text of the draft's tokens the target accepted
     target: str  # the text of the target's own token
-    suffix: str = ""  # the tail of `accepted` the suffix index proposed
-    forced: str = ""  # the head of `accepted` a constraint's grammar forced
+    suffix: str = ""  # the part of `accepted` the suffix index proposed (before `forced`)
+    forced: str = ""  # the tail of `accepted` a constraint's grammar forced
 
 
 class TextAssembler:
@@ -110,8 +110,10 @@ class TextAssembler:
     def add_round(
         self, token_ids: Sequence[int], num_accepted: int, num_suffix: int = 0, num_forced: int = 0
     ) -> RoundText:
-        """As `add`, and the accepted text's head that the first `num_forced` accepted tokens, forced by
-        a constraint's grammar, produced."""
+        """As `add`, and the accepted text's parts by origin. A round's accepted path is the draft
+        model's tokens, then the suffix index's, then what a constraint's grammar forced after them (the
+        engine appends forced tokens to the path's end, core/grammar.py): the last `num_forced` accepted
+        tokens were forced, the `num_suffix` before them came from the suffix index."""
         incremental = self.incremental
         sent_before = len(incremental.sent)
 
@@ -120,13 +122,15 @@ class TextAssembler:
 
         after_accepted = end_after(num_accepted)
         # decoded again only for rounds that took suffix or forced tokens
-        after_model = end_after(num_accepted - num_suffix) if num_suffix else after_accepted
-        after_forced = end_after(num_forced) if num_forced else 0
+        after_suffix = end_after(num_accepted - num_forced) if num_forced else after_accepted
+        after_model = end_after(num_accepted - num_forced - num_suffix) if num_suffix else after_suffix
         delta = incremental.add(token_ids)
         boundary = min(max(0, after_accepted), len(delta))
-        model_end = min(max(0, after_model), boundary)
-        forced_end = min(max(0, after_forced), model_end)
-        return RoundText(delta[:boundary], delta[boundary:], delta[model_end:boundary], delta[:forced_end])
+        suffix_end = min(max(0, after_suffix), boundary)
+        model_end = min(max(0, after_model), suffix_end)
+        return RoundText(
+            delta[:boundary], delta[boundary:], delta[model_end:suffix_end], delta[suffix_end:boundary]
+        )
 
     def finish(self) -> str:
         """The rest of the text once the generation ended."""
@@ -290,10 +294,10 @@ class Round:
     num_accepted_tokens: int
     accepted_text: str
     target_text: str
-    num_suffix_accepted_tokens: int = 0  # the last of the accepted tokens, from the suffix index
-    suffix_text: str = ""  # their text: the tail of accepted_text
-    num_forced_accepted_tokens: int = 0  # the first of the accepted tokens, forced by the constraint
-    forced_text: str = ""  # their text: the head of accepted_text
+    num_suffix_accepted_tokens: int = 0  # accepted tokens from the suffix index (before the forced ones)
+    suffix_text: str = ""  # their text
+    num_forced_accepted_tokens: int = 0  # the last of the accepted tokens, forced by the constraint
+    forced_text: str = ""  # their text: the tail of accepted_text
     unix_seconds: float = field(default_factory=time.time)
 
     def to_json(self) -> dict:

@@ -20,8 +20,9 @@ each function's parameters schema (`%json`), so the arguments always parse and v
   model answer in prose, and tells the stream at the first characters which of the two it is reading.
   Text that only mentions a call later on stays text.
 
-The grammar's fixed parts (`<tool_call>\\n{"name": "`, a lone function's name, `"arguments": `) are
-forced tokens: free drafts under speculation.
+The grammar's fixed parts (`<tool_call>\\n{"name": "`, a lone function's name, `"arguments": `, the
+arguments' required keys) are forced tokens: free drafts under speculation. The JSON is written in one
+layout (`", "` and `": "`, no other whitespace), as the engine writes JSON, so they can be.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from services.router.http.schemas import ChatCompletionRequest, ChatMessage, Fun
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+# JSON in the engine's one layout (specserve/grammar/compiler.py's JSON_LAYOUT, which the router does not
+# import: it would load llguidance), the one the format above shows: a call's keys and separators are
+# then forced, free drafts.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Where JSON Schema keeps a document's local definitions ("#/$defs/x" and the older "#/definitions/x").
 _DEFINITIONS = ("$defs", "definitions")
 
@@ -44,6 +49,7 @@ def call_schema(function: FunctionDefinition) -> dict[str, Any]:
     """JSON Schema of one call's body: its name, then its arguments (llguidance keeps the order)."""
     arguments = copy.deepcopy(function.parameters) if function.parameters is not None else NO_ARGUMENTS
     schema: dict[str, Any] = {
+        "x-guidance": JSON_LAYOUT,
         "type": "object",
         "properties": {"name": {"const": function.name}, "arguments": arguments},
         "required": ["name", "arguments"],
@@ -78,7 +84,8 @@ def tool_grammar(
     if mode != "auto":
         return "\n".join(["start: calls", *lines]) + "\n"
     if text_schema is not None:
-        text = [f"text: %json {json.dumps(text_schema)}"]
+        layout = {"x-guidance": JSON_LAYOUT} if isinstance(text_schema, dict) else {}
+        text = [f"text: %json {json.dumps(layout | text_schema)}"]
     else:  # any text whose first characters, past whitespace, are not a call's opening
         text = ["text: TEXT", f"TEXT: /(?s:.*)/ & ~/[ \\t\\r\\n]*{OPEN}(?s:.*)/"]
     return "\n".join(["start: text | calls", *text, *lines]) + "\n"

@@ -87,15 +87,11 @@ def output(servicer, **fields: Any) -> ChatOutput:
     return ChatOutput(servicer, body, record, "model", "target")
 
 
-def messages(
-    servicer, text: str, per_round: int, finish: int = common_pb2.FINISH_REASON_EOS, forced: int = 0
-):
+def messages(servicer, text: str, per_round: int, finish: int = common_pb2.FINISH_REASON_EOS):
     token_ids = servicer.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
     for i in range(0, len(token_ids), per_round):
         chunk = token_ids[i : i + per_round]
-        info = router_pb2.RoundInfo(
-            num_draft_tokens=len(chunk), num_accepted_tokens=len(chunk) - 1, num_forced_accepted_tokens=forced
-        )
+        info = router_pb2.RoundInfo(num_draft_tokens=len(chunk), num_accepted_tokens=len(chunk) - 1)
         yield router_pb2.GenerateResponse(session_id="s1", token_ids=chunk, index=i, round=info)
     stats = router_pb2.GenerationStats(num_generated_tokens=len(token_ids), num_target_forwards=2)
     yield router_pb2.GenerateResponse(session_id="s1", finish_reason=finish, stats=stats)
@@ -155,14 +151,25 @@ def test_without_tools_nothing_changes(servicer) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_a_rounds_forced_tokens_are_the_head_of_its_accepted_text(servicer) -> None:
-    chunks = run(output(servicer, stream=True), messages(servicer, CALLS, 4, forced=2))
+def test_a_rounds_forced_tokens_are_the_tail_of_its_accepted_text(servicer) -> None:
+    """The engine appends forced tokens to the drafted path's end (core/grammar.py): of 3 accepted
+    tokens of each round here, the suffix index's 1 and the forced 1 are the last two, in that order."""
+    token_ids = servicer.tokenizer.tokenizer.encode(CALLS, add_special_tokens=False).ids
+    out = output(servicer, stream=True)
+    chunks = out.start_chunks()
+    for i in range(0, 16, 4):
+        info = router_pb2.RoundInfo(
+            num_draft_tokens=4,
+            num_accepted_tokens=3,
+            num_suffix_accepted_tokens=1,
+            num_forced_accepted_tokens=1,
+        )
+        chunks += out.add(router_pb2.GenerateResponse(token_ids=token_ids[i : i + 4], index=i, round=info))
     rounds = [c["specserve"]["round"] for c in chunks if "round" in c.get("specserve", {})]
-    assert rounds and all(r["num_forced_accepted_tokens"] == 2 for r in rounds)
-    assert all(r["accepted_text"].startswith(r["forced_text"]) for r in rounds)
-    first = servicer.tokenizer.decode(
-        servicer.tokenizer.tokenizer.encode(CALLS, add_special_tokens=False).ids[:2]
-    )
-    assert rounds[0]["forced_text"] == first
-    usage = chunks[-1]["specserve"]["stats"]
+    decode = servicer.tokenizer.decode
+    assert [r["forced_text"] for r in rounds] == [decode(token_ids[i + 2 : i + 3]) for i in range(0, 16, 4)]
+    assert [r["suffix_text"] for r in rounds] == [decode(token_ids[i + 1 : i + 2]) for i in range(0, 16, 4)]
+    assert all(r["accepted_text"].endswith(r["suffix_text"] + r["forced_text"]) for r in rounds)
+    whole = run(output(servicer, stream=True), messages(servicer, CALLS, 4))
+    usage = whole[-1]["specserve"]["stats"]
     assert "num_forced_draft_tokens" in usage and "num_forced_accepted_tokens" in usage

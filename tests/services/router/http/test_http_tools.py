@@ -178,3 +178,18 @@ def test_a_template_that_takes_tools_gets_them_and_the_calls_as_objects(tokenize
     assert '"name": "get_time"' in text  # the tools, rendered by the template
     assert '<tool_call>\n{"city": "Paris"}\n</tool_call>' in text  # arguments as an object, through tojson
     assert "18 C, sunny" in text
+
+
+def test_calls_are_written_in_the_engines_json_layout_so_their_fixed_parts_are_forced(ll_tokenizer) -> None:
+    from services.router.http.tools import JSON_LAYOUT as ROUTER_LAYOUT
+    from specserve.grammar.compiler import JSON_LAYOUT
+
+    assert ROUTER_LAYOUT == JSON_LAYOUT  # the router keeps its own copy: it does not load llguidance
+    tokenizer, _ = ll_tokenizer
+    grammar = llguidance.LLMatcher.grammar_from_lark(
+        tool_grammar([WEATHER], mode="named", named="get_weather")
+    )
+    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    forced = tokenizer.decode_str(matcher.compute_ff_tokens())
+    assert forced.startswith('<tool_call>\n{"name": "get_weather", "arguments": {"city":')
+    assert not accepts(ll_tokenizer, tool_grammar([WEATHER], mode="required"), CALL.replace(", ", ","))
