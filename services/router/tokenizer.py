@@ -8,12 +8,14 @@ A test checks the result equals the engine's own encoding.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from specserve.errors import InvalidArgument
+from specserve.grammar import GrammarCompiler
 from specserve.v1 import target_pb2
 
 
@@ -32,6 +34,11 @@ class RouterTokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             self.template = env.from_string(info.chat_template)
+
+    @functools.cached_property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Constraints compiled against the target's tokenizer: the router shapes drafts with them."""
+        return GrammarCompiler(self.info.tokenizer_json, self.info.eos_token_ids)
 
     def encode_prompt(self, user_message: str) -> list[int]:
         if not user_message.strip():
