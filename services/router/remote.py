@@ -23,10 +23,17 @@ from typing import Protocol
 
 import grpc
 
+from specserve.core.constraint import Constraint
 from specserve.core.protocols import READS_NOTHING, DraftTree, RoundOutcome, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
-from specserve.serving.convert import outcome_from_pb, sampling_to_pb, tree_from_pb, tree_to_pb
+from specserve.serving.convert import (
+    constraint_to_pb,
+    outcome_from_pb,
+    sampling_to_pb,
+    tree_from_pb,
+    tree_to_pb,
+)
 from specserve.serving.status import error_from_rpc
 from specserve.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
@@ -86,8 +93,12 @@ class RemoteVerifier:
         is_cancelled: Callable[[], bool] = lambda: False,
         logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
         keep_hidden_states: bool = False,  # the session's draft reads the target's hidden states
+        constraint: Constraint | None = None,
+        num_prompt_tokens: int = 0,  # where the constrained text starts (a rebuild replays the rest)
     ) -> None:
         self.session_id = session_id
+        self.constraint = constraint_to_pb(constraint)  # sent with every Prefill, fresh or rebuild
+        self.num_prompt_tokens = num_prompt_tokens
         self.keep_hidden_states = keep_hidden_states
         self.stub_for = stub_for
         self.target = target  # moves to another replica when this one is unavailable
@@ -121,6 +132,8 @@ class RemoteVerifier:
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
             keep_hidden_states=self.keep_hidden_states,
+            constraint=self.constraint,
+            num_prompt_tokens=len(prompt_ids),
         )
         response = self._call("Prefill", request, rebuild=None)
         self.batch_sessions = response.batch_sessions  # the load the first round's draft shares
@@ -176,6 +189,8 @@ class RemoteVerifier:
             capacity=self.capacity,
             sampling=sampling_to_pb(self.sampling),
             keep_hidden_states=self.keep_hidden_states,
+            constraint=self.constraint,
+            num_prompt_tokens=self.num_prompt_tokens,
         )
         self._call("Prefill", request, rebuild=None)
         self.counters.target_rebuilds += 1

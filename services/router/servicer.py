@@ -188,8 +188,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self, request: GenerationRequest, prompt_ids: list[int], session_id: str = ""
     ) -> SessionRecord:
         """Stores a new session of a request validated against `limits`; its seed is fixed here. The
-        HTTP API starts sessions here too."""
+        HTTP API starts sessions here too. A constraint is compiled first (then cached for the session's
+        run), so one that does not compile is refused before anything is stored."""
         public_id = check_session_id(session_id) if session_id else uuid.uuid4().hex
+        if request.constraint is not None:
+            self.tokenizer.grammar_compiler.compile(request.constraint)
         owner = current_caller()
         record = SessionRecord(
             scoped_session_id(owner, public_id),
@@ -327,6 +330,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                             num_accepted_tokens=item.num_accepted_tokens,
                             num_suffix_accepted_tokens=item.num_suffix_accepted_tokens,
                             num_suffix_draft_tokens=item.num_suffix_draft_tokens,
+                            num_forced_draft_tokens=item.num_forced_draft_tokens,
+                            num_forced_accepted_tokens=item.num_forced_accepted_tokens,
                         ),
                         logprobs=item.logprobs,
                     )

@@ -30,6 +30,7 @@ from specserve.core.loop import speculative_generate
 from specserve.core.protocols import Drafter, RoundOutcome
 from specserve.core.suffix_drafter import suffix_drafter
 from specserve.errors import Cancelled, SpecserveError
+from specserve.grammar import Guide
 from specserve.results import FinishReason, GenerationStats
 from specserve.serving import telemetry
 from specserve.serving.convert import stats_to_pb
@@ -101,6 +102,8 @@ class Round:
     logprobs: list[common_pb2.TokenLogprob]
     num_suffix_accepted_tokens: int = 0  # the last this many of the accepted came from the suffix index
     num_suffix_draft_tokens: int = 0  # of num_draft_tokens, the suffix index's
+    num_forced_accepted_tokens: int = 0  # the last this many of the accepted were forced by a constraint
+    num_forced_draft_tokens: int = 0  # of num_draft_tokens, the constraint's forced tokens
 
 
 class SessionRun:
@@ -149,12 +152,21 @@ class SessionRun:
                     round_scope=self._round_scope,
                     on_round=self._on_round,
                     batch_sessions=lambda: self._target_load(verifier),
+                    grammar=self._grammar(),
                 )
             self._finish(finish, stats)
         except BaseException as e:
             self._fail(e)
         finally:
             self._free()
+
+    def _grammar(self) -> Guide | None:
+        """The loop's guide through the session's constraint: it shapes drafts (the target masks)."""
+        constraint = self.record.request.constraint
+        if constraint is None:
+            return None
+        compiler = self.router.tokenizer.grammar_compiler
+        return compiler.guide(constraint, len(self.record.prompt_ids), self.router.limits.max_tree_nodes)
 
     # -- placement and roles -------------------------------------------------------------------------
     def _place(self) -> tuple[RemoteVerifier, Drafter | None]:
@@ -212,6 +224,8 @@ class SessionRun:
             is_cancelled=self.cancel.is_set,
             logprobs=self.logprobs,
             keep_hidden_states=method_info(self.record.request.method).hidden_states,
+            constraint=self.record.request.constraint,
+            num_prompt_tokens=len(self.record.prompt_ids),
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:
@@ -277,11 +291,26 @@ class SessionRun:
         num_accepted = 0 if outcome is None else outcome.num_accepted_tokens
         suffix_drafted = 0 if outcome is None else outcome.num_suffix_draft_tokens
         suffix_accepted = 0 if outcome is None else outcome.num_suffix_accepted_tokens
-        # The loop keeps a prefix of the round's tokens (it may end inside it).
+        forced_drafted = 0 if outcome is None else outcome.num_forced_draft_tokens
+        forced_accepted = 0 if outcome is None else outcome.num_forced_accepted_tokens
+        # The loop keeps a prefix of the round's tokens (it may end inside it). An accepted path runs
+        # through model candidates, then suffix candidates, then what a constraint forced after them.
         logprobs = verifier.take_logprobs()[: len(token_ids)]
         kept_accepted = min(num_accepted, len(token_ids))
-        kept_suffix = max(0, kept_accepted - (num_accepted - suffix_accepted))  # suffix tokens end the path
-        self.out.put(Round(token_ids, num_draft, kept_accepted, logprobs, kept_suffix, suffix_drafted))
+        kept_forced = max(0, kept_accepted - (num_accepted - forced_accepted))
+        kept_suffix = max(0, kept_accepted - kept_forced - (num_accepted - forced_accepted - suffix_accepted))
+        self.out.put(
+            Round(
+                token_ids,
+                num_draft,
+                kept_accepted,
+                logprobs,
+                kept_suffix,
+                suffix_drafted,
+                kept_forced,
+                forced_drafted,
+            )
+        )
 
     # -- the end -----------------------------------------------------------------------------------------
     def _finish(self, finish: FinishChecker, stats: GenerationStats) -> None:

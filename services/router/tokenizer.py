@@ -8,6 +8,7 @@ A test checks the result equals the engine's own encoding.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from specserve.errors import InvalidArgument
+from specserve.grammar import GrammarCompiler
 from specserve.v1 import target_pb2
 
 
@@ -39,6 +41,11 @@ class RouterTokenizer:
             self.template = env.from_string(info.chat_template)
             variables = meta.find_undeclared_variables(env.parse(info.chat_template))
             self.native_tools = "tools" in variables and "<tool_call>" in info.chat_template
+
+    @functools.cached_property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Constraints compiled against the target's tokenizer: the router shapes drafts with them."""
+        return GrammarCompiler(self.info.tokenizer_json, self.info.eos_token_ids)
 
     def encode_prompt(self, user_message: str) -> list[int]:
         if not user_message.strip():

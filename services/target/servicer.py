@@ -15,11 +15,13 @@ from specserve.core.logprobs import path_logprobs, token_logprobs
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.request import MAX_TOP_LOGPROBS
 from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
+from specserve.grammar import Guide
 from specserve.results import TokenLogprob
 from specserve.runtime.target_runtime import TargetRuntime
 from specserve.serving import telemetry
 from specserve.serving.convert import (
     check_session_id,
+    constraint_from_pb,
     costs_to_pb,
     logprobs_to_pb,
     sampling_from_pb,
@@ -81,6 +83,24 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             costs=costs_to_pb(self.models.verify_points, self.models.costs_version),
         )
 
+    def _guide(self, request: target_pb2.PrefillRequest, rebuild: bool) -> Guide | None:
+        """The session's guide through its constraint (None: unconstrained). A rebuild replays the tokens
+        generated after the prompt's num_prompt_tokens."""
+        if not request.HasField("constraint"):
+            return None
+        constraint = constraint_from_pb(request.constraint)
+        if constraint is None:
+            return None
+        num_prompt = len(request.token_ids)
+        if rebuild:
+            num_prompt = request.num_prompt_tokens
+            if not 0 < num_prompt <= len(request.token_ids):
+                raise InvalidArgument(
+                    f"num_prompt_tokens must be in [1, {len(request.token_ids)}] for a constrained rebuild, "
+                    f"got {num_prompt}"
+                )
+        return self.models.guide(constraint, num_prompt)
+
     def Prefill(
         self, request: target_pb2.PrefillRequest, context: grpc.ServicerContext
     ) -> target_pb2.PrefillResponse:
@@ -100,13 +120,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             check_rebuild(request.token_ids, request.root_token, vocab, committed)
         sampling = sampling_from_pb(request.sampling)  # the session's, for every Verify
         rebuild = request.HasField("root_token")
+        guide = self._guide(request, rebuild)  # compiled before any state changes: a bad one is refused
         start = time.perf_counter()
         with (
             self.store.lock,
             telemetry.span(telemetry.SPAN_PREFILL, **{telemetry.ATTR_SESSION: request.session_id}),
         ):
             session = self.store.create(
-                request.session_id, request.capacity, len(request.token_ids) + 1, sampling
+                request.session_id, request.capacity, len(request.token_ids) + 1, sampling, guide
             )
             if request.keep_hidden_states:
                 session.verifier.cache.keep_features(self.models.eagle_feature_layers)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument, NotFound, ResourceExhausted
+from specserve.grammar import Guide
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
@@ -78,10 +79,15 @@ class SessionStore:
         return len(self._sessions)
 
     def create(
-        self, session_id: str, capacity: int, num_tokens: int, sampling: SamplingParams
+        self,
+        session_id: str,
+        capacity: int,
+        num_tokens: int,
+        sampling: SamplingParams,
+        guide: Guide | None = None,
     ) -> TargetSession:
         """Replaces any session of that id; evicts idle sessions to fit `num_tokens` plus one tree.
-        `sampling` is the session's (every Verify uses it).
+        `sampling` and `guide` (its constraint, if any) are the session's: every Verify uses them.
 
         Caller holds the lock."""
         if capacity < 1:
@@ -94,7 +100,7 @@ class SessionStore:
             )
         self._make_room(need, new_session=True)
         self._epochs += 1
-        verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk, sampling)
+        verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk, sampling, guide)
         changed = threading.Condition(self.lock)
         session = TargetSession(session_id, verifier, capacity, self._epochs, self.reserve, changed)
         self._sessions[session_id] = session

@@ -53,6 +53,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_sampling_options(p, default_seed=0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument(
+        "--no-constraints",
+        action="store_true",
+        help="run a workload's prompts without their schemas (json-extraction: the unconstrained baseline)",
+    )
     p.add_argument("--out", type=Path, metavar="results.json", help="write the full result as JSON")
     p.add_argument("--plot", type=Path, metavar="results.png", help="write a PNG figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -159,6 +164,7 @@ def _run_measurements(
         settings=settings,
         prompts_file=prompts_path,
         limit=args.limit,
+        constrain=not args.no_constraints,
     )
     if remote is not None:
         result["remote_breakdown"] = remote.breakdown()

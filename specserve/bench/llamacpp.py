@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.models.profiles import ModelProfile, model_profile
@@ -83,7 +84,7 @@ def completion_body(prompt_ids: list[int], request: GenerationRequest) -> dict[s
     """The `/completion` request for one greedy generation of fixed or bounded length."""
     if request.sampling.temperature > 0:
         raise InvalidArgument("the llama.cpp peers run greedy only (temperature 0)")
-    return {
+    return _constraint_fields(request.constraint) | {
         "prompt": prompt_ids,
         "n_predict": request.stopping.max_new_tokens,
         "temperature": 0.0,
@@ -93,6 +94,17 @@ def completion_body(prompt_ids: list[int], request: GenerationRequest) -> dict[s
         "return_tokens": True,
         "stream": False,
     }
+
+
+def _constraint_fields(constraint: Constraint | None) -> dict[str, Any]:
+    """llama-server's own constrained decoding (`json_schema`, which it turns into a GBNF grammar)."""
+    if constraint is None:
+        return {}
+    if constraint.kind is ConstraintKind.JSON_SCHEMA:
+        return {"json_schema": json.loads(constraint.source)}
+    if constraint.kind is ConstraintKind.JSON_OBJECT:
+        return {"json_schema": {"type": "object"}}
+    raise InvalidArgument(f"the llama.cpp peers take JSON schemas only, not a {constraint.kind.value}")
 
 
 def stats_from_response(response: dict[str, Any], elapsed_s: float) -> GenerationStats:

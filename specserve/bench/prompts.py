@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.bench.workloads import resolve_prompts_path
+from specserve.core.constraint import Constraint
 from specserve.errors import InvalidArgument
 
 _REQUIRED_KEYS = ("question_id", "category", "turns")
@@ -21,6 +22,8 @@ class Prompt:
     question_id: int | str
     category: str
     text: str  # the first turn
+    # The schema its answer must follow (a workload line's "json_schema"), run as the request's constraint.
+    constraint: Constraint | None = None
 
 
 def load_prompts(path: Path | str | None = None, limit: int | None = None) -> list[Prompt]:
@@ -75,7 +78,12 @@ def _parse_line(line: str, where: str) -> Prompt:
         raise InvalidArgument(f"{where}: turns must be a non-empty list")
     if not isinstance(turns[0], str) or not turns[0].strip():
         raise InvalidArgument(f"{where}: the first turn must be a non-empty string")
-    return Prompt(question_id=qid, category=category, text=turns[0])
+    constraint = None
+    if "json_schema" in obj:
+        if not isinstance(obj["json_schema"], dict):
+            raise InvalidArgument(f"{where}: json_schema must be a JSON object")
+        constraint = Constraint.json_schema(obj["json_schema"])
+    return Prompt(question_id=qid, category=category, text=turns[0], constraint=constraint)
 
 
 def _one_line(e: BaseException) -> str:

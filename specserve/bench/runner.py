@@ -125,9 +125,11 @@ def run_bench(
     settings: EngineSettings | None = None,
     prompts_file: Path | str | None = None,
     limit: int | None = None,
+    constrain: bool = True,
 ) -> dict[str, Any]:
     """Benchmark `methods` (plus the `target` baseline) on `prompts`; returns the JSON-able result.
-    Every method runs `request` with its own name in `request.method`.
+    Every method runs `request` with its own name in `request.method`, and with the prompt's schema as
+    its constraint when the workload gives one and `constrain` is on.
 
     `settings`, `prompts_file` and `limit` are only recorded in the result's config/machine.
     """
@@ -140,6 +142,8 @@ def run_bench(
     warmup = replace(
         request, stopping=replace(stopping, max_new_tokens=min(WARMUP_TOKENS, stopping.max_new_tokens))
     )
+    if constrain and prompts[0].constraint is not None:
+        warmup = replace(warmup, constraint=prompts[0].constraint)
     for method in run_methods:
         engine.generate(prompts[0].text, replace(warmup, method=method))
     machine = machine_info(settings)  # after warm-up, so torch's thread count is the one used
@@ -153,7 +157,11 @@ def run_bench(
         for prompt in prompts:
             # Interleaved: every method runs on this prompt before the next one starts, so drift in
             # the machine (thermal throttling, other load) hits all methods alike.
-            results = {m: _timed_generate(engine, prompt, replace(request, method=m)) for m in run_methods}
+            # A workload's schema is the prompt's constraint (unless the request drops them all).
+            constrained = replace(request, constraint=prompt.constraint) if constrain else request
+            results = {
+                m: _timed_generate(engine, prompt, replace(constrained, method=m)) for m in run_methods
+            }
             target_ids = results[TARGET][0].token_ids
             for method, (result, wall_s) in results.items():
                 _record(runs[method], prompt, result, wall_s, result.token_ids == target_ids)

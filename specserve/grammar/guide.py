@@ -61,5 +61,5 @@ class Guide:
 
     @property
     def done(self) -> bool:
-        """The language ended (its end-of-sequence token was consumed)."""
+        """The language is complete: nothing may follow but the end of sequence."""
         return bool(self.matcher.is_stopped())

@@ -58,19 +58,19 @@ def sampling_from_pb(message: common_pb2.SamplingParams) -> SamplingParams:
     return sampling
 
 
-_KIND_TO_PB = {
+_CONSTRAINT_TO_PB = {
     ConstraintKind.JSON_SCHEMA: common_pb2.CONSTRAINT_KIND_JSON_SCHEMA,
     ConstraintKind.JSON_OBJECT: common_pb2.CONSTRAINT_KIND_JSON_OBJECT,
     ConstraintKind.REGEX: common_pb2.CONSTRAINT_KIND_REGEX,
     ConstraintKind.GRAMMAR: common_pb2.CONSTRAINT_KIND_GRAMMAR,
 }
-_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+_CONSTRAINT_FROM_PB = {v: k for k, v in _CONSTRAINT_TO_PB.items()}
 
 
 def constraint_to_pb(constraint: Constraint | None) -> common_pb2.Constraint | None:
     if constraint is None:
         return None
-    return common_pb2.Constraint(kind=_KIND_TO_PB[constraint.kind], source=constraint.source)
+    return common_pb2.Constraint(kind=_CONSTRAINT_TO_PB[constraint.kind], source=constraint.source)
 
 
 def constraint_from_pb(message: common_pb2.Constraint) -> Constraint | None:
@@ -79,7 +79,7 @@ def constraint_from_pb(message: common_pb2.Constraint) -> Constraint | None:
         if message.source:
             raise InvalidArgument("constraint.kind is required when constraint.source is set")
         return None
-    kind = _KIND_FROM_PB.get(message.kind)
+    kind = _CONSTRAINT_FROM_PB.get(message.kind)
     if kind is None:
         raise InvalidArgument(f"unknown constraint.kind {message.kind}")
     return Constraint(kind, message.source)

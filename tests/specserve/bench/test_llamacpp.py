@@ -21,6 +21,7 @@ from specserve.bench.llamacpp import (
     server_binary,
     stats_from_response,
 )
+from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.models.profiles import PROFILES
@@ -104,3 +105,14 @@ def test_a_real_server_streams_several_sessions_at_once(default_engine):
         assert list(peers.servers) == ["llama.cppx1"]  # the two-slot server made way for the one-slot
     finally:
         peers.close()
+
+
+def test_a_schema_is_sent_as_llama_servers_json_schema():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = completion_body([1, 2], peer_request(8, constraint=Constraint.json_schema(schema)))
+    assert body["json_schema"] == schema
+    body = completion_body([1, 2], peer_request(8, constraint=Constraint(ConstraintKind.JSON_OBJECT)))
+    assert body["json_schema"] == {"type": "object"}
+    assert "json_schema" not in completion_body([1, 2], peer_request(8))
+    with pytest.raises(InvalidArgument, match="JSON schemas only"):
+        completion_body([1, 2], peer_request(8, constraint=Constraint(ConstraintKind.REGEX, "[a-z]+")))

@@ -162,7 +162,8 @@ def test_script_and_workloads_share_the_exclusion_list() -> None:
 def test_grounded_is_shipped_inside_the_package() -> None:
     assert resolve_prompts_path("grounded") == GROUNDED_PATH
     assert GROUNDED_PATH.parent.parent == Path(specserve.bench.__file__).resolve().parent
-    assert set(WORKLOADS) == {"mt-bench", "grounded"}
+    assert set(WORKLOADS) == {"mt-bench", "grounded", "json-extraction"}
+    assert resolve_prompts_path("json-extraction").parent == GROUNDED_PATH.parent
 
 
 def test_none_and_mt_bench_are_the_mt_bench_file() -> None:
@@ -192,7 +193,7 @@ def test_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: 
         resolve_prompts_path(missing)
     message = str(e.value)
     assert message.startswith(f"cannot read prompts file {missing}: no such file")
-    assert "grounded, mt-bench" in message and "\n" not in message
+    assert "grounded, json-extraction, mt-bench" in message and "\n" not in message
     with pytest.raises(InvalidArgument, match="no such file"):
         load_prompts(missing)
 
@@ -234,6 +235,30 @@ def test_bench_names_the_workloads_when_a_file_is_missing(tmp_path: Path) -> Non
 
     args = parse("--prompts", str(tmp_path / "nope.jsonl"))
     with pytest.raises(
-        InvalidArgument, match=r"no such file \(a workload name is one of: grounded, mt-bench\)"
+        InvalidArgument, match=r"no such file \(a workload name is one of: grounded, json-extraction, mt-bench\)"
     ):
         run_bench_command(args, EngineSettings(), engine_factory=factory)
+
+
+def test_the_extraction_workload_gives_each_prompt_its_schema():
+    from specserve.bench.prompts import load_prompts
+    from specserve.core.constraint import ConstraintKind
+
+    prompts = load_prompts("json-extraction")
+    assert len(prompts) == 16 and {p.category for p in prompts} == {"person", "product", "event", "book"}
+    for prompt in prompts:
+        assert prompt.constraint is not None and prompt.constraint.kind is ConstraintKind.JSON_SCHEMA
+        schema = json.loads(prompt.constraint.source)
+        assert all(key in prompt.text for key in schema["properties"])  # the prompt names every key
+
+
+def test_a_workload_schema_must_be_an_object(tmp_path: Path):
+    from specserve.bench.prompts import load_prompts
+    from specserve.errors import InvalidArgument
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        json.dumps({"question_id": 1, "category": "c", "turns": ["x"], "json_schema": [1]}) + "\n"
+    )
+    with pytest.raises(InvalidArgument, match="json_schema must be a JSON object"):
+        load_prompts(path)

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from specserve.core.constraint import Constraint, ConstraintKind
+from specserve.errors import FailedPrecondition
+from specserve.grammar import GrammarCompiler
+from specserve.grammar.masks import allowed_tokens
+
+
+def test_sync_consumes_only_the_generated_tokens(compiler: GrammarCompiler):
+    prompt = [1, 2, 3]  # not in the language: a guide never sees the prompt
+    guide = compiler.guide(Constraint(ConstraintKind.REGEX, "[0-9]+"), len(prompt), 64)
+    digits = compiler.tokenizer.tokenize_str("42")
+    guide.sync(prompt)
+    assert guide.num_consumed == 0
+    guide.sync([*prompt, *digits])
+    guide.sync([*prompt, *digits])  # nothing new: a no-op
+    assert guide.num_consumed == len(digits)
+
+
+def test_push_pop_walks_and_returns(compiler: GrammarCompiler):
+    guide = compiler.guide(Constraint(ConstraintKind.REGEX, "ab|ac"), 0, 64)
+    a, b = compiler.tokenizer.tokenize_str("a"), compiler.tokenizer.tokenize_str("b")
+    guide.push(a)
+    assert guide.allowed_prefix(b) == 1
+    guide.pop(len(a))
+    assert guide.num_consumed == 0 and guide.allowed_prefix(b) == 0
+
+
+def test_a_forbidden_token_is_refused(compiler: GrammarCompiler):
+    guide = compiler.guide(Constraint(ConstraintKind.REGEX, "[0-9]+"), 0, 64)
+    with pytest.raises(FailedPrecondition, match="does not allow"):
+        guide.push(compiler.tokenizer.tokenize_str("x"))
+
+
+EOS = 2  # SmolLM2's <|im_end|>, the compiler fixture's end of sequence
+
+
+def test_a_complete_language_takes_its_end_of_sequence(compiler: GrammarCompiler):
+    guide = compiler.guide(Constraint(ConstraintKind.REGEX, "ok"), 0, 64)
+    guide.push(compiler.tokenizer.tokenize_str("ok"))
+    assert guide.done  # nothing can follow but the end of sequence
+    assert allowed_tokens(guide.bitmask(), compiler.vocab_size).nonzero().flatten().tolist() == [EOS]
+    guide.push([EOS])  # taken, though llguidance refuses it in a batch once the language is complete
+    assert guide.num_consumed == len(compiler.tokenizer.tokenize_str("ok")) + 1
+
+
+def test_forced_is_the_only_continuation(compiler: GrammarCompiler):
+    guide = compiler.guide(Constraint(ConstraintKind.REGEX, "hello world|hello there"), 0, 64)
+    assert compiler.tokenizer.decode_str(guide.forced()) == "hello"
