@@ -56,6 +56,7 @@ from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from specserve import __version__
 from specserve.catalog import method_info
+from specserve.core.constraint import InvalidConstraint
 from specserve.errors import SpecserveError, quoted
 from specserve.v1 import router_pb2
 
@@ -255,10 +256,10 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
 
             # In the request's context: the caller's principal (serving/auth.py BearerTokenASGI) binds the
             # session to its creator, as over gRPC.
-            try:
+            try:  # the router compiles the constraint before it stores the session
                 record = await asyncio.to_thread(start)
-            except SpecserveError as e:
-                raise constraint_error(from_specserve(e), constraint) from None
+            except InvalidConstraint as e:
+                raise invalid(str(e), None if constraint is None else constraint.param) from None
             generation = Generation(record.session_id, lambda gone: servicer.stream_session(record, gone))
         except BaseException:
             release()

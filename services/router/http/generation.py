@@ -73,9 +73,9 @@ def generation_request(
 
 
 def constraint_error(error: HttpError, constraint: BodyConstraint | None) -> HttpError:
-    """A 400 from the engine before the first token, for a constrained request the router accepted, is
-    the constraint's: its schema, regex or grammar did not compile (InvalidConstraint, which crosses
-    gRPC as a plain INVALID_ARGUMENT). It names the field the constraint came from."""
+    """A 400 from the session before its first token, for a constrained request the router accepted and
+    compiled, is the constraint's: the target could not compile it either (InvalidConstraint, which
+    crosses gRPC as a plain INVALID_ARGUMENT). It names the field the constraint came from."""
     if constraint is None or error.status != 400 or error.param is not None:
         return error
     return HttpError(error.status, error.message, error.type, constraint.param, error.code)

@@ -33,14 +33,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.router.http.schemas import ChatCompletionRequest, ChatMessage, FunctionDefinition
+from specserve.grammar.compiler import JSON_LAYOUT  # the engine's one layout, which the format shows
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-# JSON in the engine's one layout (specserve/grammar/compiler.py's JSON_LAYOUT, which the router does not
-# import: it would load llguidance), the one the format above shows: a call's keys and separators are
-# then forced, free drafts.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
 # Where JSON Schema keeps a document's local definitions ("#/$defs/x" and the older "#/definitions/x").
 _DEFINITIONS = ("$defs", "definitions")
 

@@ -181,10 +181,6 @@ def test_a_template_that_takes_tools_gets_them_and_the_calls_as_objects(tokenize
 
 
 def test_calls_are_written_in_the_engines_json_layout_so_their_fixed_parts_are_forced(ll_tokenizer) -> None:
-    from services.router.http.tools import JSON_LAYOUT as ROUTER_LAYOUT
-    from specserve.grammar.compiler import JSON_LAYOUT
-
-    assert ROUTER_LAYOUT == JSON_LAYOUT  # the router keeps its own copy: it does not load llguidance
     tokenizer, _ = ll_tokenizer
     grammar = llguidance.LLMatcher.grammar_from_lark(
         tool_grammar([WEATHER], mode="named", named="get_weather")
