@@ -1,11 +1,13 @@
 """The playground page in a real headless Chromium (Debian chromium + chromium-driver, driven by Selenium):
 it streams a chat completion from the router, shows the draft's accepted tokens and the target's own in
-two colours, renders the figures, and its text is the gRPC SDK's greedy output for the same prompt.
+two colours, renders the figures, and its text is the gRPC SDK's greedy output for the same prompt; with a
+JSON schema, the answer is JSON valid against it and the tokens the schema forced show in their colour.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import shutil
 
 import pytest
@@ -94,3 +96,34 @@ def test_the_page_streams_rounds_in_two_colours_with_figures(browser, http_route
     assert colours is not None and len(colours) > 50, "the screenshot is blank or nearly so"
     most_common = max(count for count, _ in colours)
     assert most_common < 0.9 * screenshot.width * screenshot.height
+
+
+SCHEMA = (
+    '{"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, '
+    '"country": {"type": "string", "maxLength": 16}}, "required": ["city", "country"], '
+    '"additionalProperties": false}'
+)
+
+
+def test_a_json_schema_holds_the_answer_and_its_forced_tokens_show(browser, http_router) -> None:
+    browser.get(http_router.page_url)
+    wait = WebDriverWait(browser, TIMEOUT_SECONDS)
+    browser.find_element(By.ID, "api-key").send_keys(http_router.token)
+    browser.find_element(By.ID, "schema").send_keys(SCHEMA)
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys("Name the largest city of France and its country, as JSON.")
+    for field, value in (("max-tokens", 48), ("temperature", 0)):
+        element = browser.find_element(By.ID, field)
+        element.clear()
+        element.send_keys(str(value))
+    browser.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith(("done", "error")))
+    status = browser.find_element(By.ID, "status").text
+    assert status.startswith("done: stop"), status
+    text = browser.execute_script("return document.getElementById('output').textContent")
+    answer = json.loads(text)
+    assert set(answer) == {"city", "country"}
+    forced = browser.find_elements(By.CSS_SELECTOR, "#output .forced")
+    assert forced, "the schema's fixed parts are forced tokens, shown apart"
+    assert "country" in "".join(f.text for f in forced)  # the second key comes forced after the first value
