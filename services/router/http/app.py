@@ -220,6 +220,10 @@ def create_app(servicer: RouterServicer, secured: bool) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         """`chat.completion`, or with `stream: true` server-sent `chat.completion.chunk` events."""
         body = await read(request, ChatCompletionRequest)
+        if not any(m.text.strip() for m in body.messages):
+            # The callers' own text, as the document says: the tools' instructions and calls the router
+            # renders into the prompt do not make a blank chat a conversation.
+            raise invalid("the messages are empty", "messages")
 
         def prompt_ids() -> list[int]:
             tokenizer = servicer.tokenizer

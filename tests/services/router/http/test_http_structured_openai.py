@@ -194,3 +194,15 @@ def test_the_grpc_sdk_takes_a_constraint(http_router) -> None:
             timeout=TIMEOUT_SECONDS,
         )
         assert re.fullmatch(r"[0-9]( [0-9]){2}", digits.text)
+
+
+def test_the_cli_through_a_router_takes_a_schema_file(http_router, tmp_path, capsys) -> None:
+    from specserve.cli import main
+
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps(CITY))
+    argv = ["generate", CITY_PROMPT, "--remote", http_router.grpc_address, "--token", http_router.token]
+    assert main([*argv, "--json-schema", str(schema), "--max-new-tokens", str(MAX_TOKENS), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    jsonschema.validate(json.loads(printed["text"]), CITY)
+    assert printed["finish_reason"] == "eos"
