@@ -2,16 +2,19 @@
 
 The router has no torch, so no transformers: the `tokenizers` library reads the target's tokenizer.json,
 and the chat template is rendered with Jinja the way transformers renders it (a sandboxed environment,
-trim_blocks and lstrip_blocks, generation prompt appended), then encoded without extra special tokens.
+trim_blocks and lstrip_blocks, loop controls, its `tojson`, generation prompt appended), then encoded
+without extra special tokens.
 A test checks the result equals the engine's own encoding.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jinja2.ext
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -25,6 +28,20 @@ def _raise(message: str) -> None:
     raise InvalidArgument(f"chat template: {message}")
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson` (Jinja's own sorts keys and escapes <, > and &): templates write tools and
+    call arguments with it, and the model was trained on its output."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
 class RouterTokenizer:
     def __init__(self, info: target_pb2.ModelInfo) -> None:
         self.tokenizer = Tokenizer.from_str(info.tokenizer_json)
@@ -36,7 +53,10 @@ class RouterTokenizer:
         # tools.py): then tools, calls and tool messages are passed to it as transformers passes them.
         self.native_tools = False
         if info.chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
+            env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise
             self.template = env.from_string(info.chat_template)
             variables = meta.find_undeclared_variables(env.parse(info.chat_template))

@@ -189,3 +189,33 @@ def test_calls_are_written_in_the_engines_json_layout_so_their_fixed_parts_are_f
     forced = tokenizer.decode_str(matcher.compute_ff_tokens())
     assert forced.startswith('<tool_call>\n{"name": "get_weather", "arguments": {"city":')
     assert not accepts(ll_tokenizer, tool_grammar([WEATHER], mode="required"), CALL.replace(", ", ","))
+
+
+def test_qwens_own_template_renders_tools_and_calls_as_transformers_does() -> None:
+    """With a template that takes tools (Qwen2.5's), the router's prompt is transformers' own, tools,
+    earlier calls and tool answers included. Needs the profile's files (skipped where not installed)."""
+    from specserve.models.install import installed_dir, is_installed
+    from specserve.models.profiles import model_profile
+    from specserve.settings import EngineSettings
+
+    profile, cache_dir = model_profile("qwen2.5-coder-1.5b-instruct"), EngineSettings.from_env().cache_dir
+    if not is_installed(profile, cache_dir):
+        pytest.skip(f"the {profile.name} profile is not installed")
+    from transformers import AutoTokenizer
+
+    directory = installed_dir(profile, cache_dir)
+    reference = AutoTokenizer.from_pretrained(directory)
+    info = target_pb2.ModelInfo(
+        tokenizer_json=(directory / "tokenizer.json").read_text(),
+        chat_template=reference.chat_template,
+        eos_token=reference.eos_token or "",
+        bos_token=reference.bos_token or "",
+    )
+    router = RouterTokenizer(info)
+    assert router.native_tools
+    body = request()
+    messages, tools = chat_messages(body, native=True), template_tools(body)
+    expected = reference.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert router.encode_chat(messages, tools) == list(expected)
