@@ -31,12 +31,11 @@ def accept_draft(
         return logits if allowed_at is None else logits.masked_fill(~allowed_at(node), float("-inf"))
 
     if params.greedy:
-        if allowed_at is None:
-            choice = target_logits.argmax(-1).tolist().__getitem__
-        else:
+        # Unconstrained, one argmax over all rows; constrained, each visited row's own masked argmax.
+        argmax: list[int] = target_logits.argmax(-1).tolist() if allowed_at is None else []
 
-            def choice(node: int) -> int:
-                return int(row(node).argmax())
+        def choice(node: int) -> int:
+            return argmax[node] if allowed_at is None else int(row(node).argmax())
 
         outcome = verify_greedy(choice, tree.parent_ids, tree.token_ids)
         if not draft.target_roots:

@@ -235,7 +235,8 @@ def test_bench_names_the_workloads_when_a_file_is_missing(tmp_path: Path) -> Non
 
     args = parse("--prompts", str(tmp_path / "nope.jsonl"))
     with pytest.raises(
-        InvalidArgument, match=r"no such file \(a workload name is one of: grounded, json-extraction, mt-bench\)"
+        InvalidArgument,
+        match=r"no such file \(a workload name is one of: grounded, json-extraction, mt-bench\)",
     ):
         run_bench_command(args, EngineSettings(), engine_factory=factory)
 
