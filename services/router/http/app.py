@@ -51,7 +51,7 @@ from services.router.http.openapi import (
 from services.router.http.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
 from services.router.http.structured import BodyConstraint, body_constraint
 from services.router.http.tool_calls import ToolStream
-from services.router.http.tools import chat_messages, template_tools
+from services.router.http.tools import chat_messages, grammar_tool_mode, template_tools
 from services.router.servicer import RouterServicer
 from services.router.state import SessionRecord
 from specserve import __version__
@@ -490,6 +490,7 @@ class Output:
         self.body = body
         self.id = f"{self.id_prefix}{record.public_id}"
         self.session_id = record.public_id
+        self.record = record
         self.prompt_tokens = len(record.prompt_ids)
         self.model, self.method = model, method
         self.created = int(time.time())
@@ -584,9 +585,15 @@ class ChatOutput(Output):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # With tools in play the text is split into content and calls (tool_calls.py).
+        # With tools in play the text is split into content and calls (tool_calls.py). A resumed stream
+        # has no tools: its session's constraint says how they bound the answer, and the text the client
+        # has already brings the split to where the client is.
         mode = self.body.tool_mode
-        self.tools = None if mode == "none" else ToolStream(mode)
+        if mode == "none":
+            mode = grammar_tool_mode(self.record.request.constraint)
+        self.tools = None if mode == "none" else ToolStream(mode, self.session_id)
+        if self.tools is not None and self.num_tokens:
+            self.tools.feed(self.text.text)
 
     def start_chunks(self) -> list[dict]:
         # A resumed stream's client has had the role (in the first chunk) already. An answer that may be

@@ -10,6 +10,7 @@ plain answer agree.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -23,8 +24,12 @@ _TAIL = re.compile(r"\s*\}\s*" + re.escape(CLOSE))
 _SCALAR_END = re.compile(r"[\s,}\]]")
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+def call_id(session_id: str, index: int) -> str:
+    """A call's id: the same for the same session and call, so a resumed stream and a repeated parse
+    name a call as the first did (a fresh one without a session)."""
+    if not session_id:
+        return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{hashlib.sha256(f'{session_id}:{index}'.encode()).hexdigest()[:24]}"
 
 
 @dataclass
@@ -106,6 +111,7 @@ class _Arguments:
 class ToolCallParser:
     """Text in, call deltas out, as the text grows."""
 
+    session_id: str = ""  # names the calls (call_id)
     text: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
     _pos: int = 0
@@ -139,7 +145,7 @@ class ToolCallParser:
             head = _HEAD.match(text, pos)
             if head is None:
                 return False
-            call = ParsedCall(new_call_id(), json.loads(f'"{head.group(1)}"'))
+            call = ParsedCall(call_id(self.session_id, len(self.calls)), json.loads(f'"{head.group(1)}"'))
             self.calls.append(call)
             deltas.append(CallDelta(len(self.calls) - 1, "", call.id, call.name))
             self._pos, self._stage, self._arguments = head.end(), "arguments", _Arguments()
@@ -169,9 +175,9 @@ class ToolStream:
     """An answer under `tool_choice` `mode`: calls throughout ("required", "named"), or ("auto") calls if
     the text opens with `<tool_call>` past whitespace, else content; undecided text is held back."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, session_id: str = "") -> None:
         self.calls_mode: bool | None = None if mode == "auto" else True
-        self.parser = ToolCallParser()
+        self.parser = ToolCallParser(session_id)
         self._held = ""
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:

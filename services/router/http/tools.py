@@ -33,10 +33,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.router.http.schemas import ChatCompletionRequest, ChatMessage, FunctionDefinition
+from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.grammar.compiler import JSON_LAYOUT  # the engine's one layout, which the format shows
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+MARKER = "// specserve tool calls: "  # the first line of a tool grammar, then its mode (a Lark comment)
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 # Where JSON Schema keeps a document's local definitions ("#/$defs/x" and the older "#/definitions/x").
@@ -79,14 +81,25 @@ def tool_grammar(
         f'call: "{OPEN}\\n" ({" | ".join(f"fn_{i}" for i in range(len(functions)))}) "\\n{CLOSE}"',
         *rules,
     ]
+    header = f"{MARKER}{'auto' if mode == 'auto' else 'required'}"
     if mode != "auto":
-        return "\n".join(["start: calls", *lines]) + "\n"
+        return "\n".join([header, "start: calls", *lines]) + "\n"
     if text_schema is not None:
         layout = {"x-guidance": JSON_LAYOUT} if isinstance(text_schema, dict) else {}
         text = [f"text: %json {json.dumps(layout | text_schema)}"]
     else:  # any text whose first characters, past whitespace, are not a call's opening
         text = ["text: TEXT", f"TEXT: /(?s:.*)/ & ~/[ \\t\\r\\n]*{OPEN}(?s:.*)/"]
-    return "\n".join(["start: text | calls", *text, *lines]) + "\n"
+    return "\n".join([header, "start: text | calls", *text, *lines]) + "\n"
+
+
+def grammar_tool_mode(constraint: Constraint | None) -> str:
+    """The tool_choice a session's constraint was built for ("auto", "required", else "none"): how a
+    resumed stream, which has the session but not the request's tools, splits its text."""
+    if constraint is None or constraint.kind is not ConstraintKind.GRAMMAR:
+        return "none"
+    first = constraint.source.partition("\n")[0]
+    mode = first.removeprefix(MARKER)
+    return mode if first.startswith(MARKER) and mode in ("auto", "required") else "none"
 
 
 def tools_instructions(functions: Sequence[FunctionDefinition], mode: str, named: str | None) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from services.router.http.app import ChatOutput
 from services.router.http.schemas import ChatCompletionRequest
-from services.router.http.tool_calls import ToolCallParser, ToolStream
+from services.router.http.tool_calls import ToolCallParser, ToolStream, call_id
 from services.router.tokenizer import RouterTokenizer
 from specserve.v1 import common_pb2, router_pb2, target_pb2
 
@@ -83,7 +83,7 @@ def output(servicer, **fields: Any) -> ChatOutput:
     body = ChatCompletionRequest.model_validate_json(
         json.dumps({"messages": [{"role": "user", "content": "hi"}]} | fields)
     )
-    record = SimpleNamespace(public_id="s1", prompt_ids=[1, 2, 3])
+    record = SimpleNamespace(public_id="s1", prompt_ids=[1, 2, 3], request=SimpleNamespace(constraint=None))
     return ChatOutput(servicer, body, record, "model", "target")
 
 
@@ -173,3 +173,50 @@ def test_a_rounds_forced_tokens_are_the_tail_of_its_accepted_text(servicer) -> N
     whole = run(output(servicer, stream=True), messages(servicer, CALLS, 4))
     usage = whole[-1]["specserve"]["stats"]
     assert "num_forced_draft_tokens" in usage and "num_forced_accepted_tokens" in usage
+
+
+@pytest.mark.parametrize("cut", [0, 3, 9, 20])
+def test_a_resumed_stream_continues_the_calls_where_the_client_is(servicer, cut: int) -> None:
+    """GET /v1/streams/... has the session, not the request's tools: the session's constraint says how
+    they bound the answer, and the calls keep their ids and indices across the cut."""
+    from services.router.http.structured import body_constraint
+
+    body = ChatCompletionRequest.model_validate_json(
+        json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "required"}
+        )
+    )
+    found = body_constraint(body)
+    assert found is not None
+    record = SimpleNamespace(
+        public_id="s1", prompt_ids=[1], request=SimpleNamespace(constraint=found.constraint)
+    )
+    token_ids = servicer.tokenizer.tokenizer.encode(CALLS, add_special_tokens=False).ids
+    first = ChatOutput(servicer, body, record, "model", "target")
+    before = first.start_chunks()
+    for i in range(cut):
+        before += first.add(router_pb2.GenerateResponse(token_ids=token_ids[i : i + 1], index=i))
+    resumed_body = ChatOutput.resumed_body(SimpleNamespace(request=_request_of(found.constraint)), False)
+    resumed = ChatOutput(servicer, resumed_body, record, "model", "target", received=token_ids[:cut])
+    after = resumed.start_chunks()
+    for message in messages(servicer, CALLS, 4):
+        if message.HasField("stats"):
+            after += resumed.add(message)
+        elif message.index + len(message.token_ids) > cut:
+            skip = max(0, cut - message.index)
+            trimmed = router_pb2.GenerateResponse(
+                token_ids=message.token_ids[skip:], index=message.index + skip
+            )
+            after += resumed.add(trimmed)
+    after += resumed.end_chunks()
+    deltas = [c["choices"][0]["delta"] for c in before + after if c["choices"]]
+    calls = assembled([t for d in deltas for t in d.get("tool_calls", [])])
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", ARGUMENTS), ("get_time", "{}")]
+    assert [c["id"] for c in calls] == [call_id("s1", 0), call_id("s1", 1)]  # as a whole parse names them
+    assert after[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def _request_of(constraint):
+    from specserve.core.request import GenerationRequest
+
+    return GenerationRequest.build(method="target", constraint=constraint)

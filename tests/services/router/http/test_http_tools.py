@@ -13,9 +13,9 @@ import pytest
 
 from services.router.http.schemas import ChatCompletionRequest, FunctionDefinition
 from services.router.http.structured import body_constraint
-from services.router.http.tools import chat_messages, template_tools, tool_grammar
+from services.router.http.tools import chat_messages, grammar_tool_mode, template_tools, tool_grammar
 from services.router.tokenizer import RouterTokenizer
-from specserve.core.constraint import ConstraintKind
+from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.v1 import target_pb2
 
 llguidance = pytest.importorskip("llguidance")
@@ -122,14 +122,17 @@ def request(**fields: Any) -> ChatCompletionRequest:
     )
 
 
-def test_the_body_asks_for_the_grammar_of_its_tool_choice() -> None:
-    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
+def test_the_body_asks_for_the_grammar_of_its_tool_choice_which_says_its_mode() -> None:
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice, mode in (("auto", "auto"), ("required", "required"), (named, "required")):
         found = body_constraint(request(tool_choice=choice))
-        assert (
-            found is not None and found.param == "tools" and found.constraint.kind is ConstraintKind.GRAMMAR
-        )
-    assert body_constraint(request()).constraint.source.startswith("start: text | calls")  # auto by default
+        assert found is not None and found.param == "tools"
+        assert grammar_tool_mode(found.constraint) == mode  # what a resumed stream reads
+    assert grammar_tool_mode(body_constraint(request()).constraint) == "auto"  # auto by default
     assert body_constraint(request(tool_choice="none")) is None
+    assert grammar_tool_mode(None) == "none"
+    assert grammar_tool_mode(Constraint(ConstraintKind.GRAMMAR, 'start: "x"')) == "none"
+    assert grammar_tool_mode(Constraint(ConstraintKind.REGEX, "// specserve tool calls: auto")) == "none"
 
 
 def test_without_native_tools_the_system_message_describes_them_and_the_history_is_text() -> None:
