@@ -85,8 +85,7 @@ def tool_grammar(
     if mode != "auto":
         return "\n".join([header, "start: calls", *lines]) + "\n"
     if text_schema is not None:
-        layout = {"x-guidance": JSON_LAYOUT} if isinstance(text_schema, dict) else {}
-        text = [f"text: %json {json.dumps(layout | text_schema)}"]
+        text = [f"text: %json {json.dumps({'x-guidance': JSON_LAYOUT} | text_schema)}"]
     else:  # any text whose first characters, past whitespace, are not a call's opening
         text = ["text: TEXT", f"TEXT: /(?s:.*)/ & ~/[ \\t\\r\\n]*{OPEN}(?s:.*)/"]
     return "\n".join([header, "start: text | calls", *text, *lines]) + "\n"
