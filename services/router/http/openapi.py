@@ -45,7 +45,10 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "the completion; with `stream: true`, server-sent events of chunks",
         "content": {"text/event-stream": {}},
     },
-    400: _error("a bad field, an unknown field or method, a prompt too long, a body that is not valid JSON"),
+    400: _error(
+        "a bad field, an unknown field or method, a prompt too long, a body that is not valid JSON, a "
+        "schema, regex or grammar that does not compile (`param`: the field it came from)"
+    ),
     404: _error("an unknown model"),
     413: _error("a body over the size limit"),
     415: _error("a body not sent as `Content-Type: application/json`"),
