@@ -12,57 +12,58 @@ from pathlib import Path
 from services.router.http.schemas import FunctionDefinition
 from services.router.http.tools import tool_grammar, tools_instructions
 
+
+# Closed objects (OpenAI's strict function schemas): the arguments hold the named keys and nothing else.
+def _params(properties: dict, required: list[str]) -> dict:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
 OUT = Path(__file__).resolve().parent.parent / "specserve" / "bench" / "data" / "tool-calls.jsonl"
 
 FUNCTIONS = [
     FunctionDefinition(
         name="get_weather",
         description="The current weather in a city.",
-        parameters={
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-        },
+        parameters=_params(
+            {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city", "unit"]
+        ),
     ),
     FunctionDefinition(
         name="book_table",
         description="Reserve a table at a restaurant.",
-        parameters={
-            "type": "object",
-            "properties": {
+        parameters=_params(
+            {
                 "restaurant": {"type": "string"},
                 "date": {"type": "string"},
                 "time": {"type": "string"},
                 "guests": {"type": "integer"},
             },
-            "required": ["restaurant", "date", "time", "guests"],
-        },
+            ["restaurant", "date", "time", "guests"],
+        ),
     ),
     FunctionDefinition(
         name="convert_currency",
         description="Convert an amount between currencies.",
-        parameters={
-            "type": "object",
-            "properties": {
+        parameters=_params(
+            {
                 "amount": {"type": "number"},
                 "from_currency": {"type": "string"},
                 "to_currency": {"type": "string"},
             },
-            "required": ["amount", "from_currency", "to_currency"],
-        },
+            ["amount", "from_currency", "to_currency"],
+        ),
     ),
     FunctionDefinition(
         name="send_email",
         description="Send an email.",
-        parameters={
-            "type": "object",
-            "properties": {
+        parameters=_params(
+            {
                 "to": {"type": "string"},
                 "subject": {"type": "string"},
                 "body": {"type": "string"},
             },
-            "required": ["to", "subject", "body"],
-        },
+            ["to", "subject", "body"],
+        ),
     ),
 ]
 QUESTIONS = [
