@@ -13,6 +13,7 @@ from transformers import GenerationConfig
 
 from specserve.catalog import HF_PROMPT_LOOKUP_TOKENS, Method
 from specserve.core.finish import FinishChecker
+from specserve.core.grammar import ConstrainedDrafter
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import RoundOutcome
 from specserve.core.request import GenerationRequest, RequestLimits
@@ -108,11 +109,15 @@ class Engine(ServedModels):
         if spec.uses_hf_generate:
             stats = self._hf_generate(prompt_ids, request, finish, on_tokens)
         else:
-            # Two guides through the constraint: the verifier's masks the target, the loop's shapes drafts.
+            # A guide through the constraint for each role: the verifier's masks the target, the loop's
+            # shapes drafts, the drafter's masks its own logits as it drafts.
             guide = self.guide(request.constraint, len(prompt_ids))
             verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling, guide=guide)
             grammar = self.guide(request.constraint, len(prompt_ids))
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
+            drafter_grammar = self.guide(request.constraint, len(prompt_ids))
+            if drafter_grammar is not None and isinstance(drafter, ConstrainedDrafter):
+                drafter.constrain(drafter_grammar)
             try:
                 stats = speculative_generate(
                     prompt_ids,

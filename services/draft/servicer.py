@@ -31,13 +31,15 @@ import torch
 from services.draft.mirror import FeedSubscriber, KVMirror
 from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
+from specserve.core.grammar import ConstrainedDrafter
 from specserve.core.protocols import CostSizedDrafter, Drafter, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.errors import InvalidArgument, NotFound
+from specserve.grammar import Guide
 from specserve.methods import method_spec
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.serving import telemetry
-from specserve.serving.convert import check_session_id, sampling_from_pb
+from specserve.serving.convert import check_session_id, constraint_from_pb, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
 from specserve.serving.model_thread import ModelThread
 from specserve.serving.recent import RecentSessions
@@ -90,6 +92,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 )
             return self._channels[address]
 
+    def _grammar(self, request: draft_pb2.DraftPrefillRequest) -> Guide | None:
+        """The drafter's own guide through the session's constraint (None: unconstrained)."""
+        constraint = constraint_from_pb(request.constraint) if request.HasField("constraint") else None
+        if constraint is None:
+            return None
+        if not 0 < request.num_prompt_tokens <= len(request.token_ids):
+            raise InvalidArgument(
+                f"num_prompt_tokens must be in [1, {len(request.token_ids)}] with a constraint, "
+                f"got {request.num_prompt_tokens}"
+            )
+        return self.models.guide(constraint, request.num_prompt_tokens)
+
     def Prefill(
         self, request: draft_pb2.DraftPrefillRequest, context: grpc.ServicerContext
     ) -> draft_pb2.DraftPrefillResponse:
@@ -109,9 +123,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             [], self.models.target_config.num_hidden_layers, request.capacity, torch.device(limits.device)
         )
         sampling = sampling_from_pb(request.sampling)  # the session's, for every Propose
+        grammar = self._grammar(request)  # compiled first: a bad constraint leaves nothing behind
         drafter = self.model.run(spec.make_drafter, sources, request.capacity, mirror, sampling)
         if drafter is None:
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
+        if grammar is not None and isinstance(drafter, ConstrainedDrafter):
+            drafter.constrain(grammar)
         self.priors.seed(request.method, drafter)
         # The feed carries what the drafter declared it reads (a hidden-state draft asked the mirror for
         # features when built); a drafter that reads nothing of the target opens no feed at all.

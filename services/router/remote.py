@@ -254,9 +254,13 @@ class RemoteDrafter:
         on_propose: Callable[[float], None] = lambda seconds: None,
         request_seed: int | None = None,  # lets the draft prepare each round's tree ahead (core/rng.py)
         round_trips: RoundTripMean | None = None,  # the router's, shared by its sessions
+        constraint: Constraint | None = None,
+        num_prompt_tokens: int = 0,  # where the constrained text starts
     ) -> None:
         self.session_id = session_id
         self.method = method
+        self.constraint = constraint_to_pb(constraint)  # sent with Prefill: the draft masks its own drafts
+        self.num_prompt_tokens = num_prompt_tokens
         self.reads = READS_NOTHING  # the draft service reads the target's state, not the router
         self.sampling = sampling  # the session's: sent once, in Prefill
         self.request_seed = request_seed
@@ -322,6 +326,8 @@ class RemoteDrafter:
                     capacity=self.capacity,
                     sampling=sampling_to_pb(self.sampling),
                     request_seed=self.request_seed,
+                    constraint=self.constraint,
+                    num_prompt_tokens=self.num_prompt_tokens,
                 )
                 self.stub.Prefill(prefill, timeout=self.timeout_s)
                 self.counters.rpc_bytes += prefill.ByteSize()

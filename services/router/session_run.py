@@ -242,6 +242,8 @@ class SessionRun:
             on_propose=router.metrics.draft_rpc_latency.observe,
             request_seed=request.seed,
             round_trips=router.draft_round_trips,
+            constraint=request.constraint,
+            num_prompt_tokens=len(self.record.prompt_ids),
         )
 
     def _target_load(self, verifier: RemoteVerifier) -> int:

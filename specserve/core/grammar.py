@@ -16,7 +16,7 @@ lossless whatever is drafted; these functions only make drafts worth verifying. 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from specserve.core.protocols import CandidateKind, DraftTree
 from specserve.core.tree import TokenTree, tree_children
@@ -39,6 +39,21 @@ class GrammarState(Protocol):
 
     def forced(self) -> list[int]:
         """The continuation the language forces from here (empty when it allows a choice)."""
+        ...
+
+    def bitmask(self) -> bytes:
+        """The tokens allowed next: bit i of little-endian 32-bit words is token i."""
+        ...
+
+
+@runtime_checkable
+class ConstrainedDrafter(Protocol):
+    """A drafter that masks its own distribution by the session's language while it drafts, so it never
+    draws what the language forbids (runtime/drafter.py's spine drafters)."""
+
+    def constrain(self, grammar: GrammarState) -> None:
+        """`grammar`: the drafter's own place in the session's language (it syncs it with the tokens
+        each round is proposed for, and returns it there)."""
         ...
 
 

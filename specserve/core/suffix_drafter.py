@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel, load_like_this, smoothed
+from specserve.core.grammar import ConstrainedDrafter, GrammarState
 from specserve.core.protocols import (
     READS_NOTHING,
     CandidateKind,
@@ -222,6 +223,12 @@ class SuffixDrafter:
         if isinstance(self.inner, RoundOpeningDrafter):
             return self.inner.open_round(token_ids, batch_sessions)
         return self.settings.max_depth
+
+    def constrain(self, grammar: GrammarState) -> None:
+        """ConstrainedDrafter: the model drafter masks its own drafts (suffix candidates are shaped by the
+        loop like any fixed candidates)."""
+        if isinstance(self.inner, ConstrainedDrafter):
+            self.inner.constrain(grammar)
 
     def release(self) -> None:
         if self.inner is not None:

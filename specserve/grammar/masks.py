@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from specserve.core.grammar import GrammarState
 from specserve.core.tree import TokenTree
 from specserve.errors import FailedPrecondition
 from specserve.grammar.guide import Guide
@@ -13,7 +16,8 @@ _BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # [8]
 
 def allowed_tokens(bitmask: bytes, vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """llguidance's bitmask (bit i of little-endian 32-bit words = token i) -> [vocab_size] bool. Ids past
-    the tokenizer's vocabulary (a model's padded rows) are never allowed."""
+    the tokenizer's vocabulary (a model's padded rows) are never allowed; FailedPrecondition when nothing
+    is."""
     packed = torch.frombuffer(bytearray(bitmask), dtype=torch.uint8)  # [W * 4]; bytes of LE words
     bits = ((packed.unsqueeze(-1) >> _BIT_SHIFTS) & 1).flatten().bool()  # [W * 32]
     if bits.numel() < vocab_size:
@@ -49,3 +53,32 @@ class PathMasks:
             self.guide.push([self.tree.token_ids[node]])
             self.node = node
         return allowed_tokens(self.guide.bitmask(), self.vocab_size, device)
+
+
+class SpineMasks:
+    """A drafter's side of a constraint: its logits at each depth of the spine it drafts, masked by the
+    language after the spine so far (runtime/drafter.py, grow_spine_tree). `release` returns the grammar
+    state to the committed text."""
+
+    def __init__(self, grammar: GrammarState, token_ids: Sequence[int]) -> None:
+        grammar.sync(token_ids)
+        self.grammar = grammar
+        self.pushed = 0
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """logits [V] masked to what the language allows here; None when nothing is left (the language
+        allows nothing more, or nothing the draft can score: a cut head scores part of the vocabulary)."""
+        try:
+            allowed = allowed_tokens(self.grammar.bitmask(), logits.shape[-1], logits.device)
+        except FailedPrecondition:
+            return None
+        masked = mask_logits(logits, allowed)
+        return masked if bool(torch.isfinite(masked).any()) else None
+
+    def advance(self, token: int) -> None:
+        self.grammar.push([token])
+        self.pushed += 1
+
+    def release(self) -> None:
+        self.grammar.pop(self.pushed)
+        self.pushed = 0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
+from specserve.core.grammar import GrammarState
 from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome, TargetReads
 from specserve.core.sampling import logits_to_probs, make_generator
 from specserve.core.sampling_params import GREEDY, SamplingParams
@@ -31,6 +32,7 @@ from specserve.core.stopping import (
 )
 from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import InvalidArgument
+from specserve.grammar.masks import SpineMasks
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.stopper import make_stop_policy
@@ -94,6 +96,11 @@ class PolicyDrafter:
             stop_policy.batch_aware = sampling.greedy  # seeded sampling stays reproducible under load
         self._feedback = SpineFeedback()
         self._opened: int | None = None  # length of the sequence whose round open_round opened
+        self.grammar: GrammarState | None = None  # the session's constraint, if any (constrain)
+
+    def constrain(self, grammar: GrammarState) -> None:
+        """ConstrainedDrafter: the draft's logits are masked by the session's language as it drafts."""
+        self.grammar = grammar
 
     def open_round(self, token_ids: Sequence[int], batch_sessions: int) -> int:
         """Starts the round whose root is token_ids[-1], beside batch_sessions - 1 other sessions: a
@@ -168,17 +175,23 @@ class SpineDrafter(PolicyDrafter):
         generator: torch.Generator,
     ) -> DraftTree:
         root = token_ids[-1]
-        return grow_spine_tree(
-            root,
-            logits,
-            self.shape.depth,
-            width_at,
-            advance,
-            self.sampling,
-            self.kind,
-            generator,
-            self.stop_policy,
-        )
+        masks = SpineMasks(self.grammar, token_ids) if self.grammar is not None else None
+        try:
+            return grow_spine_tree(
+                root,
+                logits,
+                self.shape.depth,
+                width_at,
+                advance,
+                self.sampling,
+                self.kind,
+                generator,
+                self.stop_policy,
+                masks,
+            )
+        finally:
+            if masks is not None:
+                masks.release()
 
 
 class WidthDrafter(SpineDrafter):
@@ -277,9 +290,14 @@ def grow_spine_tree(
     kind: CandidateKind,
     generator: torch.Generator,
     stop: StopPolicy | None = None,
+    masks: SpineMasks | None = None,
 ) -> DraftTree:
     """Drafts a spine of up to spine_cap(depth, stop) tokens; each depth's extra candidates hang beside
     the spine token as leaves. Shared by every autoregressive drafter.
+
+    With `masks` (a constraint), each depth's logits are masked by the language after the spine so far
+    before anything reads them (widths, confidences, candidates, q), so nothing it forbids is drafted,
+    at any temperature; the spine ends where the language allows nothing more.
 
     The spine ends early when a width is 0 or when `stop` says so; a `WidthPolicy` may also narrow each
     depth's width (asked before the candidates are picked, then `should_stop` for the same depth).
@@ -294,7 +312,14 @@ def grow_spine_tree(
     parent = 0
     max_depth = spine_cap(depth, stop)
     for d in range(max_depth):
+        if masks is not None:
+            masked = masks.apply(logits)
+            if masked is None:
+                break
+            logits = masked
         width = width_at(d, logits, len(nodes))
+        if masks is not None:  # no more candidates than the language allows here
+            width = min(width, int(torch.isfinite(logits).sum()))
         if width == 0:
             break
         if isinstance(stop, WidthPolicy):  # the cost policy may keep fewer candidates than offered
@@ -308,6 +333,8 @@ def grow_spine_tree(
         stopped = stop is not None and stop.should_stop(DraftStep(d, logits, nodes[spine]))
         if stopped or d + 1 == max_depth:
             break
+        if masks is not None:
+            masks.advance(nodes[spine])
         logits = advance(nodes[spine], d)
         parent = spine
     return DraftTree(TokenTree(tuple(nodes), tuple(parents)), kind, draft_probs)

@@ -86,6 +86,25 @@ class RoleRuntime:
         """From the target's config.json, without loading its weights."""
         return int(json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"])
 
+    @functools.cached_property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Constraints compiled against the target's tokenizer (a draft's vocabulary is the target's); a
+        finished language ends at the tokenizer's or the generation config's end of sequence."""
+        tokenizer = load_tokenizer(self.model_dir)
+        ids = {tokenizer.eos_token_id}
+        config = Path(self.model_dir) / "generation_config.json"
+        if config.exists():
+            configured = json.loads(config.read_text()).get("eos_token_id")
+            ids.update(configured if isinstance(configured, list) else [configured])
+        return GrammarCompiler(tokenizer.backend_tokenizer.to_str(), {i for i in ids if i is not None})
+
+    def guide(self, constraint: Constraint | None, num_prompt_tokens: int) -> Guide | None:
+        """A session's guide through `constraint` (None: unconstrained); InvalidConstraint if it does not
+        compile."""
+        if constraint is None:
+            return None
+        return self.grammar_compiler.guide(constraint, num_prompt_tokens, self.settings.max_tree_nodes)
+
 
 class TargetRuntime(RoleRuntime):
     def __init__(self, settings: EngineSettings | None = None) -> None:
@@ -108,13 +127,6 @@ class TargetRuntime(RoleRuntime):
     def grammar_compiler(self) -> GrammarCompiler:
         """Constraints compiled against this target's tokenizer; a finished language ends at its eos."""
         return GrammarCompiler(self.tokenizer.backend_tokenizer.to_str(), self.eos_token_ids)
-
-    def guide(self, constraint: Constraint | None, num_prompt_tokens: int) -> Guide | None:
-        """A session's guide through `constraint` (None: unconstrained); InvalidConstraint if it does not
-        compile."""
-        if constraint is None:
-            return None
-        return self.grammar_compiler.guide(constraint, num_prompt_tokens, self.settings.max_tree_nodes)
 
     @functools.cached_property
     def as_shipped_dir(self) -> Path | None:

@@ -13,7 +13,15 @@ import pytest
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
 from specserve.serving.convert import constraint_to_pb
-from specserve.v1 import common_pb2, router_pb2, router_pb2_grpc, target_pb2, target_pb2_grpc
+from specserve.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+    target_pb2,
+    target_pb2_grpc,
+)
 
 pytestmark = pytest.mark.model
 
@@ -84,3 +92,16 @@ def test_the_target_refuses_a_constrained_rebuild_without_its_prompt_length(chan
         constraint=constraint_to_pb(Constraint(ConstraintKind.JSON_OBJECT)),
     )
     assert "num_prompt_tokens" in expect_status(grpc.StatusCode.INVALID_ARGUMENT, target.Prefill, request)
+
+
+def test_the_draft_refuses_a_constraint_without_its_prompt_length(shared_stack, channels, expect_status):
+    draft = draft_pb2_grpc.DraftServiceStub(channels["draft"])
+    request = draft_pb2.DraftPrefillRequest(
+        session_id="constrained-draft",
+        method="glide-cape",
+        token_ids=[1, 2, 3],
+        target_address=shared_stack.address("target"),
+        capacity=256,
+        constraint=constraint_to_pb(Constraint(ConstraintKind.JSON_OBJECT)),
+    )
+    assert "num_prompt_tokens" in expect_status(grpc.StatusCode.INVALID_ARGUMENT, draft.Prefill, request)
