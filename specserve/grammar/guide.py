@@ -23,6 +23,9 @@ class Guide:
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tree_nodes = max_tree_nodes  # the most nodes a shaped draft may have (core/grammar.py)
         self.num_consumed = 0  # generated tokens consumed, pushed path tokens included
+        # Per consumed token, whether the matcher keeps it for rollback: the end of sequence taken once the
+        # language is complete is not kept (rolling it back as a token would undo one token too many).
+        self._kept: list[bool] = []
 
     def sync(self, token_ids: Sequence[int]) -> None:
         """Consumes the generated tokens of `token_ids` (prompt, then generated) not consumed yet."""
@@ -36,15 +39,21 @@ class Guide:
         for token in tokens:
             # One at a time: a batch ending in the end-of-sequence token is refused once the language is
             # complete, where the token alone is taken.
+            complete = bool(self.matcher.is_stopped())
             if not self.matcher.consume_token(token):
                 raise FailedPrecondition(f"the constraint does not allow token {token} here")
+            self._kept.append(not complete)
             self.num_consumed += 1
 
     def pop(self, count: int) -> None:
         """Undoes the last `count` tokens pushed."""
-        if count:
-            self.matcher.rollback(count)
-            self.num_consumed -= count
+        if count <= 0:
+            return
+        kept = sum(self._kept[-count:])
+        del self._kept[-count:]
+        if kept and not self.matcher.rollback(kept):
+            raise FailedPrecondition("the constraint could not step back")
+        self.num_consumed -= count
 
     def allowed_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens`, in order from here, the language allows (nothing is consumed)."""

@@ -49,3 +49,17 @@ def test_a_complete_language_takes_its_end_of_sequence(compiler: GrammarCompiler
 def test_forced_is_the_only_continuation(compiler: GrammarCompiler):
     guide = compiler.guide(Constraint(ConstraintKind.REGEX, "hello world|hello there"), 0, 64)
     assert compiler.tokenizer.decode_str(guide.forced()) == "hello"
+
+
+def test_popping_the_end_of_sequence_returns_to_the_open_text(compiler: GrammarCompiler):
+    # A drafter pushes its spine, the end of sequence included, and pops it all after the round.
+    constraint = Constraint(ConstraintKind.JSON_OBJECT)
+    guide, fresh = compiler.guide(constraint, 0, 64), compiler.guide(constraint, 0, 64)
+    opening = compiler.tokenizer.tokenize_str('{"a": 1')
+    guide.push(opening)
+    fresh.push(opening)
+    guide.push([*compiler.tokenizer.tokenize_str("}"), EOS])
+    guide.pop(2)
+    assert guide.bitmask() == fresh.bitmask() and guide.num_consumed == fresh.num_consumed
+    more = compiler.tokenizer.tokenize_str(', "b": 2}')
+    assert guide.allowed_prefix(more) == len(more)
