@@ -24,7 +24,8 @@ from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel
 from specserve.runtime.models import ServedModels
-from specserve.runtime.target import LocalVerifier
+from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.target import DEFAULT_PREFILL_CHUNK, LocalVerifier
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class Engine(ServedModels):
         if self.draft_model_dir is None:
             return cast("CausalLM", early_exit_draft(self.reference_model, self.settings.draft_layers))
         return load_causal_lm(self.draft_model_dir, self.settings.device, self.draft_dtype)
+
+    @functools.cached_property
+    def prefix_cache(self) -> PrefixCache | None:
+        """Prompt K/V kept across this engine's requests (one tenant: the process's user); None = off."""
+        budget = self.settings.prefix_cache_bytes
+        return PrefixCache(budget, DEFAULT_PREFILL_CHUNK) if budget else None
 
     @property
     def limits(self) -> RequestLimits:
@@ -108,7 +115,9 @@ class Engine(ServedModels):
         if spec.uses_hf_generate:
             stats = self._hf_generate(prompt_ids, request, finish, on_tokens)
         else:
-            verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling)
+            verifier = LocalVerifier(
+                self.target_runner, capacity, sampling=request.sampling, prefix_cache=self.prefix_cache
+            )
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
             try:
                 stats = speculative_generate(
@@ -121,6 +130,7 @@ class Engine(ServedModels):
                     on_round=on_round,
                     batch_sessions=batch_sessions,
                 )
+                stats.num_cached_tokens = verifier.cached_tokens
             finally:
                 verifier.release()
                 if drafter is not None:

@@ -26,6 +26,7 @@ class GenerationStats:
     num_suffix_draft_tokens: int = 0  # of num_draft_tokens, those the suffix index proposed
     num_suffix_accepted_tokens: int = 0  # of num_accepted_tokens, those the suffix index proposed
     num_generated_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, not a forward
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter
     verify_s: float = 0.0  # time inside the verifier (target forward + acceptance + commit)

@@ -14,6 +14,9 @@ from specserve.errors import InvalidArgument
 from specserve.models.profiles import DEFAULT_PROFILE, PROFILES
 
 _ENV_PREFIX = "SPECSERVE_"
+# 512 MiB of cached prompts: ~11k positions of the default model in float32 (46 KiB each, all layers'
+# K/V), a few dozen conversations or documents.
+DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 _DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("dense", "as-shipped")
 
@@ -84,6 +87,10 @@ class EngineSettings:
     # the model file's own quantized weights on torch's int4 kernel (runtime/int4.py; the profiles' GGUF
     # files), norms and attention still in `dtype`.
     weights: str = "dense"
+    # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and
+    # hidden-state features) kept across requests, least recently used evicted; 0 = off. The target
+    # service has its own (TargetServiceSettings.prefix_cache_bytes).
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:
@@ -106,6 +113,8 @@ class EngineSettings:
             raise InvalidArgument("max_prompt_tokens must be smaller than max_context")
         if self.draft_head_rows is not None and self.draft_head_rows < 0:
             raise InvalidArgument(f"draft_head_rows must be >= 0, got {self.draft_head_rows}")
+        if self.prefix_cache_bytes < 0:
+            raise InvalidArgument("prefix_cache_bytes must be >= 0 (0 = off)")
         if self.draft_layers < 1:
             raise InvalidArgument("draft_layers must be >= 1")
         if self.linear_kernel not in ("auto", "onednn", "native"):

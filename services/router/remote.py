@@ -86,8 +86,11 @@ class RemoteVerifier:
         is_cancelled: Callable[[], bool] = lambda: False,
         logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
         keep_hidden_states: bool = False,  # the session's draft reads the target's hidden states
+        tenant: str = "",  # the session owner's principal: whose cached prefixes the target may use
     ) -> None:
         self.session_id = session_id
+        self.tenant = tenant
+        self.cached_tokens = 0  # of the fresh prompt, those the target took from its prefix cache
         self.keep_hidden_states = keep_hidden_states
         self.stub_for = stub_for
         self.target = target  # moves to another replica when this one is unavailable
@@ -176,6 +179,7 @@ class RemoteVerifier:
             capacity=self.capacity,
             sampling=sampling_to_pb(self.sampling),
             keep_hidden_states=self.keep_hidden_states,
+            tenant=self.tenant,
         )
         self._call("Prefill", request, rebuild=None)
         self.counters.target_rebuilds += 1

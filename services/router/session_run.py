@@ -150,6 +150,7 @@ class SessionRun:
                     on_round=self._on_round,
                     batch_sessions=lambda: self._target_load(verifier),
                 )
+            stats.num_cached_tokens = verifier.cached_tokens
             self._finish(finish, stats)
         except BaseException as e:
             self._fail(e)
@@ -212,6 +213,7 @@ class SessionRun:
             is_cancelled=self.cancel.is_set,
             logprobs=self.logprobs,
             keep_hidden_states=method_info(self.record.request.method).hidden_states,
+            tenant=self.record.owner,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:

@@ -54,6 +54,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             on_evict=metrics.evictions.inc,
             reserve=models.settings.max_tree_nodes + 1,
             prefill_chunk=settings.prefill_chunk_tokens,
+            prefix_cache_bytes=settings.prefix_cache_bytes,
         )
         self.model = model or ModelThread.for_settings("target-model", settings)
         metrics.batching.attach(self.model)
@@ -106,7 +107,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             telemetry.span(telemetry.SPAN_PREFILL, **{telemetry.ATTR_SESSION: request.session_id}),
         ):
             session = self.store.create(
-                request.session_id, request.capacity, len(request.token_ids) + 1, sampling
+                request.session_id, request.capacity, len(request.token_ids) + 1, sampling, request.tenant
             )
             if request.keep_hidden_states:
                 session.verifier.cache.keep_features(self.models.eagle_feature_layers)
@@ -132,11 +133,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:
             self._done(session)
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
+        cached = session.verifier.cached_tokens
+        self.metrics.observe_prefill(len(request.token_ids), cached)
         self.recent.touch(request.session_id)  # its first Verify follows
         response = target_pb2.PrefillResponse(
             next_token=next_token,
             committed_length=session.committed_length,
             batch_sessions=self.recent.count(),
+            cached_tokens=cached,
         )
         if not rebuild and logprobs:
             response.logprob.CopyFrom(logprobs_to_pb(logprobs)[0])
@@ -291,6 +295,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self.metrics.sessions.set(len(self.store))
         self.metrics.kv_positions_reserved.set(self.store.reserved_positions)
         self.metrics.kv_positions_allocated.set(self.store.allocated_positions)
+        if self.store.prefix_cache is not None:
+            self.metrics.prefix_cache_bytes.set(self.store.prefix_cache.used_bytes)
 
     def close(self) -> None:
         self.model.close()

@@ -53,9 +53,7 @@ class Block:
 
     def serves(self, feature_layers: tuple[int, ...] | None) -> bool:
         """Whether a session keeping these features (None = none) can start from this block."""
-        return feature_layers is None or (
-            self.features is not None and self.feature_layers == feature_layers
-        )
+        return feature_layers is None or (self.features is not None and self.feature_layers == feature_layers)
 
 
 @dataclass

@@ -112,6 +112,10 @@ class TargetServiceSettings(ServerSettings):
     # at once.
     max_tokens_per_forward: int = 1024
     prefill_chunk_tokens: int = 256
+    # Bytes of prompt K/V (and hidden-state features) kept across requests, per tenant, in blocks of one
+    # prefill chunk (runtime/prefix_cache.py); a prefill starts from its longest cached prefix. Beside
+    # kv_budget_tokens, not inside it: the sessions' budget is unchanged. 0 = off.
+    prefix_cache_bytes: int = 512 * 1024 * 1024
     max_queued_requests: int = 256
     batch_wait_ms: float = 20.0
     # Session expiry (serving/expiry.py), each 0 = never. A session whose lease lapsed (no call and no
@@ -135,6 +139,8 @@ class TargetServiceSettings(ServerSettings):
             )
         if self.batch_wait_ms < 0:
             raise InvalidArgument("batch_wait_ms must be >= 0")
+        if self.prefix_cache_bytes < 0:
+            raise InvalidArgument("prefix_cache_bytes must be >= 0 (0 = off)")
         _check_expiry(self.session_lease_seconds, self.session_idle_seconds)
         return self
 

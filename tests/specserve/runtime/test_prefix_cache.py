@@ -28,10 +28,10 @@ def kv(v: LocalVerifier) -> list[torch.Tensor]:
 def test_a_cached_prefix_prefills_as_a_cold_prompt(target):
     cache = PrefixCache(budget_bytes=1 << 30, block_tokens=CHUNK)
     first = verifier(target, cache)
-    first.prefill(DOCUMENT + [5, 6], 0)
+    first.prefill([*DOCUMENT, 5, 6], 0)
     assert first.cached_tokens == 0
 
-    question = DOCUMENT + [9, 10, 11]
+    question = [*DOCUMENT, 9, 10, 11]
     warm, cold = verifier(target, cache), verifier(target, None)
     warm_root, cold_root = warm.prefill(question, 0), cold.prefill(question, 0)
     assert warm.cached_tokens == 32  # whole blocks of the 37 shared tokens
@@ -84,7 +84,7 @@ def test_greedy_generation_is_identical_with_the_cache(target, draft):
 
 def test_memory_stays_in_budget_under_a_flood_of_distinct_prompts(target):
     probe = PrefixCache(1 << 30, CHUNK)
-    verifier(target, probe).prefill(DOCUMENT[:CHUNK] + [1], 0)
+    verifier(target, probe).prefill([*DOCUMENT[:CHUNK], 1], 0)
     block_bytes = probe.used_bytes
     cache = PrefixCache(budget_bytes=5 * block_bytes, block_tokens=CHUNK)
     # A session loading a cached prefix pins it: the flood evicts around it.
@@ -111,16 +111,16 @@ def test_hidden_state_features_are_cached_with_the_kv(target):
     warm, cold = verifier(target, cache), verifier(target, None)
     for v in (warm, cold):
         v.cache.keep_features()
-        v.prefill(DOCUMENT + [3], 0)
+        v.prefill([*DOCUMENT, 3], 0)
     assert warm.cached_tokens == 0
     assert torch.equal(warm.cache.hidden_states(), cold.cache.hidden_states())
     again = verifier(target, cache)
     again.cache.keep_features()
-    again.prefill(DOCUMENT + [4], 0)  # the first feature-keeping prefill attached its features
+    again.prefill([*DOCUMENT, 4], 0)  # the first feature-keeping prefill attached its features
     assert again.cached_tokens == 32
     check = verifier(target, None)
     check.cache.keep_features()
-    check.prefill(DOCUMENT + [4], 0)
+    check.prefill([*DOCUMENT, 4], 0)
     assert torch.equal(again.cache.hidden_states(), check.cache.hidden_states())
 
 
