@@ -124,8 +124,10 @@ class RemoteVerifier:
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
             keep_hidden_states=self.keep_hidden_states,
+            tenant=self.tenant,
         )
         response = self._call("Prefill", request, rebuild=None)
+        self.cached_tokens = response.cached_tokens
         self.batch_sessions = response.batch_sessions  # the load the first round's draft shares
         self._logprobs = [response.logprob] if response.HasField("logprob") else []
         self.history = [*prompt_ids, response.next_token]
