@@ -278,8 +278,9 @@ class TargetMetrics:
     def observe_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.prefix_cache_queries.inc(prompt_tokens)
         self.prefix_cache_hits.inc(cached_tokens)
-        queries = self.prefix_cache_queries._value.get()  # prometheus_client keeps no public read
-        self.prefix_cache_hit_rate.set(self.prefix_cache_hits._value.get() / queries if queries else 0.0)
+        queries = self.registry.get_sample_value(PREFIX + "prefix_cache_queries_total") or 0.0
+        hits = self.registry.get_sample_value(PREFIX + "prefix_cache_hits_total") or 0.0
+        self.prefix_cache_hit_rate.set(hits / queries if queries else 0.0)
 
     @classmethod
     def create(cls) -> TargetMetrics:
