@@ -73,6 +73,11 @@ class Engine(ServedModels):
         budget = self.settings.prefix_cache_bytes
         return PrefixCache(budget, DEFAULT_PREFILL_CHUNK) if budget else None
 
+    def reset_prefix_cache(self, budget_bytes: int) -> None:
+        """An empty prefix cache of `budget_bytes` from now on (0 = off): the bench measures with the
+        cache on and off, each from cold, on one engine."""
+        self.prefix_cache = PrefixCache(budget_bytes, DEFAULT_PREFILL_CHUNK) if budget_bytes else None
+
     @property
     def limits(self) -> RequestLimits:
         return request_limits(self.settings, self.target_model.config.vocab_size)
