@@ -37,8 +37,8 @@ def request_limits(settings: EngineSettings, vocab_size: int | None = None) -> R
     catalog; no log-probabilities)."""
     return RequestLimits(
         max_new_tokens_limit=settings.max_new_tokens_limit,
-        max_prompt_tokens=settings.max_prompt_tokens,
-        max_context=settings.max_context,
+        max_prompt_tokens=settings.prompt_limit,
+        max_context=settings.context_limit,
         max_tree_nodes=settings.max_tree_nodes,
         vocab_size=vocab_size,
     )

@@ -71,8 +71,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             eos_token_ids=sorted(self.models.eos_token_ids),
             tokenizer_json=tokenizer.backend_tokenizer.to_str(),
             chat_template=tokenizer.chat_template or "",
-            max_context=limits.max_context,
-            max_prompt_tokens=limits.max_prompt_tokens,
+            max_context=limits.context_limit,
+            max_prompt_tokens=limits.prompt_limit,
             max_new_tokens_limit=limits.max_new_tokens_limit,
             max_tree_nodes=limits.max_tree_nodes,
             supports_logprobs=True,
@@ -89,8 +89,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         limits = self.models.settings
         if not request.token_ids:
             raise InvalidArgument("token_ids is empty")
-        if not 0 < request.capacity <= limits.max_context:
-            raise InvalidArgument(f"capacity must be in [1, {limits.max_context}], got {request.capacity}")
+        if not 0 < request.capacity <= limits.context_limit:
+            raise InvalidArgument(f"capacity must be in [1, {limits.context_limit}], got {request.capacity}")
         if len(request.token_ids) + 1 + limits.max_tree_nodes > request.capacity:
             raise InvalidArgument("capacity is too small for token_ids plus one draft tree")
         vocab = self.models.target_model.config.vocab_size
