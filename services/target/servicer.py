@@ -80,6 +80,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
             costs=costs_to_pb(self.models.verify_points, self.models.costs_version),
+            prefix_cache_block_tokens=self.store.prefix_cache.block_tokens if self.store.prefix_cache else 0,
         )
 
     def Prefill(

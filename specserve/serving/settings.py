@@ -224,6 +224,11 @@ class RouterServiceSettings(ServerSettings):
     suffix_cache_tokens: int = 65536
     suffix_cache_tenants: int = 64
     share_outputs_without_auth: bool = False
+    # A new session goes to the target replica this router last sent the most of its prompt's leading
+    # blocks to (their K/V are probably in that replica's prefix cache; services/router/prefix_routing.py),
+    # unless that replica holds more than prefix_routing_slack sessions beyond the least loaded one.
+    prefix_routing: bool = True
+    prefix_routing_slack: int = 2
 
     def validate(self) -> RouterServiceSettings:
         super().validate()
@@ -241,6 +246,8 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("http_max_body_bytes must be >= 1024")
         if self.redis_retry_seconds < 0:
             raise InvalidArgument("redis_retry_seconds must be >= 0")
+        if self.prefix_routing_slack < 0:
+            raise InvalidArgument("prefix_routing_slack must be >= 0")
         if self.suffix_cache_tokens < 0 or self.suffix_cache_tenants < 1:
             raise InvalidArgument("suffix_cache_tokens must be >= 0 and suffix_cache_tenants >= 1")
         return self
