@@ -267,7 +267,10 @@ def _run_session_workload(
         "results": results,
         "config": {
             "methods": kept,
-            "prefix_cache": list(modes),
+            # remote:<method> runs with the stack target's own cache (its SPECSERVE_TARGET_PREFIX_CACHE_BYTES)
+            "prefix_cache": list(modes)
+            if any(not m.startswith(sessions.REMOTE_PREFIX) for m in kept)
+            else [],
             "prefix_cache_bytes": budget,
             "max_new_tokens": request.stopping.max_new_tokens,
             "temperature": request.sampling.temperature,
