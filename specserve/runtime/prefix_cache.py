@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specserve.errors import InvalidArgument
-from specserve.runtime.kv_cache import FeatureBuffer, PositionalKVCache
+from specserve.runtime.kv_cache import PositionalKVCache
 
 ROOT = -1  # the parent id of a chain's first block
 
@@ -155,31 +155,24 @@ class PrefixCache:
         """Caches the whole blocks of `token_ids`, whose K/V `cache` holds at positions [0, len)."""
         if self.budget_bytes == 0:
             return
-        layers = cache.positional_layers
         buffer = cache.features
-        chain: list[Block] = []
+        chain: list[Block] = []  # pinned while the insert runs: its parents are never evicted under it
         try:
             parent = ROOT
             for index, tokens in enumerate(self._blocks_of(token_ids[: cache.length])):
                 start, end = index * self.block_tokens, (index + 1) * self.block_tokens
+                key = (tenant, parent, tokens)
                 with self._lock:
-                    block = self._blocks.get((tenant, parent, tokens))
+                    block = self._blocks.get(key)
                     if block is not None:
                         block.pins += 1
                         chain.append(block)
                 if block is None:
-                    kv = torch.stack(
-                        [torch.stack((la.keys[0, :, start:end], la.values[0, :, start:end])) for la in layers]
-                    )  # [L, 2, H_kv, block_tokens, D], a copy
-                    block = Block(-1, (tenant, parent, tokens), kv)
-                    self._attach_features(block, buffer, start, end)
-                    if not self._add(block, chain):
+                    block = self._add(_new_block(key, cache, start, end), chain)
+                    if block is None:
                         return  # no room even after evicting: the rest of the chain is not cached
-                elif buffer is not None and block.features is None:
-                    before = block.nbytes
-                    self._attach_features(block, buffer, start, end)
-                    with self._lock:
-                        self.used_bytes += block.nbytes - before
+                elif buffer is not None and block.features is None and buffer.length >= end:
+                    self._attach(block, buffer.states[0, start:end].clone(), buffer.layers)  # [block, F]
                 parent = block.block_id
             with self._lock:
                 self._touch(chain)
@@ -189,27 +182,37 @@ class PrefixCache:
                     block.pins -= 1
             self._evict_to_budget()
 
-    @staticmethod
-    def _attach_features(block: Block, buffer: FeatureBuffer | None, start: int, end: int) -> None:
-        if buffer is not None and buffer.length >= end:
-            block.features = buffer.states[0, start:end].clone()  # [block_tokens, F]
-            block.feature_layers = buffer.layers
-
-    def _add(self, block: Block, chain: list[Block]) -> bool:
-        """Indexes a new block (pinned, appended to `chain`) if the budget can hold it."""
+    def _add(self, block: Block, chain: list[Block]) -> Block | None:
+        """Indexes a new block if the budget can hold it (or takes the one another insert indexed
+        meanwhile); the block is pinned and appended to `chain`. None: no room."""
         with self._lock:
-            self._evict(self.budget_bytes - block.nbytes)
-            if self.used_bytes + block.nbytes > self.budget_bytes:
-                return False
-            block.block_id, self._next_id = self._next_id, self._next_id + 1
-            block.pins = 1
-            if chain:
-                chain[-1].children += 1
-            self._blocks[block.key] = block
-            self._lru[block.block_id] = block
-            self.used_bytes += block.nbytes
+            existing = self._blocks.get(block.key)
+            if existing is not None:
+                block = existing
+            else:
+                self._evict(self.budget_bytes - block.nbytes)
+                if self.used_bytes + block.nbytes > self.budget_bytes:
+                    return None
+                block.block_id, self._next_id = self._next_id, self._next_id + 1
+                if chain:
+                    chain[-1].children += 1
+                self._blocks[block.key] = block
+                self._lru[block.block_id] = block
+                self.used_bytes += block.nbytes
+            block.pins += 1
             chain.append(block)
-            return True
+            return block
+
+    def _attach(self, block: Block, features: torch.Tensor, layers: tuple[int, ...]) -> None:
+        """Gives a cached block the features it lacked, if the budget can hold them."""
+        extra = features.nelement() * features.element_size()
+        with self._lock:
+            if block.features is not None:
+                return
+            self._evict(self.budget_bytes - extra)
+            if self.used_bytes + extra <= self.budget_bytes:
+                block.features, block.feature_layers = features, layers
+                self.used_bytes += extra
 
     def _evict_to_budget(self) -> None:
         with self._lock:
@@ -228,3 +231,22 @@ class PrefixCache:
             parent = victim.key[1]
             if parent != ROOT:
                 self._lru[parent].children -= 1
+
+
+def _new_block(
+    key: tuple[str, int, tuple[int, ...]], cache: PositionalKVCache, start: int, end: int
+) -> Block:
+    """A block of the cache's positions [start, end): its K/V (and features, when the cache keeps them
+    there), copied."""
+    kv = torch.stack(
+        [
+            torch.stack((la.keys[0, :, start:end], la.values[0, :, start:end]))
+            for la in cache.positional_layers
+        ]
+    )  # [L, 2, H_kv, block_tokens, D]
+    block = Block(-1, key, kv)
+    buffer = cache.features
+    if buffer is not None and buffer.length >= end:
+        block.features = buffer.states[0, start:end].clone()  # [block_tokens, F]
+        block.feature_layers = buffer.layers
+    return block

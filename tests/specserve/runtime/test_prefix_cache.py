@@ -89,6 +89,8 @@ def test_memory_stays_in_budget_under_a_flood_of_distinct_prompts(target):
     cache = PrefixCache(budget_bytes=5 * block_bytes, block_tokens=CHUNK)
     # A session loading a cached prefix pins it: the flood evicts around it.
     verifier(target, cache, tenant="pinned").prefill(DOCUMENT, 0)
+    in_flight = verifier(target, cache, tenant="pinned")
+    in_flight.prefill([*DOCUMENT, 1], 0)  # started from the cache, before the flood
     lease = cache.acquire("pinned", DOCUMENT, len(DOCUMENT))
     assert lease.num_tokens == 32
     for seed in range(12):
@@ -96,6 +98,12 @@ def test_memory_stays_in_budget_under_a_flood_of_distinct_prompts(target):
         verifier(target, cache, tenant=str(seed)).prefill(prompt, 0)
         assert cache.used_bytes <= cache.budget_bytes
     assert cache.stats.evicted_blocks > 0
+    # A session holds its own copy of what it reused: evictions never touch it.
+    cold = verifier(target, None)
+    cold.prefill([*DOCUMENT, 1], 0)
+    assert in_flight.cached_tokens == 32
+    for a, b in zip(kv(in_flight), kv(cold), strict=True):
+        assert torch.equal(a, b)
     reader = verifier(target, None)
     assert cache.load(lease, reader.cache) == 32  # still whole, though over a budget's worth came since
     cache.release(lease)
