@@ -25,7 +25,8 @@ from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel
 from specserve.runtime.models import ServedModels
-from specserve.runtime.target import LocalVerifier
+from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.target import DEFAULT_PREFILL_CHUNK, LocalVerifier
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -37,8 +38,8 @@ def request_limits(settings: EngineSettings, vocab_size: int | None = None) -> R
     catalog; no log-probabilities)."""
     return RequestLimits(
         max_new_tokens_limit=settings.max_new_tokens_limit,
-        max_prompt_tokens=settings.max_prompt_tokens,
-        max_context=settings.max_context,
+        max_prompt_tokens=settings.prompt_limit,
+        max_context=settings.context_limit,
         max_tree_nodes=settings.max_tree_nodes,
         vocab_size=vocab_size,
     )
@@ -66,6 +67,17 @@ class Engine(ServedModels):
         if self.draft_model_dir is None:
             return cast("CausalLM", early_exit_draft(self.reference_model, self.settings.draft_layers))
         return load_causal_lm(self.draft_model_dir, self.settings.device, self.draft_dtype)
+
+    @functools.cached_property
+    def prefix_cache(self) -> PrefixCache | None:
+        """Prompt K/V kept across this engine's requests (one tenant: the process's user); None = off."""
+        budget = self.settings.prefix_cache_bytes
+        return PrefixCache(budget, DEFAULT_PREFILL_CHUNK) if budget else None
+
+    def reset_prefix_cache(self, budget_bytes: int) -> None:
+        """An empty prefix cache of `budget_bytes` from now on (0 = off): the bench measures with the
+        cache on and off, each from cold, on one engine."""
+        self.prefix_cache = PrefixCache(budget_bytes, DEFAULT_PREFILL_CHUNK) if budget_bytes else None
 
     @property
     def limits(self) -> RequestLimits:
@@ -112,7 +124,13 @@ class Engine(ServedModels):
             # A guide through the constraint for each role: the verifier's masks the target, the loop's
             # shapes drafts, the drafter's masks its own logits as it drafts.
             guide = self.guide(request.constraint, len(prompt_ids))
-            verifier = LocalVerifier(self.target_runner, capacity, sampling=request.sampling, guide=guide)
+            verifier = LocalVerifier(
+                self.target_runner,
+                capacity,
+                sampling=request.sampling,
+                prefix_cache=self.prefix_cache,
+                guide=guide,
+            )
             grammar = self.guide(request.constraint, len(prompt_ids))
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
             drafter_grammar = self.guide(request.constraint, len(prompt_ids))
@@ -130,6 +148,7 @@ class Engine(ServedModels):
                     batch_sessions=batch_sessions,
                     grammar=grammar,
                 )
+                stats.num_cached_tokens = verifier.cached_tokens
             finally:
                 verifier.release()
                 if drafter is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,10 @@ from specserve.errors import InvalidArgument
 from specserve.models.profiles import DEFAULT_PROFILE, PROFILES
 
 _ENV_PREFIX = "SPECSERVE_"
+DEFAULT_CONTEXT = 8192  # a checkpoint whose config names no context: the default model's
+# 512 MiB of cached prompts: ~11k positions of the default model in float32 (46 KiB each, all layers'
+# K/V), a few dozen conversations or documents.
+DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 _DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("dense", "as-shipped")
 
@@ -21,6 +26,16 @@ WEIGHTS = ("dense", "as-shipped")
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specserve"
+
+
+def model_dir_context(model_dir: Path) -> int:
+    """A checkpoint's own context (config.json max_position_embeddings), else the default model's."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 1 else DEFAULT_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -68,10 +83,14 @@ class EngineSettings:
     dtype: str = "float32"
     cache_dir: Path = field(default_factory=_default_cache_dir)
     num_threads: int = 0  # 0 = leave torch's default
-    # Prompt + generated tokens + one draft tree: the default model's whole context. KV caches grow by
-    # need (runtime/kv_cache.py), so a large limit costs a short session nothing.
-    max_context: int = 8192
-    max_prompt_tokens: int = 1536
+    # Prompt + generated tokens + one draft tree; None = the model's whole context (the profile's: 8192
+    # for SmolLM2, 32768 for the Qwen profiles; a --model-dir's config). KV caches grow by need
+    # (runtime/kv_cache.py) and a prefix shared with earlier requests is prefilled once
+    # (runtime/prefix_cache.py), so a large limit costs a short session nothing. Read them through
+    # `context_limit` and `prompt_limit`.
+    max_context: int | None = None
+    # None = as long as the context leaves room for one tree and one new token.
+    max_prompt_tokens: int | None = None
     max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT
     max_tree_nodes: int = 64
     calibration_path: Path | None = (
@@ -84,6 +103,27 @@ class EngineSettings:
     # the model file's own quantized weights on torch's int4 kernel (runtime/int4.py; the profiles' GGUF
     # files), norms and attention still in `dtype`.
     weights: str = "dense"
+    # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and
+    # hidden-state features) kept across requests, least recently used evicted; 0 = off. The target
+    # service has its own (TargetServiceSettings.prefix_cache_bytes).
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
+
+    @property
+    def context_limit(self) -> int:
+        """Positions a session may hold (prompt, new tokens and one tree): max_context, else the model's."""
+        if self.max_context is not None:
+            return self.max_context
+        if self.model_dir is None:
+            return PROFILES[self.model].max_context
+        return model_dir_context(self.model_dir)
+
+    @property
+    def prompt_limit(self) -> int:
+        """Tokens a prompt may have: max_prompt_tokens, else what the context leaves after one tree
+        and one new token (a request's own max_new_tokens is checked against the context with it)."""
+        if self.max_prompt_tokens is not None:
+            return self.max_prompt_tokens
+        return max(1, self.context_limit - self.max_tree_nodes - 2)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:
@@ -102,10 +142,16 @@ class EngineSettings:
             raise InvalidArgument(
                 f"draft_dtype must be float32, bfloat16 or float16, got {self.draft_dtype!r}"
             )
-        if self.max_prompt_tokens >= self.max_context:
+        if self.max_context is not None and self.max_context < 2:
+            raise InvalidArgument("max_context must be >= 2")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise InvalidArgument("max_prompt_tokens must be >= 1")
+        if self.prompt_limit >= self.context_limit:
             raise InvalidArgument("max_prompt_tokens must be smaller than max_context")
         if self.draft_head_rows is not None and self.draft_head_rows < 0:
             raise InvalidArgument(f"draft_head_rows must be >= 0, got {self.draft_head_rows}")
+        if self.prefix_cache_bytes < 0:
+            raise InvalidArgument("prefix_cache_bytes must be >= 0 (0 = off)")
         if self.draft_layers < 1:
             raise InvalidArgument("draft_layers must be >= 1")
         if self.linear_kernel not in ("auto", "onednn", "native"):

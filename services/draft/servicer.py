@@ -116,8 +116,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             raise InvalidArgument("target_address is empty")
         check_target_address(request.target_address, self.settings.target_addresses)
         check_token_ids(request.token_ids, self.models.target_vocab_size)
-        if not len(request.token_ids) < request.capacity <= limits.max_context:
-            raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.max_context}]")
+        if not len(request.token_ids) < request.capacity <= limits.context_limit:
+            raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.context_limit}]")
         sources = self.models.for_target(self.target_costs.of(request.target_address))
         mirror = KVMirror(
             [], self.models.target_config.num_hidden_layers, request.capacity, torch.device(limits.device)

@@ -1,8 +1,10 @@
 """Choosing target and draft replicas: session affinity first, then the least loaded.
 
 A session stays where its KV lives (its Redis record names the replica); a new or orphaned session goes
-to the replica with the fewest sessions this router has placed there, ties broken by a stable hash of
-the session id so that concurrent routers spread the same way. A replica that failed recently is
+to the replica holding most of its prompt's prefix (prefix_routing.py) if that one is at most
+`prefix_slack` sessions busier than the least loaded, else to the replica with the fewest sessions this
+router has placed there, ties broken by a stable hash of the session id so that concurrent routers
+spread the same way. A replica that failed recently is
 skipped for `cooldown_seconds`.
 
 Entries are `host:port` (one replica) or `dns:///host:port`: every address the name resolves to is a
@@ -17,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from specserve.errors import Unavailable
 
@@ -42,7 +44,9 @@ class ReplicaSet:
         cooldown_seconds: float = 5.0,
         refresh_seconds: float = 5.0,
         resolver: Resolver = resolve_all,
+        prefix_slack: int = 2,
     ) -> None:
+        self.prefix_slack = prefix_slack
         if not entries:
             raise Unavailable("no replicas configured")
         self.entries = list(dict.fromkeys(entries))
@@ -79,8 +83,11 @@ class ReplicaSet:
             addresses += self._resolved.get(entry, [])
         self.addresses = list(dict.fromkeys(addresses))
 
-    def choose(self, session_id: str, preferred: str = "") -> str:
-        """The replica for a session: `preferred` (affinity) if healthy, else the least loaded."""
+    def choose(
+        self, session_id: str, preferred: str = "", prefix_blocks: Mapping[str, int] | None = None
+    ) -> str:
+        """The replica for a session: `preferred` (affinity) if healthy, else the one holding most of
+        its prompt's blocks (`prefix_blocks`, per address) within the slack, else the least loaded."""
         with self._lock:
             self._refresh()
             if not self.addresses:
@@ -92,7 +99,16 @@ class ReplicaSet:
             if preferred in healthy:
                 return preferred
             candidates = healthy or self.addresses  # all failed recently: try anyway
-            return min(candidates, key=lambda a: (self._load[a], _stable_hash(session_id, a)))
+            least = min(candidates, key=lambda a: (self._load[a], _stable_hash(session_id, a)))
+            if prefix_blocks:
+                near = [
+                    a
+                    for a in candidates
+                    if prefix_blocks.get(a, 0) > 0 and self._load[a] <= self._load[least] + self.prefix_slack
+                ]
+                if near:
+                    return max(near, key=lambda a: (prefix_blocks[a], -self._load[a]))
+            return least
 
     def acquire(self, address: str, session_id: str = "") -> None:
         """Counts a session on `address`; a named one is also listed in `sessions` (its lease there is
@@ -134,9 +150,15 @@ class HeldReplica:
     always name the replicas sessions actually use.
     """
 
-    def __init__(self, replicas: ReplicaSet, session_id: str, preferred: str = "") -> None:
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        session_id: str,
+        preferred: str = "",
+        prefix_blocks: Mapping[str, int] | None = None,
+    ) -> None:
         self.replicas, self.session_id = replicas, session_id
-        self.address = replicas.choose(session_id, preferred)
+        self.address = replicas.choose(session_id, preferred, prefix_blocks)
         replicas.acquire(self.address, session_id)
         self._held = True
 

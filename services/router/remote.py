@@ -93,10 +93,13 @@ class RemoteVerifier:
         is_cancelled: Callable[[], bool] = lambda: False,
         logprobs: int | None = None,  # None, or the top tokens to return with each token's logprob
         keep_hidden_states: bool = False,  # the session's draft reads the target's hidden states
+        tenant: str = "",  # the session owner's principal: whose cached prefixes the target may use
         constraint: Constraint | None = None,
         num_prompt_tokens: int = 0,  # where the constrained text starts (a rebuild replays the rest)
     ) -> None:
         self.session_id = session_id
+        self.tenant = tenant
+        self.cached_tokens = 0  # of the fresh prompt, those the target took from its prefix cache
         self.constraint = constraint_to_pb(constraint)  # sent with every Prefill, fresh or rebuild
         self.num_prompt_tokens = num_prompt_tokens
         self.keep_hidden_states = keep_hidden_states
@@ -134,8 +137,10 @@ class RemoteVerifier:
             keep_hidden_states=self.keep_hidden_states,
             constraint=self.constraint,
             num_prompt_tokens=len(prompt_ids),
+            tenant=self.tenant,
         )
         response = self._call("Prefill", request, rebuild=None)
+        self.cached_tokens = response.cached_tokens
         self.batch_sessions = response.batch_sessions  # the load the first round's draft shares
         self._logprobs = [response.logprob] if response.HasField("logprob") else []
         self.history = [*prompt_ids, response.next_token]
@@ -191,6 +196,7 @@ class RemoteVerifier:
             keep_hidden_states=self.keep_hidden_states,
             constraint=self.constraint,
             num_prompt_tokens=self.num_prompt_tokens,
+            tenant=self.tenant,
         )
         self._call("Prefill", request, rebuild=None)
         self.counters.target_rebuilds += 1

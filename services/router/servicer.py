@@ -4,6 +4,7 @@ with the remote drafter and verifier); its tokens go to Redis first and then to 
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import queue
 import threading
@@ -15,6 +16,7 @@ import grpc
 
 from services.router.leases import LeaseRenewer
 from services.router.placement import ReplicaSet
+from services.router.prefix_routing import PrefixDirectory
 from services.router.remote import RoundTripMean
 from services.router.session_run import Done, Round, SessionRun, saved_stats
 from services.router.state import (
@@ -64,7 +66,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.settings = settings
         self.metrics = metrics
         self.state = state
-        self.targets = ReplicaSet(settings.target_addresses)
+        self.targets = ReplicaSet(settings.target_addresses, prefix_slack=settings.prefix_routing_slack)
         self.drafts = ReplicaSet(settings.draft_addresses) if settings.draft_addresses else None
         self.draft_round_trips = RoundTripMean()  # where each session's draft overhead estimate starts
         self._channels: dict[str, grpc.Channel] = {}
@@ -111,6 +113,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     @property
     def model(self) -> target_pb2.ModelInfo:
         return self._model_info()[0]
+
+    @functools.cached_property
+    def prefix_directory(self) -> PrefixDirectory | None:
+        """Where this router sent prompts' blocks; None when prefix routing is off, there is one target
+        entry or the targets keep no prefix cache."""
+        block_tokens = self.model.prefix_cache_block_tokens
+        wanted = self.settings.prefix_routing and len(self.settings.target_addresses) > 1
+        return PrefixDirectory(block_tokens) if wanted and block_tokens > 0 else None
 
     @property
     def tokenizer(self) -> RouterTokenizer:

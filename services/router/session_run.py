@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from services.router.placement import HeldReplica
+from services.router.prefix_routing import PrefixDirectory
 from services.router.remote import RemoteDrafter, RemoteVerifier, RoundCounters
 from services.router.state import SessionRecord, SessionStatus
 from specserve.catalog import method_info
@@ -74,6 +75,9 @@ class Router(Protocol):
     def limits(self) -> RequestLimits: ...
 
     def suffix_cache_for(self, owner: str) -> TenantCache | None: ...
+
+    @property
+    def prefix_directory(self) -> PrefixDirectory | None: ...
 
     @property
     def target_costs(self) -> PublishedCosts: ...
@@ -154,6 +158,7 @@ class SessionRun:
                     batch_sessions=lambda: self._target_load(verifier),
                     grammar=self._grammar(),
                 )
+            stats.num_cached_tokens = verifier.cached_tokens
             self._finish(finish, stats)
         except BaseException as e:
             self._fail(e)
@@ -175,7 +180,13 @@ class SessionRun:
         router sees every token, and a suffix-only round then costs no Propose call."""
         router, record = self.router, self.record
         method = method_info(record.request.method)
-        self.target = HeldReplica(router.targets, self.session_id, record.target)
+        directory = router.prefix_directory if not record.target else None  # a new session: no affinity
+        blocks = None
+        if directory is not None:
+            blocks = directory.matched_blocks(record.owner, record.prompt_ids, router.targets.addresses)
+        self.target = HeldReplica(router.targets, self.session_id, record.target, blocks)
+        if directory is not None:
+            directory.record(self.target.address, record.owner, record.prompt_ids)
         verifier = self.verifier = self._verifier(self.target)
         if method.drafts and router.drafts is not None:
             self.draft = HeldReplica(router.drafts, self.session_id, record.draft)
@@ -226,6 +237,7 @@ class SessionRun:
             keep_hidden_states=method_info(self.record.request.method).hidden_states,
             constraint=self.record.request.constraint,
             num_prompt_tokens=len(self.record.prompt_ids),
+            tenant=self.record.owner,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:

@@ -56,6 +56,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             on_evict=metrics.evictions.inc,
             reserve=models.settings.max_tree_nodes + 1,
             prefill_chunk=settings.prefill_chunk_tokens,
+            prefix_cache_bytes=settings.prefix_cache_bytes,
         )
         self.model = model or ModelThread.for_settings("target-model", settings)
         metrics.batching.attach(self.model)
@@ -72,8 +73,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             eos_token_ids=sorted(self.models.eos_token_ids),
             tokenizer_json=tokenizer.backend_tokenizer.to_str(),
             chat_template=tokenizer.chat_template or "",
-            max_context=limits.max_context,
-            max_prompt_tokens=limits.max_prompt_tokens,
+            max_context=limits.context_limit,
+            max_prompt_tokens=limits.prompt_limit,
             max_new_tokens_limit=limits.max_new_tokens_limit,
             max_tree_nodes=limits.max_tree_nodes,
             supports_logprobs=True,
@@ -81,6 +82,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
             costs=costs_to_pb(self.models.verify_points, self.models.costs_version),
+            prefix_cache_block_tokens=self.store.prefix_cache.block_tokens if self.store.prefix_cache else 0,
         )
 
     def _guide(self, request: target_pb2.PrefillRequest, rebuild: bool) -> Guide | None:
@@ -108,8 +110,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         limits = self.models.settings
         if not request.token_ids:
             raise InvalidArgument("token_ids is empty")
-        if not 0 < request.capacity <= limits.max_context:
-            raise InvalidArgument(f"capacity must be in [1, {limits.max_context}], got {request.capacity}")
+        if not 0 < request.capacity <= limits.context_limit:
+            raise InvalidArgument(f"capacity must be in [1, {limits.context_limit}], got {request.capacity}")
         if len(request.token_ids) + 1 + limits.max_tree_nodes > request.capacity:
             raise InvalidArgument("capacity is too small for token_ids plus one draft tree")
         vocab = self.models.target_model.config.vocab_size
@@ -127,7 +129,12 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             telemetry.span(telemetry.SPAN_PREFILL, **{telemetry.ATTR_SESSION: request.session_id}),
         ):
             session = self.store.create(
-                request.session_id, request.capacity, len(request.token_ids) + 1, sampling, guide
+                request.session_id,
+                request.capacity,
+                len(request.token_ids) + 1,
+                sampling,
+                request.tenant,
+                guide,
             )
             if request.keep_hidden_states:
                 session.verifier.cache.keep_features(self.models.eagle_feature_layers)
@@ -153,11 +160,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         finally:
             self._done(session)
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
+        cached = session.verifier.cached_tokens
+        self.metrics.observe_prefill(len(request.token_ids), cached)
         self.recent.touch(request.session_id)  # its first Verify follows
         response = target_pb2.PrefillResponse(
             next_token=next_token,
             committed_length=session.committed_length,
             batch_sessions=self.recent.count(),
+            cached_tokens=cached,
         )
         if not rebuild and logprobs:
             response.logprob.CopyFrom(logprobs_to_pb(logprobs)[0])
@@ -312,6 +322,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self.metrics.sessions.set(len(self.store))
         self.metrics.kv_positions_reserved.set(self.store.reserved_positions)
         self.metrics.kv_positions_allocated.set(self.store.allocated_positions)
+        if self.store.prefix_cache is not None:
+            self.metrics.prefix_cache_bytes.set(self.store.prefix_cache.used_bytes)
 
     def close(self) -> None:
         self.model.close()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument, NotFound, ResourceExhausted
 from specserve.grammar import Guide
+from specserve.runtime.prefix_cache import PrefixCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
@@ -57,8 +58,11 @@ class SessionStore:
         on_evict: Callable[[], None] = lambda: None,
         reserve: int = 65,
         prefill_chunk: int = 256,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.reserve, self.prefill_chunk = reserve, prefill_chunk
+        # Prompt K/V across sessions, beside the sessions' budget (a session copies what it reuses).
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, prefill_chunk) if prefix_cache_bytes else None
         self.on_evict = on_evict
         self.runner = runner
         self.max_sessions = max_sessions
@@ -84,10 +88,12 @@ class SessionStore:
         capacity: int,
         num_tokens: int,
         sampling: SamplingParams,
+        tenant: str = "",
         guide: Guide | None = None,
     ) -> TargetSession:
         """Replaces any session of that id; evicts idle sessions to fit `num_tokens` plus one tree.
-        `sampling` and `guide` (its constraint, if any) are the session's: every Verify uses them.
+        `sampling` and `guide` (its constraint, if any) are the session's: every Verify uses them;
+        `tenant` whose cached prefixes it may use.
 
         Caller holds the lock."""
         if capacity < 1:
@@ -100,7 +106,9 @@ class SessionStore:
             )
         self._make_room(need, new_session=True)
         self._epochs += 1
-        verifier = LocalVerifier(self.runner, capacity, self.lock, self.prefill_chunk, sampling, guide)
+        verifier = LocalVerifier(
+            self.runner, capacity, self.lock, self.prefill_chunk, sampling, self.prefix_cache, tenant, guide
+        )
         changed = threading.Condition(self.lock)
         session = TargetSession(session_id, verifier, capacity, self._epochs, self.reserve, changed)
         self._sessions[session_id] = session

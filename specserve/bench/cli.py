@@ -13,7 +13,7 @@ from specserve.app.sampling_args import add_sampling_options, request_from_args
 from specserve.bench.workloads import resolve_prompts_path
 from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
-from specserve.settings import EngineSettings
+from specserve.settings import DEFAULT_PREFIX_CACHE_BYTES, EngineSettings
 
 if TYPE_CHECKING:
     from specserve.bench.prompts import Prompt
@@ -78,6 +78,20 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--remote",
         metavar="HOST:PORT",
         help="also offer the router's methods as remote:<method> (e.g. --methods glide,remote:glide)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=("multi-turn", "doc-qa"),
+        help="requests that share a prefix instead of the method table, timed with the prefix cache off "
+        "and on: multi-turn (MT-Bench's two turns, the second carrying the first answer; --prompts for "
+        "another file) or doc-qa (four questions about each ~1,500-token document); --limit N takes N "
+        "conversations or documents",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        choices=("both", "on", "off"),
+        default="both",
+        help="with --workload: the in-process engine's prefix cache settings to run (default both)",
     )
     p.add_argument(
         "--llama-server",
@@ -148,6 +162,8 @@ def _run_measurements(
     from specserve.bench.report import format_table, plot
     from specserve.bench.runner import run_bench
 
+    if getattr(args, "workload", None):
+        return _run_session_workload(args, engine, prompts_path, methods, request, settings)
     if getattr(args, "concurrency", None):
         return _run_concurrency(args, engine, [p.text for p in prompts], methods, request, settings)
     remote = None
@@ -220,6 +236,58 @@ def _run_concurrency(
     }
     print(format_concurrency(concurrency))
     _write_outputs(args, result, lambda p: plot_concurrency(concurrency, p))
+    return 0
+
+
+def _run_session_workload(
+    args: argparse.Namespace,
+    engine: Any,
+    prompts_path: Path,
+    methods: list[str],
+    request: GenerationRequest,
+    settings: EngineSettings,
+) -> int:
+    from specserve.bench import sessions
+    from specserve.bench.machine import machine_info
+
+    # transformers' and llama.cpp's methods keep nothing across requests here: nothing to compare.
+    kept = [m for m in methods if not m.startswith(("hf", "llama.cpp"))]
+    if not kept:
+        raise InvalidArgument("--workload needs a specserve method (target, glide-cape, remote:...)")
+    client = None
+    if any(m.startswith(sessions.REMOTE_PREFIX) for m in kept):
+        if not getattr(args, "remote", None):
+            raise InvalidArgument("remote:<method> needs --remote HOST:PORT")
+        from specserve.client import Client
+
+        client = Client(args.remote)
+    if args.workload == "multi-turn":
+        scripts = sessions.multi_turn_scripts(prompts_path, args.limit)
+    else:
+        scripts = sessions.doc_qa_scripts(engine.tokenizer, args.limit)
+    modes = sessions.CACHE_MODES[args.prefix_cache]
+    budget = settings.prefix_cache_bytes or DEFAULT_PREFIX_CACHE_BYTES
+    results = sessions.run_session_workload(engine, scripts, kept, request, modes, budget, client)
+    result = {
+        "workload": args.workload,
+        "results": results,
+        "config": {
+            "methods": kept,
+            # remote:<method> runs with the stack target's own cache (its SPECSERVE_TARGET_PREFIX_CACHE_BYTES)
+            "prefix_cache": list(modes)
+            if any(not m.startswith(sessions.REMOTE_PREFIX) for m in kept)
+            else [],
+            "prefix_cache_bytes": budget,
+            "max_new_tokens": request.stopping.max_new_tokens,
+            "temperature": request.sampling.temperature,
+            "seed": request.seed,
+            "num_scripts": len(scripts),
+            "remote": getattr(args, "remote", None),
+        },
+        "machine": machine_info(settings),
+    }
+    print(sessions.format_sessions(results))
+    _write_outputs(args, result, lambda p: None)
     return 0
 
 

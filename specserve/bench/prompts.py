@@ -1,7 +1,7 @@
 """Benchmark prompts in MT-Bench format: JSONL, one {"question_id", "category", "turns"} per line.
 
-Only the first turn is used (the user message of a single-turn request), as Spec-Bench does for its
-speed measurements.
+The method table uses only the first turn (the user message of a single-turn request), as Spec-Bench
+does for its speed measurements; the multi-turn workload (bench/sessions.py) uses every turn.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Prompt:
     question_id: int | str
     category: str
     text: str  # the first turn
+    turns: tuple[str, ...] = ()  # every user turn, the first included
     # The schema its answer must follow (a workload line's "json_schema"), run as the request's constraint.
     constraint: Constraint | None = None
 
@@ -76,9 +77,17 @@ def _parse_line(line: str, where: str) -> Prompt:
         raise InvalidArgument(f"{where}: category must be a non-empty string")
     if not isinstance(turns, list) or not turns:
         raise InvalidArgument(f"{where}: turns must be a non-empty list")
-    if not isinstance(turns[0], str) or not turns[0].strip():
-        raise InvalidArgument(f"{where}: the first turn must be a non-empty string")
-    return Prompt(question_id=qid, category=category, text=turns[0], constraint=_constraint(obj, where))
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, str) or not turn.strip():
+            which = "the first turn" if index == 0 else f"turn {index + 1}"
+            raise InvalidArgument(f"{where}: {which} must be a non-empty string")
+    return Prompt(
+        question_id=qid,
+        category=category,
+        text=turns[0],
+        turns=tuple(turns),
+        constraint=_constraint(obj, where),
+    )
 
 
 def _constraint(obj: dict, where: str) -> Constraint | None:

@@ -58,6 +58,9 @@ class ModelProfile:
     # What `generate` and `stack` run unless told otherwise: the fastest lossless method measured for
     # this model (docs/benchmarks.md); a model without trained drafts of its own drafts with its sibling.
     default_method: str = DEFAULT_METHOD
+    # The context the checkpoint was trained for (its config's max_position_embeddings): the default
+    # bound of a session's prompt and output together (EngineSettings.context_limit).
+    max_context: int = 8192
 
     @property
     def install_command(self) -> str:
@@ -112,6 +115,7 @@ _QWEN_CODER_0_5B = ModelProfile(
     gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     gguf_size=491_400_064,
     default_method=Method.SUFFIX.value,  # no draft of its own: the training-free one
+    max_context=32768,
 )
 
 _QWEN_CODER_1_5B = ModelProfile(
@@ -153,6 +157,7 @@ _QWEN_CODER_1_5B = ModelProfile(
     draft_dtype="bfloat16",
     draft_head_rows=32768,  # 95% of the 1.5B's answer tokens; 18% less draft time a round (benchmarks)
     default_method=Method.VANILLA_CAPE_COST.value,  # measured fastest (docs/benchmarks.md)
+    max_context=32768,
 )
 
 PROFILES: dict[str, ModelProfile] = {p.name: p for p in (_SMOLLM2, _QWEN_CODER_1_5B, _QWEN_CODER_0_5B)}

@@ -11,9 +11,10 @@ import torch
 from specserve.core.accept import accept_draft, choose_token
 from specserve.core.protocols import DraftTree, VerifyOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
-from specserve.errors import FailedPrecondition
+from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.grammar.guide import Guide
 from specserve.grammar.masks import PathMasks, allowed_tokens
+from specserve.runtime.prefix_cache import PrefixCache
 from specserve.runtime.runner import ModelRunner
 
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per forward: bounds how long a prefill holds up decoding
@@ -27,6 +28,8 @@ class LocalVerifier:
     Prompts are prefilled `prefill_chunk` tokens per forward, so other sessions keep decoding between.
     With a `guide` (a constraint), the first token and every verified node are chosen from the target's
     distribution masked to what the constraint allows there (specserve/grammar/masks.py).
+    With a `prefix_cache`, a prefill starts from the longest prefix `tenant` has cached and caches what
+    it computed (runtime/prefix_cache.py).
     """
 
     def __init__(
@@ -36,8 +39,19 @@ class LocalVerifier:
         commit_lock: AbstractContextManager[object] | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         sampling: SamplingParams = GREEDY,
+        prefix_cache: PrefixCache | None = None,
+        tenant: str = "",
         guide: Guide | None = None,
     ) -> None:
+        if prefix_cache is not None and prefix_cache.block_tokens != prefill_chunk:
+            # Measured: blocks smaller than a chunk start a chunk where a cold prefill does not, and
+            # the K/V then differ in their last bits (runtime/prefix_cache.py).
+            raise InvalidArgument(
+                f"prefix cache blocks ({prefix_cache.block_tokens} tokens) must equal the prefill "
+                f"chunk ({prefill_chunk}): a cached prefix must end where a cold prefill's chunk does"
+            )
+        self.prefix_cache = prefix_cache
+        self.tenant = tenant  # whose cached prefixes this session may read and extend
         self.runner = runner
         self.sampling = sampling  # the session's, fixed
         self.guide = guide
@@ -51,6 +65,7 @@ class LocalVerifier:
         # log-probabilities of what it committed (core/logprobs.py); None otherwise.
         self.keep_logits = False
         self.last_logits: torch.Tensor | None = None
+        self.cached_tokens = 0  # of the last prefill or rebuild, positions loaded from the prefix cache
 
     @property
     def committed_length(self) -> int:
@@ -58,15 +73,33 @@ class LocalVerifier:
         return max(0, len(self.token_ids) - 1)
 
     def _encode(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Prefills `token_ids` from an empty cache in chunks; returns the logits after the last, [V]."""
+        """Prefills `token_ids` from an empty cache in chunks; returns the logits after the last, [V].
+
+        Chunks end at absolute multiples of `prefill_chunk` and a cached prefix is whole chunks, so every
+        position is computed by the same forward as in a cold prefill (runtime/prefix_cache.py says why
+        that keeps the output bit for bit)."""
         self.cache.truncate(0)
+        start = self.cached_tokens = self._load_cached_prefix(token_ids)
         logits = None
-        for start in range(0, len(token_ids), self.prefill_chunk):
-            logits = self.runner.forward(
-                self.cache, token_ids[start : start + self.prefill_chunk], last_only=True
-            )
+        while start < len(token_ids):
+            end = min(len(token_ids), (start // self.prefill_chunk + 1) * self.prefill_chunk)
+            logits = self.runner.forward(self.cache, token_ids[start:end], last_only=True)
+            start = end
         assert logits is not None, "nothing to encode"
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(self.tenant, token_ids, self.cache)
         return logits
+
+    def _load_cached_prefix(self, token_ids: Sequence[int]) -> int:
+        """Loads the longest cached prefix, leaving at least the last token to compute (its logits)."""
+        if self.prefix_cache is None:
+            return 0
+        features = None if self.cache.features is None else self.cache.features.layers
+        lease = self.prefix_cache.acquire(self.tenant, token_ids, len(token_ids) - 1, features)
+        try:
+            return self.prefix_cache.load(lease, self.cache)
+        finally:
+            self.prefix_cache.release(lease)
 
     @property
     def root_token(self) -> int | None:
@@ -92,6 +125,7 @@ class LocalVerifier:
             self._encode(token_ids[:-1])
         else:
             self.cache.truncate(0)
+            self.cached_tokens = 0
         with self.commit_lock:
             self.token_ids = list(token_ids)
         if self.guide is not None:

@@ -268,11 +268,34 @@ class TargetMetrics:
     kv_feed_subscribers: Gauge
     kv_positions_allocated: Gauge
     batching: BatchMetrics
+    # The prefix cache (runtime/prefix_cache.py), in prompt tokens as vLLM counts its own: the hit rate
+    # is hits / queries (over a window: rate(hits) / rate(queries)); the gauge is since the start.
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    prefix_cache_hit_rate: Gauge
+    prefix_cache_bytes: Gauge
+
+    def observe_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prefix_cache_queries.inc(prompt_tokens)
+        self.prefix_cache_hits.inc(cached_tokens)
+        queries = self.registry.get_sample_value(PREFIX + "prefix_cache_queries_total") or 0.0
+        hits = self.registry.get_sample_value(PREFIX + "prefix_cache_hits_total") or 0.0
+        self.prefix_cache_hit_rate.set(hits / queries if queries else 0.0)
 
     @classmethod
     def create(cls) -> TargetMetrics:
         r = CollectorRegistry()
         return cls(
+            prefix_cache_queries=_counter(
+                r, "prefix_cache_queries", "Prompt tokens prefilled, cached or not (fresh and rebuilds)"
+            ),
+            prefix_cache_hits=_counter(
+                r, "prefix_cache_hits", "Of those, tokens whose K/V came from the prefix cache"
+            ),
+            prefix_cache_hit_rate=_gauge(
+                r, "prefix_cache_hit_rate", "Prefix cache hits / queries since the service started"
+            ),
+            prefix_cache_bytes=_gauge(r, "prefix_cache_bytes", "Bytes the prefix cache holds"),
             kv_positions_allocated=_gauge(
                 r, "kv_cache_allocated_positions", "KV positions the sessions' caches hold"
             ),

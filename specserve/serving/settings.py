@@ -112,6 +112,10 @@ class TargetServiceSettings(ServerSettings):
     # at once.
     max_tokens_per_forward: int = 1024
     prefill_chunk_tokens: int = 256
+    # Bytes of prompt K/V (and hidden-state features) kept across requests, per tenant, in blocks of one
+    # prefill chunk (runtime/prefix_cache.py); a prefill starts from its longest cached prefix. Beside
+    # kv_budget_tokens, not inside it: the sessions' budget is unchanged. 0 = off.
+    prefix_cache_bytes: int = 512 * 1024 * 1024
     max_queued_requests: int = 256
     batch_wait_ms: float = 20.0
     # Session expiry (serving/expiry.py), each 0 = never. A session whose lease lapsed (no call and no
@@ -135,6 +139,8 @@ class TargetServiceSettings(ServerSettings):
             )
         if self.batch_wait_ms < 0:
             raise InvalidArgument("batch_wait_ms must be >= 0")
+        if self.prefix_cache_bytes < 0:
+            raise InvalidArgument("prefix_cache_bytes must be >= 0 (0 = off)")
         _check_expiry(self.session_lease_seconds, self.session_idle_seconds)
         return self
 
@@ -218,6 +224,11 @@ class RouterServiceSettings(ServerSettings):
     suffix_cache_tokens: int = 65536
     suffix_cache_tenants: int = 64
     share_outputs_without_auth: bool = False
+    # A new session goes to the target replica this router last sent the most of its prompt's leading
+    # blocks to (their K/V are probably in that replica's prefix cache; services/router/prefix_routing.py),
+    # unless that replica holds more than prefix_routing_slack sessions beyond the least loaded one.
+    prefix_routing: bool = True
+    prefix_routing_slack: int = 2
 
     def validate(self) -> RouterServiceSettings:
         super().validate()
@@ -235,6 +246,8 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("http_max_body_bytes must be >= 1024")
         if self.redis_retry_seconds < 0:
             raise InvalidArgument("redis_retry_seconds must be >= 0")
+        if self.prefix_routing_slack < 0:
+            raise InvalidArgument("prefix_routing_slack must be >= 0")
         if self.suffix_cache_tokens < 0 or self.suffix_cache_tenants < 1:
             raise InvalidArgument("suffix_cache_tokens must be >= 0 and suffix_cache_tenants >= 1")
         return self

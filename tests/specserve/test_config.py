@@ -81,3 +81,22 @@ def test_one_new_token_limit() -> None:
     GenerationRequest.build(max_new_tokens=MAX_NEW_TOKENS_LIMIT, limits=limits)
     with pytest.raises(InvalidArgument, match="max_new_tokens"):
         GenerationRequest.build(max_new_tokens=MAX_NEW_TOKENS_LIMIT + 1, limits=limits)
+
+
+def test_prompt_and_context_limits_follow_the_model() -> None:
+    smollm2 = EngineSettings.from_env({})
+    assert smollm2.context_limit == 8192
+    assert smollm2.prompt_limit == 8192 - smollm2.max_tree_nodes - 2
+    qwen = EngineSettings.from_env({"SPECSERVE_MODEL": "qwen2.5-coder-1.5b-instruct"})
+    assert qwen.context_limit == 32768
+    bounded = EngineSettings.from_env(
+        {"SPECSERVE_MAX_CONTEXT": "4096", "SPECSERVE_MAX_PROMPT_TOKENS": "1536"}
+    )
+    assert (bounded.context_limit, bounded.prompt_limit) == (4096, 1536)
+    with pytest.raises(InvalidArgument, match="max_prompt_tokens"):
+        EngineSettings.from_env({"SPECSERVE_MAX_PROMPT_TOKENS": "9000"})
+
+
+def test_a_model_dirs_context_comes_from_its_config(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert EngineSettings.from_env({}, model_dir=tmp_path).context_limit == 2048

@@ -231,6 +231,8 @@ def usage(prompt_tokens: int, stats: router_pb2.GenerationStats, method: str, se
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        # as OpenAI reports its prompt caching: prompt tokens the target took from its prefix cache
+        "prompt_tokens_details": {"cached_tokens": stats.num_cached_tokens},
         "specserve": {
             "session_id": session_id,
             "method": method,

@@ -23,8 +23,8 @@ def test_loads_first_turn_and_keeps_order(tmp_path: Path) -> None:
         [question(1, "math"), "", question("b", "writing", ["Write a haiku."])],
     )
     assert load_prompts(path) == [
-        Prompt(question_id=1, category="math", text="What is 2+2?"),
-        Prompt(question_id="b", category="writing", text="Write a haiku."),
+        Prompt(question_id=1, category="math", text="What is 2+2?", turns=("What is 2+2?", "And 3+3?")),
+        Prompt(question_id="b", category="writing", text="Write a haiku.", turns=("Write a haiku.",)),
     ]
 
 

@@ -1,0 +1,252 @@
+"""A prefix cache across requests: the K/V (and hidden-state features) of whole prompt blocks, reused by the
+next prefill that starts with the same tokens.
+
+Blocks form a hash chain keyed exactly by (tenant, parent block, the block's tokens), so a block stands for
+its whole prefix and a lookup walks the chain from the first block until a key is missing. A tenant's
+blocks serve only that tenant: another tenant's identical prompt finds nothing, so neither its output
+nor its latency tells whether anyone sent that prompt.
+
+Why a block is one prefill chunk (runtime/target.py): on CPU the K/V of a position depends, in the last
+float bits, on the shape of the forward that computed it (how many rows its matrix products had and how
+they were split over threads; measured on SmolLM2 with 2 threads: a chunk starting 64 tokens into a 256
+chunk changed keys by ~4e-5). A prefill computes its prompt in chunks at absolute multiples of the
+chunk, cache or not, and a cached prefix is whole chunks, so each reused block was computed by exactly
+the forward a cold prefill runs, and the rest of the prompt by the same chunks: the logits are bit for
+bit those of a cold prefill, and so is every token chosen from them (greedy or sampled).
+
+Memory: the cache holds at most `budget_bytes` of block tensors; an insert past it evicts the least
+recently used blocks that no session is loading and that no cached block extends (a chain loses its
+tail first). A lookup pins its blocks until they are copied into the session's own cache (`Lease`), so
+an eviction never counts as freed what a loading session still reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specserve.errors import InvalidArgument
+from specserve.runtime.kv_cache import PositionalKVCache
+
+ROOT = -1  # the parent id of a chain's first block
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    key: tuple[str, int, tuple[int, ...]]  # (tenant, parent block id, tokens)
+    kv: torch.Tensor  # [num_layers, 2, H_kv, block_tokens, D]: keys then values
+    # [block_tokens, F] the features a hidden-state draft reads, and which layers they are (() = final)
+    features: torch.Tensor | None = None
+    feature_layers: tuple[int, ...] = ()
+    pins: int = 0  # leases and inserts reading it now: never evicted meanwhile
+    children: int = 0  # cached blocks whose parent it is: evicted only after them
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.features is None else self.features.nelement() * self.features.element_size()
+        return self.kv.nelement() * self.kv.element_size() + extra
+
+    def serves(self, feature_layers: tuple[int, ...] | None) -> bool:
+        """Whether a session keeping these features (None = none) can start from this block."""
+        return feature_layers is None or (self.features is not None and self.feature_layers == feature_layers)
+
+
+@dataclass
+class Lease:
+    """The blocks of a cached prefix, pinned until `PrefixCache.release`."""
+
+    blocks: list[Block] = field(default_factory=list)
+    block_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.blocks) * self.block_tokens
+
+
+@dataclass
+class PrefixCacheStats:
+    lookup_tokens: int = 0  # prompt tokens looked up
+    hit_tokens: int = 0  # of which were served from the cache
+    evicted_blocks: int = 0
+
+
+class PrefixCache:
+    """Thread-safe: one lock guards the index; tensors are copied outside it (pinned blocks)."""
+
+    def __init__(self, budget_bytes: int, block_tokens: int) -> None:
+        if budget_bytes < 0 or block_tokens < 1:
+            raise InvalidArgument("the prefix cache needs budget_bytes >= 0 and block_tokens >= 1")
+        self.budget_bytes = budget_bytes
+        self.block_tokens = block_tokens
+        self.stats = PrefixCacheStats()
+        self._lock = threading.Lock()
+        self._blocks: dict[tuple[str, int, tuple[int, ...]], Block] = {}
+        self._lru: OrderedDict[int, Block] = OrderedDict()  # least recently used first
+        self._next_id = 0
+        self.used_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def _blocks_of(self, token_ids: Sequence[int]) -> list[tuple[int, ...]]:
+        size = self.block_tokens
+        return [tuple(token_ids[i : i + size]) for i in range(0, len(token_ids) - size + 1, size)]
+
+    def _touch(self, chain: list[Block]) -> None:
+        # Leaf first, so every parent is more recent than its children and tails go before heads.
+        for block in reversed(chain):
+            self._lru.move_to_end(block.block_id)
+
+    def acquire(
+        self,
+        tenant: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        feature_layers: tuple[int, ...] | None = None,
+    ) -> Lease:
+        """Pins the longest cached prefix of `token_ids` (whole blocks, at most `max_tokens` tokens) that
+        `tenant` inserted; `feature_layers`: the features the session keeps (None = none)."""
+        wanted = self._blocks_of(token_ids[:max_tokens])
+        lease = Lease(block_tokens=self.block_tokens)
+        with self._lock:
+            parent = ROOT
+            for tokens in wanted:
+                block = self._blocks.get((tenant, parent, tokens))
+                if block is None or not block.serves(feature_layers):
+                    break
+                block.pins += 1
+                lease.blocks.append(block)
+                parent = block.block_id
+            self._touch(lease.blocks)
+            self.stats.lookup_tokens += len(token_ids)
+            self.stats.hit_tokens += lease.num_tokens
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        with self._lock:
+            for block in lease.blocks:
+                block.pins -= 1
+            lease.blocks = []
+        self._evict_to_budget()
+
+    @torch.inference_mode()  # the session's buffers are inference tensors (created in its forwards)
+    def load(self, lease: Lease, cache: PositionalKVCache) -> int:
+        """Writes the leased prefix into an empty `cache` as positions [0, n); returns n."""
+        if not lease.blocks:
+            return 0
+        if cache.length:
+            raise InvalidArgument("a cached prefix loads only into an empty cache")
+        kv = torch.cat([block.kv for block in lease.blocks], dim=3)  # [L, 2, H_kv, n, D]
+        for index, layer in enumerate(cache.positional_layers):
+            layer.update(kv[index, 0][None], kv[index, 1][None])  # [1, H_kv, n, D] each
+        if cache.features is not None:
+            features = [block.features for block in lease.blocks]
+            assert all(f is not None for f in features), "acquire matched blocks without features"
+            cache.features.update(torch.cat(features, dim=0))  # type: ignore[arg-type]  # [n, F]
+        return lease.num_tokens
+
+    @torch.inference_mode()
+    def insert(self, tenant: str, token_ids: Sequence[int], cache: PositionalKVCache) -> None:
+        """Caches the whole blocks of `token_ids`, whose K/V `cache` holds at positions [0, len)."""
+        if self.budget_bytes == 0:
+            return
+        buffer = cache.features
+        chain: list[Block] = []  # pinned while the insert runs: its parents are never evicted under it
+        try:
+            parent = ROOT
+            for index, tokens in enumerate(self._blocks_of(token_ids[: cache.length])):
+                start, end = index * self.block_tokens, (index + 1) * self.block_tokens
+                key = (tenant, parent, tokens)
+                with self._lock:
+                    block = self._blocks.get(key)
+                    if block is not None:
+                        block.pins += 1
+                        chain.append(block)
+                if block is None:
+                    block = self._add(_new_block(key, cache, start, end), chain)
+                    if block is None:
+                        return  # no room even after evicting: the rest of the chain is not cached
+                elif buffer is not None and block.features is None and buffer.length >= end:
+                    self._attach(block, buffer.states[0, start:end].clone(), buffer.layers)  # [block, F]
+                parent = block.block_id
+            with self._lock:
+                self._touch(chain)
+        finally:
+            with self._lock:
+                for block in chain:
+                    block.pins -= 1
+            self._evict_to_budget()
+
+    def _add(self, block: Block, chain: list[Block]) -> Block | None:
+        """Indexes a new block if the budget can hold it (or takes the one another insert indexed
+        meanwhile); the block is pinned and appended to `chain`. None: no room."""
+        with self._lock:
+            existing = self._blocks.get(block.key)
+            if existing is not None:
+                block = existing
+            else:
+                self._evict(self.budget_bytes - block.nbytes)
+                if self.used_bytes + block.nbytes > self.budget_bytes:
+                    return None
+                block.block_id, self._next_id = self._next_id, self._next_id + 1
+                if chain:
+                    chain[-1].children += 1
+                self._blocks[block.key] = block
+                self._lru[block.block_id] = block
+                self.used_bytes += block.nbytes
+            block.pins += 1
+            chain.append(block)
+            return block
+
+    def _attach(self, block: Block, features: torch.Tensor, layers: tuple[int, ...]) -> None:
+        """Gives a cached block the features it lacked, if the budget can hold them."""
+        extra = features.nelement() * features.element_size()
+        with self._lock:
+            if block.features is not None:
+                return
+            self._evict(self.budget_bytes - extra)
+            if self.used_bytes + extra <= self.budget_bytes:
+                block.features, block.feature_layers = features, layers
+                self.used_bytes += extra
+
+    def _evict_to_budget(self) -> None:
+        with self._lock:
+            self._evict(self.budget_bytes)
+
+    def _evict(self, target_bytes: int) -> None:
+        """Drops least recently used unpinned leaves until at most `target_bytes` are used. Holds the lock."""
+        while self.used_bytes > target_bytes:
+            victim = next((b for b in self._lru.values() if b.pins == 0 and b.children == 0), None)
+            if victim is None:
+                return
+            del self._lru[victim.block_id]
+            del self._blocks[victim.key]
+            self.used_bytes -= victim.nbytes
+            self.stats.evicted_blocks += 1
+            parent = victim.key[1]
+            if parent != ROOT:
+                self._lru[parent].children -= 1
+
+
+def _new_block(
+    key: tuple[str, int, tuple[int, ...]], cache: PositionalKVCache, start: int, end: int
+) -> Block:
+    """A block of the cache's positions [start, end): its K/V (and features, when the cache keeps them
+    there), copied."""
+    kv = torch.stack(
+        [
+            torch.stack((la.keys[0, :, start:end], la.values[0, :, start:end]))
+            for la in cache.positional_layers
+        ]
+    )  # [L, 2, H_kv, block_tokens, D]
+    block = Block(-1, key, kv)
+    buffer = cache.features
+    if buffer is not None and buffer.length >= end:
+        block.features = buffer.states[0, start:end].clone()  # [block_tokens, F]
+        block.feature_layers = buffer.layers
+    return block

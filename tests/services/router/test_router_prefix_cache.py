@@ -1,0 +1,80 @@
+"""The prefix cache through the stack: a tenant's second request over the same long prompt reports the
+prompt tokens the target took from its cache (gRPC GenerationStats.num_cached_tokens, the HTTP API's
+usage.prompt_tokens_details.cached_tokens, read with the official `openai` client) and answers token for
+token as before; another tenant sending the very same prompt gets no cached token. A router with two
+bearer tokens and the HTTP API in front of the shared stack."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from router_process import router_env, router_process
+
+from specserve.client import Client
+from specserve.serving.stack import free_port
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(300)]
+
+TOKENS = {"alice": "prefix-token-alice", "bob": "prefix-token-bob"}
+TIMEOUT = 120
+MAX_TOKENS = 8
+CHUNK = 256  # the stack target's prefill chunk: cached prefixes are whole chunks
+# A document of ~600 tokens that no other test sends, then a question about it.
+DOCUMENT = " ".join(f"Record {i}: the pump at station {i % 7} ran {i * 3 % 11} hours." for i in range(40))
+
+
+def question(text: str) -> str:
+    return f"{DOCUMENT}\n\nQuestion: {text}"
+
+
+@pytest.fixture(scope="module")
+def router(shared_stack, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """(gRPC address, HTTP API base URL)."""
+    env = router_env(shared_stack, auth_tokens=",".join(TOKENS.values()), http_port=free_port())
+    with router_process(env, tmp_path_factory.mktemp("prefix") / "router.log"):
+        yield (
+            f"localhost:{env['SPECSERVE_ROUTER_PORT']}",
+            f"http://localhost:{env['SPECSERVE_ROUTER_HTTP_PORT']}/v1",
+        )
+
+
+def openai_client(base_url: str, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=TOKENS[tenant], max_retries=0, timeout=TIMEOUT)
+
+
+def ask(client: openai.OpenAI, text: str):
+    [model] = client.models.list().data
+    return client.chat.completions.create(
+        model=model.id,
+        messages=[{"role": "user", "content": question(text)}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"method": "target"},
+    )
+
+
+def test_cached_tokens_are_reported_per_tenant_through_the_openai_api(router) -> None:
+    _, base_url = router
+    alice, bob = openai_client(base_url, "alice"), openai_client(base_url, "bob")
+    first = ask(alice, "Which station ran longest?")
+    assert first.usage.prompt_tokens > 2 * CHUNK
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = ask(alice, "How many records are there?")
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % CHUNK == 0 and cached < second.usage.prompt_tokens
+    # Bob sends Alice's exact prompt: nothing of hers serves him, and he gets the same answer.
+    theirs = ask(bob, "How many records are there?")
+    assert theirs.usage.prompt_tokens_details.cached_tokens == 0
+    assert theirs.choices[0].message.content == second.choices[0].message.content
+
+
+def test_grpc_stats_report_cached_tokens_and_output_is_unchanged(router) -> None:
+    grpc_address, _ = router
+    prompt = question("Which pump ran the fewest hours?")
+    with Client(grpc_address, token=TOKENS["bob"]) as bob:
+        first = bob.generate(prompt, method="target", max_new_tokens=MAX_TOKENS, timeout=TIMEOUT)
+        warm = bob.generate(prompt, method="glide-cape", max_new_tokens=MAX_TOKENS, timeout=TIMEOUT)
+    assert warm.stats["num_cached_tokens"] >= 2 * CHUNK
+    assert warm.token_ids == first.token_ids  # greedy: the same tokens with the cache on
