@@ -18,8 +18,10 @@ def _object(properties: dict, required: list[str] | None = None) -> dict:
     }
 
 
+# Strings bounded as a real extraction schema bounds them: every answer then ends within the bench's
+# token budget (an unbounded string lets a small model repeat itself inside it until the budget runs out).
 STRING, INTEGER, NUMBER, BOOLEAN = (
-    {"type": "string"},
+    {"type": "string", "maxLength": 60},
     {"type": "integer"},
     {"type": "number"},
     {"type": "boolean"},
