@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specserve.bench.prompts import load_prompts
+from specserve.grammar.schema import json_schema_constraint
 from specserve.models import load_tokenizer
 from specserve.settings import EngineSettings
 
@@ -55,14 +56,13 @@ def _ms(f: Callable[[], object]) -> tuple[float, object]:
 def llguidance_engine(
     tokenizer_json: str, eos: list[int], schemas: list[dict], answers: list[list[int]]
 ) -> dict:
-    from specserve.core.constraint import Constraint
     from specserve.grammar import GrammarCompiler
 
     setup_ms, compiler = _ms(lambda: GrammarCompiler(tokenizer_json, eos))
     compile_ms, mask_us, forced = [], [], 0
     for schema, answer in zip(schemas, answers, strict=True):
         compiler._compiled.clear()  # a first compile each time, as xgrammar's below (its cache off)
-        ms, guide = _ms(lambda s=schema: compiler.guide(Constraint.json_schema(s), 0, 64))
+        ms, guide = _ms(lambda s=schema: compiler.guide(json_schema_constraint(s), 0, 64))
         compile_ms.append(ms)
         position = 0
         while position < len(answer):

@@ -14,11 +14,14 @@ output.md quotes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import openai
@@ -40,74 +43,78 @@ def _tool_workload():
     return module.FUNCTIONS, module.QUESTIONS
 
 
-def extraction(client: openai.OpenAI, model: str, method: str, max_tokens: int) -> dict:
+# One request: the create() arguments beyond model and method, whether its answer is valid, and the
+# finish reason a complete answer has.
+Request = tuple[dict[str, Any], Callable[[Any], bool], str]
+
+
+def _tally(client: openai.OpenAI, model: str, method: str, max_tokens: int, requests: list[Request]) -> dict:
     valid, finished, tokens, start = 0, 0, 0, time.perf_counter()
-    for prompt in load_prompts("json-extraction"):
-        assert prompt.constraint is not None
-        schema = json.loads(prompt.constraint.source)
+    for arguments, is_valid, complete in requests:
         response = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt.text}],
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": prompt.category, "schema": schema, "strict": True},
-            },
-            max_tokens=max_tokens,
-            temperature=0,
-            extra_body={"method": method},
+            model=model, max_tokens=max_tokens, temperature=0, extra_body={"method": method}, **arguments
         )
         choice = response.choices[0]
         tokens += response.usage.completion_tokens if response.usage else 0
-        finished += choice.finish_reason == "stop"
-        try:
-            jsonschema.validate(json.loads(choice.message.content or ""), schema)
-            valid += 1
-        except (json.JSONDecodeError, jsonschema.ValidationError):
-            pass
+        finished += choice.finish_reason == complete
+        with contextlib.suppress(AssertionError, json.JSONDecodeError, jsonschema.ValidationError):
+            valid += bool(is_valid(choice))
+    seconds = time.perf_counter() - start
     return {
-        "workload": "json-extraction",
-        "method": method,
         "valid": valid,
         "finished": finished,
-        "requests": 16,
-        "tokens_per_s": round(tokens / (time.perf_counter() - start), 2),
+        "requests": len(requests),
+        "tokens_per_s": round(tokens / seconds, 2),
     }
+
+
+def extraction(client: openai.OpenAI, model: str, method: str, max_tokens: int) -> dict:
+    requests: list[Request] = []
+    for prompt in load_prompts("json-extraction"):
+        assert prompt.constraint is not None
+        schema = json.loads(prompt.constraint.source)
+        response_format = {
+            "type": "json_schema",
+            "json_schema": {"name": prompt.category, "schema": schema, "strict": True},
+        }
+        arguments = {
+            "messages": [{"role": "user", "content": prompt.text}],
+            "response_format": response_format,
+        }
+
+        def is_valid(choice: Any, schema: dict = schema) -> bool:
+            jsonschema.validate(json.loads(choice.message.content or ""), schema)
+            return True
+
+        requests.append((arguments, is_valid, "stop"))
+    return {"workload": "json-extraction"} | _tally(client, model, method, max_tokens, requests)
 
 
 def tool_calls(client: openai.OpenAI, model: str, method: str, max_tokens: int) -> dict:
     functions, questions = _tool_workload()
     tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in functions]
     parameters = {f.name: f.parameters for f in functions}
-    valid, finished, tokens, start = 0, 0, 0, time.perf_counter()
-    for _, question in questions:
-        response = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": question}],
-            tools=tools,
-            tool_choice="required",
-            parallel_tool_calls=False,
-            max_tokens=max_tokens,
-            temperature=0,
-            extra_body={"method": method},
-        )
-        choice = response.choices[0]
-        tokens += response.usage.completion_tokens if response.usage else 0
-        finished += choice.finish_reason == "tool_calls"
+
+    def is_valid(choice: Any) -> bool:
         calls = choice.message.tool_calls or []
-        try:
-            assert len(calls) == 1 and calls[0].function.name in parameters
-            jsonschema.validate(json.loads(calls[0].function.arguments), parameters[calls[0].function.name])
-            valid += 1
-        except (AssertionError, json.JSONDecodeError, jsonschema.ValidationError):
-            pass
-    return {
-        "workload": "tool-calls",
-        "method": method,
-        "valid": valid,
-        "finished": finished,
-        "requests": len(questions),
-        "tokens_per_s": round(tokens / (time.perf_counter() - start), 2),
-    }
+        assert len(calls) == 1 and calls[0].function.name in parameters
+        jsonschema.validate(json.loads(calls[0].function.arguments), parameters[calls[0].function.name])
+        return True
+
+    requests: list[Request] = [
+        (
+            {
+                "messages": [{"role": "user", "content": question}],
+                "tools": tools,
+                "tool_choice": "required",
+                "parallel_tool_calls": False,
+            },
+            is_valid,
+            "tool_calls",
+        )
+        for _, question in questions
+    ]
+    return {"workload": "tool-calls"} | _tally(client, model, method, max_tokens, requests)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from specserve.bench.workloads import resolve_prompts_path
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.errors import InvalidArgument
+from specserve.grammar.schema import json_schema_constraint
 
 _REQUIRED_KEYS = ("question_id", "category", "turns")
 
@@ -95,7 +96,7 @@ def _constraint(obj: dict, where: str) -> Constraint | None:
     if "json_schema" in obj:
         if not isinstance(obj["json_schema"], dict):
             raise InvalidArgument(f"{where}: json_schema must be a JSON object")
-        return Constraint.json_schema(obj["json_schema"])
+        return json_schema_constraint(obj["json_schema"])
     if "constraint" in obj:
         spec = obj["constraint"]
         if not isinstance(spec, dict) or set(spec) != {"kind", "source"}:

@@ -7,9 +7,9 @@
 
 A constraint holds the text to a language (JSON Schema, any JSON object, a regex, a Lark grammar):
 
-    from specserve.client import Constraint
+    from specserve.client import json_schema_constraint
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    client.generate("Where is the Eiffel tower? Answer in JSON.", constraint=Constraint.json_schema(schema))
+    client.generate("Where is the Eiffel tower? Answer in JSON.", constraint=json_schema_constraint(schema))
 
 Errors are the `specserve.errors` hierarchy (one base class, `SpecserveError`, with `InvalidArgument`,
 `NotFound`, `ResourceExhausted`, `DeadlineExceeded`, `Unavailable`, ...). A stream that breaks with
@@ -20,5 +20,14 @@ in Redis), for up to `retry_seconds` (30 s by default) since it last received an
 from specserve.client.aio import AsyncClient
 from specserve.client.sync import Chunk, Client, Completion
 from specserve.core.constraint import Constraint, ConstraintKind
+from specserve.grammar.schema import json_schema_constraint
 
-__all__ = ["AsyncClient", "Chunk", "Client", "Completion", "Constraint", "ConstraintKind"]
+__all__ = [
+    "AsyncClient",
+    "Chunk",
+    "Client",
+    "Completion",
+    "Constraint",
+    "ConstraintKind",
+    "json_schema_constraint",
+]

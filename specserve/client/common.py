@@ -142,7 +142,7 @@ def generate_request(
     constraint: Constraint | None = None,
 ) -> router_pb2.GenerateRequest:
     """method "" = the router's default; seed None = a fresh one; session_id None = a fresh id;
-    constraint: the language the text must belong to (`Constraint.json_schema({...})`,
+    constraint: the language the text must belong to (`json_schema_constraint({...})`,
     `Constraint(ConstraintKind.REGEX, ...)`, ...), None = unconstrained."""
     # A seed fixed here makes a retried generation reproduce the tokens already received.
     sampling = common_pb2.SamplingParams(

@@ -8,11 +8,9 @@ validates and stores constraints too; compiling one needs the model's tokenizer 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from specserve.errors import InvalidArgument
 
@@ -36,11 +34,6 @@ class Constraint:
     def __post_init__(self) -> None:
         check_constraint(self)
 
-    @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | bool) -> Constraint:
-        # Key order kept: a schema's property order is the order its JSON is written in.
-        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, separators=(",", ":")))
-
     def to_dict(self) -> dict[str, str]:
         return {"kind": self.kind.value, "source": self.source}
 
@@ -54,7 +47,8 @@ class InvalidConstraint(InvalidArgument):
 
 
 def check_constraint(constraint: Constraint) -> None:
-    """Shape checks that need no tokenizer; compiling (specserve/grammar) checks the rest."""
+    """Shape checks that need no tokenizer and no parsing; compiling (specserve/grammar) checks the rest,
+    a JSON schema's JSON included (specserve/grammar/schema.py)."""
     if not isinstance(constraint.kind, ConstraintKind):
         raise InvalidConstraint(f"unknown constraint kind {constraint.kind!r}")
     if len(constraint.source) > MAX_CONSTRAINT_CHARS:
@@ -68,10 +62,3 @@ def check_constraint(constraint: Constraint) -> None:
         return
     if not constraint.source.strip():
         raise InvalidConstraint(f"the {constraint.kind.value} is empty")
-    if constraint.kind is ConstraintKind.JSON_SCHEMA:
-        try:
-            schema = json.loads(constraint.source)
-        except json.JSONDecodeError as e:
-            raise InvalidConstraint(f"the JSON schema is not valid JSON: {e}") from None
-        if not isinstance(schema, dict | bool):
-            raise InvalidConstraint("a JSON schema must be an object or a boolean")

@@ -16,6 +16,7 @@ import llguidance
 
 from specserve.core.constraint import Constraint, ConstraintKind, InvalidConstraint
 from specserve.grammar.guide import Guide
+from specserve.grammar.schema import parse_json_schema
 
 # JSON as json.dumps writes it (", " between items, ": " after keys, no other whitespace) unless the
 # schema says otherwise (its "x-guidance" key): one spelling per value, so the grammar forces the keys,
@@ -31,9 +32,8 @@ def grammar_source(constraint: Constraint) -> str:
         return llguidance.LLMatcher.grammar_from_regex(constraint.source)
     if constraint.kind is ConstraintKind.GRAMMAR:
         return llguidance.LLMatcher.grammar_from_lark(constraint.source)
-    schema = (
-        {"type": "object"} if constraint.kind is ConstraintKind.JSON_OBJECT else json.loads(constraint.source)
-    )
+    json_object = constraint.kind is ConstraintKind.JSON_OBJECT
+    schema = {"type": "object"} if json_object else parse_json_schema(constraint.source)
     if isinstance(schema, dict):
         schema = {"x-guidance": JSON_LAYOUT} | schema
     try:

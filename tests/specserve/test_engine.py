@@ -77,7 +77,7 @@ TARGET = GenerationRequest(method=Method.TARGET)
     [
         ("", TARGET),
         ("   ", TARGET),
-        ("hello " * 3000, TARGET),
+        ("hello " * 9000, TARGET),  # longer than the model's 8,192-token context
         ("hello", replace(TARGET, method="nonsense")),
         ("hello", replace(TARGET, stopping=replace(TARGET.stopping, max_new_tokens=0))),
         ("hello", replace(TARGET, sampling=replace(TARGET.sampling, temperature=-1))),

@@ -12,6 +12,7 @@ import pytest
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
+from specserve.grammar.schema import json_schema_constraint
 
 PERSON = {
     "type": "object",
@@ -26,7 +27,7 @@ PERSON = {
 CASES = [
     (
         "Extract the person as JSON: Maria Lopez is a 34-year-old architect who knows CAD and Python.",
-        Constraint.json_schema(PERSON),
+        json_schema_constraint(PERSON),
     ),
     ("Give me a JSON object describing a cat with its name and age.", Constraint(ConstraintKind.JSON_OBJECT)),
     ("What is 12 times 12? Answer with the number only.", Constraint(ConstraintKind.REGEX, r"[0-9]{1,4}")),

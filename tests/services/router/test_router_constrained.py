@@ -12,6 +12,7 @@ import pytest
 
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
+from specserve.grammar.schema import json_schema_constraint
 from specserve.serving.convert import constraint_to_pb
 from specserve.v1 import (
     common_pb2,
@@ -40,7 +41,7 @@ def router(channels) -> router_pb2_grpc.RouterServiceStub:
 
 
 def test_the_stack_decodes_as_the_target_alone_under_a_schema(router, default_engine):
-    constraint = Constraint.json_schema(SCHEMA)
+    constraint = json_schema_constraint(SCHEMA)
     expected = default_engine.generate(
         PROMPT, GenerationRequest.build(method="target", constraint=constraint, max_new_tokens=64)
     )

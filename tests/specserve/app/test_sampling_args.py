@@ -14,6 +14,7 @@ from specserve.bench.remote import client_options
 from specserve.client.common import generate_request, to_chunk
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
+from specserve.grammar.schema import json_schema_constraint
 from specserve.serving.convert import constraint_from_pb
 from specserve.v1 import router_pb2
 
@@ -47,7 +48,7 @@ def test_one_constraint_at_most() -> None:
 
 
 def test_the_remote_request_carries_it() -> None:
-    constraint = Constraint.json_schema({"type": "object"})
+    constraint = json_schema_constraint({"type": "object"})
     request = GenerationRequest.build(method="target", constraint=constraint)
     message = generate_request("hi", **client_options(request))
     assert message.HasField("constraint") and constraint_from_pb(message.constraint) == constraint

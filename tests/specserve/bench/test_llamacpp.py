@@ -24,6 +24,7 @@ from specserve.bench.llamacpp import (
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.request import GenerationRequest
 from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.grammar.schema import json_schema_constraint
 from specserve.models.profiles import PROFILES
 
 
@@ -109,7 +110,7 @@ def test_a_real_server_streams_several_sessions_at_once(default_engine):
 
 def test_a_schema_is_sent_as_llama_servers_json_schema():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    body = completion_body([1, 2], peer_request(8, constraint=Constraint.json_schema(schema)))
+    body = completion_body([1, 2], peer_request(8, constraint=json_schema_constraint(schema)))
     assert body["json_schema"] == schema
     body = completion_body([1, 2], peer_request(8, constraint=Constraint(ConstraintKind.JSON_OBJECT)))
     assert body["json_schema"] == {"type": "object"}

@@ -4,6 +4,7 @@ import pytest
 
 from specserve.core.constraint import Constraint, ConstraintKind, InvalidConstraint
 from specserve.grammar import GrammarCompiler
+from specserve.grammar.schema import json_schema_constraint
 
 SCHEMA = {
     "type": "object",
@@ -15,7 +16,7 @@ SCHEMA = {
 
 def test_json_is_written_as_json_dumps_writes_it(compiler: GrammarCompiler):
     # One spelling per value: the keys and separators a schema fixes are forced, in its property order.
-    guide = compiler.guide(Constraint.json_schema(SCHEMA), 0, 64)
+    guide = compiler.guide(json_schema_constraint(SCHEMA), 0, 64)
     assert compiler.tokenizer.decode_str(guide.forced()) == '{"name":'
     text = '{"name": "Ann", "age": 7}'
     tokens = compiler.tokenizer.tokenize_str(text)
@@ -26,7 +27,7 @@ def test_json_is_written_as_json_dumps_writes_it(compiler: GrammarCompiler):
 
 def test_a_schema_that_says_otherwise_keeps_its_layout(compiler: GrammarCompiler):
     flexible = {"x-guidance": {"whitespace_flexible": True}} | SCHEMA
-    guide = compiler.guide(Constraint.json_schema(flexible), 0, 64)
+    guide = compiler.guide(json_schema_constraint(flexible), 0, 64)
     tokens = compiler.tokenizer.tokenize_str('{\n  "name": "Ann",\n  "age": 7\n}')
     assert guide.allowed_prefix(tokens) == len(tokens)
 
@@ -35,6 +36,8 @@ def test_a_schema_that_says_otherwise_keeps_its_layout(compiler: GrammarCompiler
     ("kind", "source", "message"),
     [
         (ConstraintKind.JSON_SCHEMA, '{"type": "nonsense"}', "json_schema cannot be compiled"),
+        (ConstraintKind.JSON_SCHEMA, "{not json", "not valid JSON"),
+        (ConstraintKind.JSON_SCHEMA, "[1, 2]", "must be an object or a boolean"),
         (ConstraintKind.REGEX, "(unclosed", "regex cannot be compiled"),
         (ConstraintKind.GRAMMAR, "start: undefined_rule", "grammar cannot be compiled"),
     ],

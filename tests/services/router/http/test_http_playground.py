@@ -50,6 +50,20 @@ def browser():
     driver.quit()
 
 
+def _send(browser, wait, prompt_text: str, max_tokens: int) -> str:
+    """Types the prompt and the limits (greedy), sends, and waits for the page's final status."""
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys(prompt_text)
+    for field, value in (("max-tokens", max_tokens), ("temperature", 0)):
+        element = browser.find_element(By.ID, field)
+        element.clear()
+        element.send_keys(str(value))
+    browser.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith(("done", "error")))
+    return str(browser.find_element(By.ID, "status").text)
+
+
 def test_the_page_streams_rounds_in_two_colours_with_figures(browser, http_router, tmp_path) -> None:
     with Client(http_router.grpc_address, token=http_router.token) as sdk:
         reference = sdk.generate(
@@ -60,17 +74,8 @@ def test_the_page_streams_rounds_in_two_colours_with_figures(browser, http_route
     browser.find_element(By.ID, "api-key").send_keys(http_router.token)
     browser.find_element(By.ID, "prompt").click()  # leaving the key's field loads the methods with it
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#method option")) > 1)
-    prompt = browser.find_element(By.ID, "prompt")
-    prompt.clear()
-    prompt.send_keys(PROMPT)
     Select(browser.find_element(By.ID, "method")).select_by_value(METHOD)
-    for field, value in (("max-tokens", MAX_TOKENS), ("temperature", 0)):
-        element = browser.find_element(By.ID, field)
-        element.clear()
-        element.send_keys(str(value))
-    browser.find_element(By.ID, "send").click()
-    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith(("done", "error")))
-    status = browser.find_element(By.ID, "status").text
+    status = _send(browser, wait, PROMPT, MAX_TOKENS)
     assert status.startswith("done: length"), status
 
     assert browser.execute_script("return document.getElementById('output').textContent") == reference.text
@@ -110,16 +115,7 @@ def test_a_json_schema_holds_the_answer_and_its_forced_tokens_show(browser, http
     wait = WebDriverWait(browser, TIMEOUT_SECONDS)
     browser.find_element(By.ID, "api-key").send_keys(http_router.token)
     browser.find_element(By.ID, "schema").send_keys(SCHEMA)
-    prompt = browser.find_element(By.ID, "prompt")
-    prompt.clear()
-    prompt.send_keys("Name the largest city of France and its country, as JSON.")
-    for field, value in (("max-tokens", 48), ("temperature", 0)):
-        element = browser.find_element(By.ID, field)
-        element.clear()
-        element.send_keys(str(value))
-    browser.find_element(By.ID, "send").click()
-    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith(("done", "error")))
-    status = browser.find_element(By.ID, "status").text
+    status = _send(browser, wait, "Name the largest city of France and its country, as JSON.", 48)
     assert status.startswith("done: stop"), status
     text = browser.execute_script("return document.getElementById('output').textContent")
     answer = json.loads(text)

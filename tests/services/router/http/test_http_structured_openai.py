@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from specserve.client import Client, Constraint, ConstraintKind
+from specserve.grammar.schema import json_schema_constraint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
 
@@ -182,7 +183,7 @@ def test_the_grpc_sdk_takes_a_constraint(http_router) -> None:
             CITY_PROMPT,
             method=METHOD,
             max_new_tokens=MAX_TOKENS,
-            constraint=Constraint.json_schema(CITY),
+            constraint=json_schema_constraint(CITY),
             timeout=TIMEOUT_SECONDS,
         )
         jsonschema.validate(json.loads(done.text), CITY)
