@@ -111,7 +111,8 @@ def speculative_generate(
             stats.num_forced_draft_tokens += outcome.num_forced_draft_tokens
             stats.num_forced_accepted_tokens += outcome.num_forced_accepted_tokens
             if drafter is not None:
-                drafter.observe(outcome if proposed is draft else _as_proposed(proposed, outcome, forced))
+                shaped = forced is not None or proposed is not draft
+                drafter.observe(_as_proposed(proposed, outcome, forced) if shaped else outcome)
             if on_round is not None:
                 on_round(outcome)
             root_candidates = verified.root_candidates

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
+from specserve.core.finish import FinishChecker
 from specserve.core.grammar import forced_draft, shape_draft
-from specserve.core.protocols import CandidateKind, DraftTree
-from specserve.core.tree import TokenTree
+from specserve.core.loop import speculative_generate
+from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome, VerifyOutcome
+from specserve.core.tree import TokenTree, tree_children
 
 
 class PositionalLanguage:
@@ -103,3 +105,80 @@ def test_shape_draft_leaves_sampled_candidates_as_drawn():
     q = {0: torch.tensor([0.5, 0.5])}
     draft = DraftTree(TokenTree((9, 0, 1), (-1, 0, 0)), CandidateKind.SAMPLED, q)
     assert shape_draft(draft, PositionalLanguage([{1}])) is draft
+
+
+class RecordingDrafter:
+    """A drafter proposing a fixed chain, recording what it is asked and told."""
+
+    reads = READS_NOTHING
+
+    def __init__(self, chain: list[int]) -> None:
+        self.chain = chain
+        self.proposed_for: list[int] = []
+        self.observed: list[RoundOutcome] = []
+
+    def propose(self, token_ids, round_seed, batch_sessions) -> DraftTree:
+        self.proposed_for.append(len(token_ids))
+        return DraftTree(TokenTree.chain([token_ids[-1], *self.chain]))
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.observed.append(outcome)
+
+    def release(self) -> None:
+        pass
+
+
+class ChainVerifier:
+    """A target whose greedy choice after `prompt + i` generated tokens is `text[i]`."""
+
+    def __init__(self, text: list[int]) -> None:
+        self.text = text
+        self.generated = 0
+
+    def prefill(self, prompt_ids, round_seed) -> int:
+        self.generated = 1
+        return self.text[0]
+
+    def resume(self, token_ids) -> None:
+        raise AssertionError("not resumed")
+
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
+        path, node = [0], 0
+        children = tree_children(draft.tree.parent_ids)
+        while True:
+            wanted = self.text[self.generated + len(path) - 1]
+            match = next((c for c in children[node] if draft.tree.token_ids[c] == wanted), None)
+            if match is None:
+                self.generated += len(path)
+                return VerifyOutcome(path, wanted)
+            node = match
+            path.append(node)
+
+    def release(self) -> None:
+        pass
+
+
+class SyncingLanguage(PositionalLanguage):
+    """PositionalLanguage that follows the committed text (the loop syncs it every round)."""
+
+    def __init__(self, allowed, num_prompt_tokens: int) -> None:
+        super().__init__(allowed)
+        self.num_prompt_tokens = num_prompt_tokens
+
+    def sync(self, token_ids) -> None:
+        self.position = len(token_ids) - self.num_prompt_tokens
+
+
+def test_the_loop_drafts_forced_rounds_itself_and_the_drafter_sees_its_own_rounds():
+    # The target writes 10 11 12 13 14 EOS(0); the language forces 11 12 after 10, then allows choices.
+    text = [10, 11, 12, 13, 14, 0, 5]
+    language = SyncingLanguage([{10}, {11}, {12}, {13, 7}, {14, 8}, {0}], num_prompt_tokens=2)
+    drafter = RecordingDrafter([14, 0])
+    finish = FinishChecker(16, frozenset({0}))
+    stats = speculative_generate([1, 2], ChainVerifier(text), drafter, 0, finish, grammar=language)
+    assert finish.generated == text[:6]
+    # Round 1 (after 10) is the forced chain 11 12: the drafter is not asked; round 2 (after 13) asks it.
+    assert drafter.proposed_for == [6]
+    assert stats.num_forced_accepted_tokens == 2 and stats.num_target_forwards == 3
+    # The drafter observes a root-only round for the forced one, and its own chain for its round.
+    assert [o.draft.tree.num_nodes for o in drafter.observed] == [1, 3]
