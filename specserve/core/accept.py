@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from specserve.core.protocols import DraftTree, VerifyOutcome
-from specserve.core.sampling import logits_to_probs, make_generator, sample_token
+from specserve.core.sampling import logits_to_probs, make_generator, mask_disallowed, sample_token
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.verify import verify_greedy, verify_sampled, verify_target_rooted
 
@@ -28,7 +28,7 @@ def accept_draft(
 
     def row(node: int) -> torch.Tensor:  # [V]
         logits = target_logits[node]
-        return logits if allowed_at is None else logits.masked_fill(~allowed_at(node), float("-inf"))
+        return logits if allowed_at is None else mask_disallowed(logits, allowed_at(node))
 
     if params.greedy:
         # Unconstrained, one argmax over all rows; constrained, each visited row's own masked argmax.
@@ -63,7 +63,7 @@ def choose_token(
 ) -> int:
     """logits: [V] -> the next token under `params` (argmax when greedy), among `allowed` [V] if given."""
     if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = mask_disallowed(logits, allowed)
     if params.greedy:
         return int(logits.argmax())
     return sample_token(logits_to_probs(logits.cpu(), params), make_generator(seed))

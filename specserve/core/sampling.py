@@ -47,3 +47,9 @@ def uniform(generator: torch.Generator) -> float:
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def mask_disallowed(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] with every token outside `allowed` [V] (bool) at -inf: the distribution a
+    constrained target samples from, and argmaxes over."""
+    return logits.masked_fill(~allowed, float("-inf"))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from specserve.core.grammar import GrammarState
+from specserve.core.sampling import mask_disallowed
 from specserve.core.tree import TokenTree
 from specserve.errors import FailedPrecondition
 from specserve.grammar.guide import Guide
@@ -26,12 +27,6 @@ def allowed_tokens(bitmask: bytes, vocab_size: int, device: torch.device | str =
     if not bool(allowed.any()):
         raise FailedPrecondition("the constraint allows no token here (its language has ended)")
     return allowed.to(device)
-
-
-def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """logits [V] with every token outside `allowed` [V] at -inf: the distribution the constrained
-    target samples from (and argmaxes over)."""
-    return logits.masked_fill(~allowed, float("-inf"))
 
 
 class PathMasks:
@@ -72,7 +67,7 @@ class SpineMasks:
             allowed = allowed_tokens(self.grammar.bitmask(), logits.shape[-1], logits.device)
         except FailedPrecondition:
             return None
-        masked = mask_logits(logits, allowed)
+        masked = mask_disallowed(logits, allowed)
         return masked if bool(torch.isfinite(masked).any()) else None
 
     def advance(self, token: int) -> None:

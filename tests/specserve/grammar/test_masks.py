@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from specserve.core.constraint import Constraint, ConstraintKind
+from specserve.core.sampling import mask_disallowed
 from specserve.core.tree import TokenTree
 from specserve.errors import FailedPrecondition
 from specserve.grammar import GrammarCompiler
-from specserve.grammar.masks import PathMasks, allowed_tokens, mask_logits
+from specserve.grammar.masks import PathMasks, allowed_tokens
 
 
 def test_allowed_tokens_decodes_the_bitmask():
@@ -26,7 +27,7 @@ def test_masks_match_the_language(compiler: GrammarCompiler):
         assert allowed[compiler.tokenizer.tokenize_str(word)[0]]
     assert not allowed[compiler.tokenizer.tokenize_str("bird")[0]]
     logits = torch.zeros(compiler.vocab_size)
-    assert torch.isinf(mask_logits(logits, allowed)).sum() == (~allowed).sum()
+    assert torch.isinf(mask_disallowed(logits, allowed)).sum() == (~allowed).sum()
 
 
 def test_path_masks_push_one_token_per_step_of_the_walk(compiler: GrammarCompiler):
