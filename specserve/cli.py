@@ -55,9 +55,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--weights",
-        choices=["dense", "as-shipped"],
-        help="the target's weights: dense (the converted checkpoint in --dtype) or as-shipped (the model "
-        "file's own 4-bit codes on torch's int4 kernel)",
+        choices=["auto", "dense", "as-shipped"],
+        help="the target's weights: dense (the converted checkpoint in --dtype), as-shipped (the model "
+        "file's own 4-bit codes on torch's int4 kernel) or auto (as-shipped on a CPU in float32, else dense)",
     )
 
 

@@ -55,7 +55,7 @@ class Engine(ServedModels):
     def reference_model(self) -> CausalLM:
         """The `hf` method's model: transformers as users run it, with torch's own linear kernel. The
         served target when that is what it runs; otherwise a second, plain copy, loaded on first use."""
-        if self.linear_kernel is LinearKernel.NATIVE and self.settings.weights == "dense":
+        if self.linear_kernel is LinearKernel.NATIVE and self.settings.resolved_weights == "dense":
             return self.target_model
         return load_causal_lm(self.model_dir, self.settings.device, self.settings.dtype)
 

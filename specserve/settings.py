@@ -20,7 +20,7 @@ DEFAULT_CONTEXT = 8192  # a checkpoint whose config names no context: the defaul
 # K/V), a few dozen conversations or documents.
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 _DTYPES = ("float32", "bfloat16", "float16")
-WEIGHTS = ("dense", "as-shipped")
+WEIGHTS = ("auto", "dense", "as-shipped")
 
 
 def _default_cache_dir() -> Path:
@@ -101,7 +101,7 @@ class EngineSettings:
     linear_kernel: str = "auto"
     # Where the target's weights come from: "dense" = the converted checkpoint in `dtype`; "as-shipped" =
     # the model file's own quantized weights on torch's int4 kernel (runtime/int4.py; the profiles' GGUF
-    # files), norms and attention still in `dtype`.
+    # files), norms and attention still in `dtype`; "auto" = `resolved_weights`.
     weights: str = "dense"
     # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and
     # hidden-state features) kept across requests, least recently used evicted; 0 = off. The target
@@ -124,6 +124,21 @@ class EngineSettings:
         if self.max_prompt_tokens is not None:
             return self.max_prompt_tokens
         return max(1, self.context_limit - self.max_tree_nodes - 2)
+
+    @property
+    def resolved_weights(self) -> str:
+        """What the target runs on, `auto` decided: the model file's own quantized weights on a CPU in
+        float32, where they measured fastest (docs/benchmarks.md, "Weights as shipped"); dense on other
+        devices, where no comparison has been measured, and for a --model-dir without the quantized store."""
+        if self.weights != "auto":
+            return self.weights
+        if self.device != "cpu" or self.dtype != "float32":
+            return "dense"
+        from specserve.models.gguf_quant import STORE_FILE  # numpy: only where a model is served
+
+        if self.model_dir is not None and not (Path(self.model_dir) / STORE_FILE).is_file():
+            return "dense"
+        return "as-shipped"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:

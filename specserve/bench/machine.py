@@ -33,7 +33,7 @@ def machine_info(settings: EngineSettings | None = None) -> dict[str, Any]:
         "transformers": _version("transformers"),
         "device": settings.device if settings else None,
         "dtype": settings.dtype if settings else None,
-        "weights": settings.weights if settings else None,
+        "weights": settings.resolved_weights if settings else None,
         "hostname": socket.gethostname(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -129,7 +129,7 @@ class DraftRuntime(RoleRuntime):
     def _draft_as_shipped_dir(self) -> Path | None:
         """The profile's own draft model's file weights when the target runs on its file's weights too."""
         own = self._profiles_own_draft and self.profile.draft is not None
-        if self.settings.weights != "as-shipped" or not own or self.profile.draft is None:
+        if self.settings.resolved_weights != "as-shipped" or not own or self.profile.draft is None:
             return None
         return as_shipped_dir(model_profile(self.profile.draft), self.settings.cache_dir)
 

@@ -48,7 +48,7 @@ def shipped_for(settings: EngineSettings, kind: DraftKind) -> Path | None:
 def weights_label(settings: EngineSettings) -> str:
     """What the target's linear layers run on, for file names and records: the linear kernel, or `int4`
     for weights as shipped. Decided by the settings alone, so naming a calibration file loads no model."""
-    if settings.weights == "as-shipped":
+    if settings.resolved_weights == "as-shipped":
         return "int4"
     return resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
 
@@ -132,7 +132,7 @@ class TargetRuntime(RoleRuntime):
     def as_shipped_dir(self) -> Path | None:
         """The target file's quantized weights when `weights` is as-shipped: the profile's (built once
         from its file), or a --model-dir's own; None for dense weights."""
-        if self.settings.weights != "as-shipped":
+        if self.settings.resolved_weights != "as-shipped":
             return None
         if self.settings.model_dir is not None:
             return Path(self.model_dir)
@@ -225,7 +225,7 @@ class TargetRuntime(RoleRuntime):
         """The linear kernel and forward the specserve methods run on (benchmarks record it)."""
         return {
             "linear_kernel": self.linear_kernel.value,
-            "weights": self.settings.weights,
+            "weights": self.settings.resolved_weights,
             "forward": "lean" if self.target_runner.native is not None else "transformers",
         }
 

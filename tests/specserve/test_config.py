@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -69,10 +69,22 @@ def test_engine_and_service_settings_read_their_variables() -> None:
     with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
         TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
     assert EngineSettings.from_env({"SPECSERVE_WEIGHTS": "as-shipped"}).weights == "as-shipped"
-    with pytest.raises(InvalidArgument, match="weights must be one of dense, as-shipped"):
+    with pytest.raises(InvalidArgument, match="weights must be one of auto, dense, as-shipped"):
         EngineSettings.from_env({"SPECSERVE_WEIGHTS": "int4"})
     with pytest.raises(InvalidArgument, match="max_prompt_tokens"):  # validation still runs
         EngineSettings.from_env({"SPECSERVE_MAX_CONTEXT": "100", "SPECSERVE_MAX_PROMPT_TOKENS": "200"})
+
+
+def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path) -> None:
+    auto = EngineSettings.from_env({"SPECSERVE_WEIGHTS": "auto"})
+    assert auto.resolved_weights == "as-shipped"  # a profile: its file's weights are always at hand
+    assert replace(auto, device="cuda").resolved_weights == "dense"  # not measured on a GPU
+    assert replace(auto, dtype="bfloat16").resolved_weights == "dense"
+    assert replace(auto, model_dir=tmp_path).resolved_weights == "dense"  # a checkpoint without the store
+    (tmp_path / "as-shipped.safetensors").touch()
+    assert replace(auto, model_dir=tmp_path).resolved_weights == "as-shipped"
+    for weights in ("dense", "as-shipped"):  # a set choice is kept wherever it runs
+        assert replace(auto, weights=weights, device="cuda").resolved_weights == weights
 
 
 def test_one_new_token_limit() -> None:
