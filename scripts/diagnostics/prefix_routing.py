@@ -11,7 +11,7 @@ busier. Per arm: the share of prompt tokens taken from the targets' caches, TTFT
 questions, tok/s (generated tokens over the arm's requests' summed time), and whether every answer equals
 the other arm's (greedy; a cached prefix answers as a cold one).
 
-    python scripts/diagnostics/prefix_routing.py --out docs/results/prefix-routing-2-replicas.json
+    python scripts/diagnostics/prefix_routing.py --out docs/results/prefix-routing-2-replicas-1.json
 
 `--log-dir` keeps the stacks' logs (default: private temporary directories, removed at the end).
 """
