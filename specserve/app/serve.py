@@ -74,7 +74,17 @@ def add_serve_parsers(subparsers: Any) -> None:
     stack.add_argument("--max-new-tokens", type=int, default=128)
     stack.add_argument("--once", action="store_true", help="stop the stack after the generation")
     stack.add_argument(
-        "--base-port", type=int, default=0, help="router port; the others follow (0 = free ports)"
+        "--base-port",
+        type=int,
+        default=0,
+        help="router port; target, draft and Redis follow, then any further target replicas (0 = free ports)",
+    )
+    stack.add_argument(
+        "--target-replicas",
+        type=int,
+        default=1,
+        help="target processes (each loads the model); the router places sessions among them, by the "
+        "longest cached prompt prefix, else by load",
     )
     mode = stack.add_mutually_exclusive_group()
     mode.add_argument(
@@ -276,6 +286,7 @@ def run_stack(args: argparse.Namespace) -> int:
         tls=security.tls,
         auth_tokens=security.tokens,
         env=model_env,
+        target_replicas=args.target_replicas,
     ) as stack:
         if stack.http_url:
             print(f"OpenAI-compatible API at {stack.http_url}, playground at {stack.playground_url}")
@@ -287,6 +298,10 @@ def run_stack(args: argparse.Namespace) -> int:
             calls = how_to_call(stack, security.generated)
             print("\nCall it while it serves:\n" + "\n".join(calls), flush=True)
             label = "" if security.tls else " INSECURE (plaintext)"
-            print(f"\nstack serving{label}: router at {stack.router_address} (Ctrl-C stops it)", flush=True)
+            targets = f", targets at {', '.join(stack.target_addresses)}" if args.target_replicas > 1 else ""
+            print(
+                f"\nstack serving{label}: router at {stack.router_address}{targets} (Ctrl-C stops it)",
+                flush=True,
+            )
             stack.wait()
     return 0

@@ -1,7 +1,13 @@
 """The local stack: a real Redis and the three services as separate processes on this machine.
 
 `specserve stack` uses it to serve and stream a demo generation; the distributed tests use it to kill
-and restart single processes. Each process logs to `<log_dir>/<role>.log`.
+and restart single processes. Each process logs to `<log_dir>/<name>.log`.
+
+With `target_replicas` > 1 the target runs as that many processes, each with its own port and log:
+the first is named `target` (its port, log and address are the single target's), the others
+`target-1`, `target-2`, ... on the ports after Redis's. The router and the draft service are given
+every replica (the router places sessions among them, services/router/placement.py; the draft accepts
+a session's `target_address` only from its list).
 
 Redis runs with a generated password and append-only persistence (`appendfsync everysec`, files in
 `<log_dir>/redis`). With `tls=True` a fresh local CA (serving/tls.py) issues every service a
@@ -35,12 +41,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specserve.errors import Unavailable
+from specserve.errors import InvalidArgument, Unavailable
 from specserve.serving import tls
 from specserve.serving.auth import token_file_text
 from specserve.serving.private_files import open_private_append, private_directory, write_private
 
 ROLES = ("target", "draft", "router")
+TARGET = "target"
+FIRST_PORTS = ("router", "target", "draft", "redis")  # base_port + 0..3, as before replicas existed
+# A replica's own listening ports besides its gRPC one: a fixed one given in `env` is the first
+# replica's; the others serve none (two processes cannot listen on one port).
+PER_PROCESS_PORTS = ("METRICS_PORT", "HEALTH_PORT")
 STARTUP_TIMEOUT_SECONDS = 180.0
 RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # the Nth restart in a row waits this long
 HEALTHY_RESET_SECONDS = 60.0  # a child that ran this long starts its backoff over
@@ -80,6 +91,26 @@ def _listen_ports() -> list[int]:
     except (OSError, ValueError, IndexError):
         low = LISTEN_PORTS.stop
     return [p for p in LISTEN_PORTS if p < low]
+
+
+def replica_name(index: int) -> str:
+    """The process name of target replica `index`: the first keeps the single target's name."""
+    return TARGET if index == 0 else f"{TARGET}-{index}"
+
+
+def role_of(name: str) -> str:
+    """The service a process runs (`target-1` is a target)."""
+    return name.split("-", 1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports (free_port alone may draw one twice)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def redis_server_binary() -> str:
@@ -134,10 +165,15 @@ class LocalStack:
         http_port: int | None = None,  # the router's HTTP API: None = off, 0 = a free port
         tls: bool = False,
         auth_tokens: tuple[str, ...] = (),
+        target_replicas: int = 1,  # target processes, all given to the router and the draft
     ) -> None:
+        if target_replicas < 1:
+            raise InvalidArgument(f"target_replicas must be >= 1, got {target_replicas}")
         self._token_file_text = token_file_text(auth_tokens)  # refuses a token the file cannot hold
-        ports = [base_port + i for i in range(4)] if base_port else [free_port() for _ in range(4)]
-        self.ports = dict(zip(("router", "target", "draft", "redis"), ports, strict=True))
+        self.target_names = tuple(replica_name(i) for i in range(target_replicas))
+        names = (*FIRST_PORTS, *self.target_names[1:])  # extra replicas after Redis: old ports unmoved
+        ports = [base_port + i for i in range(len(names))] if base_port else _free_ports(len(names))
+        self.ports = dict(zip(names, ports, strict=True))
         # A directory of our own is removed on a clean stop; one the caller names is kept. Either is
         # private (0700, every file in it 0600): the logs name sessions, Redis's files hold prompts.
         self.owns_log_dir = log_dir is None
@@ -176,8 +212,17 @@ class LocalStack:
     def router_address(self) -> str:
         return f"localhost:{self.ports['router']}"
 
-    def address(self, role: str) -> str:
-        return f"localhost:{self.ports[role]}"
+    def address(self, name: str) -> str:
+        """A process's address by role or replica name (`target` is the first target replica)."""
+        return f"localhost:{self.ports[name]}"
+
+    @property
+    def target_addresses(self) -> list[str]:
+        return [self.address(name) for name in self.target_names]
+
+    def names_of(self, role: str) -> tuple[str, ...]:
+        """The processes that run `role`: every target replica for `target`."""
+        return self.target_names if role == TARGET else (role,)
 
     @property
     def redis_url(self) -> str:
@@ -208,7 +253,8 @@ class LocalStack:
                 write_private(self.log_dir / TOKEN_FILE_NAME, self._token_file_text)
             self.start_redis()
             for role in self.roles:
-                self.start(role)
+                for name in self.names_of(role):  # one after another: each loads the model alone
+                    self.start(name)
         except BaseException as e:
             self.stop(keep_files=_failure(type(e)))  # the logs say why it did not start
             raise
@@ -251,18 +297,23 @@ class LocalStack:
             time.sleep(0.1)
         raise Unavailable("redis did not start")
 
-    def role_env(self, role: str) -> dict[str, str]:
+    def role_env(self, name: str) -> dict[str, str]:
+        """The environment of process `name` (a role, or a target replica's name)."""
+        role = role_of(name)
         env = dict(os.environ) | self.env
         prefix = f"SPECSERVE_{role.upper()}_"
-        env[prefix + "PORT"] = str(self.ports[role])
+        env[prefix + "PORT"] = str(self.ports[name])
         env[prefix + "METRICS_PORT"] = env.get(prefix + "METRICS_PORT", "0")
+        if name != role:  # a further replica: the ports `env` fixes are the first one's
+            env |= {prefix + port: "0" for port in PER_PROCESS_PORTS}
         env[prefix + "HOST"] = "127.0.0.1"
-        env["SPECSERVE_ROUTER_TARGET_ADDRESSES"] = self.address("target")
+        targets = ",".join(self.target_addresses)
+        env["SPECSERVE_ROUTER_TARGET_ADDRESSES"] = targets
         env["SPECSERVE_ROUTER_DRAFT_ADDRESSES"] = self.address("draft") if "draft" in self.roles else ""
         env["SPECSERVE_ROUTER_REDIS_URL"] = self.redis_url  # the environment: private, unlike argv
         if self.http_port:
             env["SPECSERVE_ROUTER_HTTP_PORT"] = str(self.http_port)
-        env["SPECSERVE_DRAFT_TARGET_ADDRESSES"] = self.address("target")
+        env["SPECSERVE_DRAFT_TARGET_ADDRESSES"] = targets
         if self.tls_files:
             env |= self.tls_files[TLS_NAMES[role]].env(prefix)
         if self.token_file is not None:
@@ -270,27 +321,28 @@ class LocalStack:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def start(self, role: str) -> None:
-        log = self.log_dir / f"{role}.log"
+    def start(self, name: str) -> None:
+        """Starts process `name` (a role, or a target replica's name) and waits until it serves."""
+        log = self.log_dir / f"{name}.log"
         process = subprocess.Popen(
-            [sys.executable, "-m", "specserve.cli", "serve", role],
-            env=self.role_env(role),
+            [sys.executable, "-m", "specserve.cli", "serve", role_of(name)],
+            env=self.role_env(name),
             stdout=open_private_append(log),
             stderr=subprocess.STDOUT,
             umask=PRIVATE_UMASK,
         )
-        self.processes[role] = process
-        wait_serving(self.address(role), STARTUP_TIMEOUT_SECONDS, process, log, self.channel_credentials())
+        self.processes[name] = process
+        wait_serving(self.address(name), STARTUP_TIMEOUT_SECONDS, process, log, self.channel_credentials())
 
-    def kill(self, role: str) -> None:
+    def kill(self, name: str) -> None:
         """SIGKILL: no drain, no cleanup (a crash)."""
-        process = self.processes.pop(role)
+        process = self.processes.pop(name)
         process.kill()
         process.wait()
 
-    def terminate(self, role: str, timeout: float = 30.0) -> int:
+    def terminate(self, name: str, timeout: float = 30.0) -> int:
         """SIGTERM: the graceful drain; returns the exit code."""
-        process = self.processes.pop(role)
+        process = self.processes.pop(name)
         process.send_signal(signal.SIGTERM)
         try:
             return process.wait(timeout)
@@ -302,8 +354,9 @@ class LocalStack:
         """Stops every process; then removes the stack's own temporary directory unless `keep_files`
         (a failure: its logs say what happened, and its path is printed)."""
         self._stopping.set()
-        for role in [r for r in ("router", "draft", "target") if r in self.processes]:
-            self.terminate(role)
+        # The router first (it stops sending work), the targets last (the draft reads from them).
+        for name in [n for n in ("router", "draft", *self.target_names) if n in self.processes]:
+            self.terminate(name)
         if "redis" in self.processes:
             self.kill("redis")
         if not self.owns_log_dir or not self.log_dir.exists():

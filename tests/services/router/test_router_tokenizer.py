@@ -52,6 +52,12 @@ def test_model_info_carries_a_chat_template_and_tokenizer(model_info):
     assert model_info.eos_token == "<|im_end|>"
 
 
+def test_model_info_gives_the_prefix_cache_block_before_anything_is_cached(model_info):
+    # A fresh target's cache is empty; the router reads this once, on its first request, to route by
+    # prefix (a 0 here turned prefix routing off for the router's lifetime).
+    assert model_info.prefix_cache_block_tokens == 256
+
+
 @pytest.mark.parametrize("prompt", PROMPTS, ids=range(len(PROMPTS)))
 def test_encode_prompt_equals_the_engine(tokenizer, default_engine, prompt):
     assert tokenizer.encode_prompt(prompt) == default_engine.encode_prompt(prompt)
