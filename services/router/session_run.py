@@ -132,6 +132,7 @@ class SessionRun:
         self.draft: HeldReplica | None = None
         self.verifier: RemoteVerifier | None = None
         self.drafter: RemoteDrafter | None = None
+        self._load_released = False
 
     def run(self) -> None:
         """Until the session finishes, fails or is cancelled; everything it holds is freed."""
@@ -202,19 +203,28 @@ class SessionRun:
             shared=router.suffix_cache_for(record.owner),
         )
 
+    def _release_load(self) -> None:
+        """The run's count on its replicas and among running requests, given back once. Done before the
+        client hears the end (the role's Release calls come after): a request the client sends next is
+        then placed as if this one had finished, which it has, and not sent away from its prefix."""
+        if self._load_released:
+            return
+        self._load_released = True
+        self.router.metrics.running_requests.dec()
+        for replica in (self.target, self.draft):
+            if replica is not None:
+                replica.release()
+
     def _free(self) -> None:
         router = self.router
         router.state.release_lease(self.session_id)
-        router.metrics.running_requests.dec()
+        self._release_load()
         router.metrics.draft_fallbacks.inc(self.counters.draft_fallbacks)
         router.metrics.draft_calls_skipped.inc(self.counters.draft_calls_skipped)
         router.metrics.target_rebuilds.inc(self.counters.target_rebuilds)
         for role in (self.verifier, self.drafter):
             if role is not None:
                 role.release()  # on the replica the role used last
-        for replica in (self.target, self.draft):
-            if replica is not None:
-                replica.release()
 
     @property
     def _capacity(self) -> int:
@@ -355,12 +365,14 @@ class SessionRun:
         shared = router.suffix_cache_for(self.record.owner)
         if shared is not None:  # this tenant's later sessions may draft from what it wrote
             shared.cache.add(shared.tenant, finish.generated)
+        self._release_load()
         self.out.put(Done(finish.reason, stats_to_pb(total, **extra), finish.final_text()))
 
     def _fail(self, error: BaseException) -> None:
         """The error goes to the client's stream; a cancelled session leaves nothing in Redis."""
         if self.cancel.is_set() or isinstance(error, Cancelled):
             self.router.state.delete(self.session_id, tombstone=False)  # this router drove it
+        self._release_load()
         if isinstance(error, SpecserveError):
             self.out.put(error)
             return
