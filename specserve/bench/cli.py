@@ -81,11 +81,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workload",
-        choices=("multi-turn", "doc-qa"),
+        choices=("multi-turn", "doc-qa", "doc-chat"),
         help="requests that share a prefix instead of the method table, timed with the prefix cache off "
         "and on: multi-turn (MT-Bench's two turns, the second carrying the first answer; --prompts for "
-        "another file) or doc-qa (four questions about each ~1,500-token document); --limit N takes N "
-        "conversations or documents",
+        "another file), doc-qa (four questions about each ~1,500-token document) or doc-chat (the same "
+        "questions as one conversation over the document, each turn carrying the earlier answers); "
+        "--limit N takes N conversations or documents",
     )
     p.add_argument(
         "--prefix-cache",
@@ -264,7 +265,7 @@ def _run_session_workload(
     if args.workload == "multi-turn":
         scripts = sessions.multi_turn_scripts(prompts_path, args.limit)
     else:
-        scripts = sessions.doc_qa_scripts(engine.tokenizer, args.limit)
+        scripts = sessions.doc_qa_scripts(engine.tokenizer, args.limit, args.workload == "doc-chat")
     modes = sessions.CACHE_MODES[args.prefix_cache]
     budget = settings.prefix_cache_bytes or DEFAULT_PREFIX_CACHE_BYTES
     results = sessions.run_session_workload(engine, scripts, kept, request, modes, budget, client)

@@ -1,11 +1,14 @@
-"""`specserve bench --workload multi-turn|doc-qa`: requests that share a prefix, timed with the target's
-prefix cache off and on (runtime/prefix_cache.py).
+"""`specserve bench --workload multi-turn|doc-qa|doc-chat`: requests that share a prefix, timed with
+the target's prefix cache off and on (runtime/prefix_cache.py).
 
 - multi-turn: MT-Bench's questions with both turns, as a chat client sends them: the second request
   carries the first question, the model's own first answer and the second question.
 - doc-qa: four questions about each of several ~1,500-token documents, each request the whole document
   then one question, as a RAG application asks. The documents are the grounded workload's texts
   (bench/data/grounded.jsonl: real prose and code), one category each, cut to DOC_TOKENS tokens.
+- doc-chat: the same documents and questions as one conversation each: the first request is the document
+  and the first question, and every later one carries the earlier questions and the model's own answers,
+  as a chat client over an attached document sends them (a second turn after a ~1,500-token first one).
 
 Per request: the time to the first token (TTFT: from the call to the first token emitted, the prefill
 and the first token's choice) and tokens/s (generated tokens over the whole request, prefill included:
@@ -30,7 +33,7 @@ from specserve.errors import InvalidArgument
 from specserve.models.chat import encode_messages
 from specserve.results import FinishReason, GenerationResult, GenerationStats, OnTokens
 
-SESSION_WORKLOADS = ("multi-turn", "doc-qa")
+SESSION_WORKLOADS = ("multi-turn", "doc-qa", "doc-chat")
 DOC_TOKENS = 1500
 DOC_QUESTIONS = (
     "List the Python functions and methods the text above names.",
@@ -46,12 +49,18 @@ Generate = Callable[[list[int], GenerationRequest, OnTokens], GenerationResult]
 
 @dataclass(frozen=True)
 class Script:
-    """One conversation (document None: each turn follows the previous turns and answers) or one
-    document with its questions (each asked after the document, alone)."""
+    """One conversation (document None: each turn follows the previous turns and answers), one document
+    with its questions (each asked after the document, alone), or a conversation over a document
+    (`conversation`: the document opens the first turn, and each turn follows the earlier ones)."""
 
     script_id: str
     turns: tuple[str, ...]
     document: str | None = None
+    conversation: bool = False
+
+    @property
+    def carries_answers(self) -> bool:
+        return self.document is None or self.conversation
 
 
 @dataclass
@@ -74,8 +83,9 @@ def multi_turn_scripts(prompts_path: Any, limit: int | None) -> list[Script]:
     return [Script(str(p.question_id), p.turns) for p in prompts]
 
 
-def doc_qa_scripts(tokenizer: Any, limit: int | None) -> list[Script]:
-    """One document per grounded category: its prompts joined, cut to DOC_TOKENS tokens."""
+def doc_qa_scripts(tokenizer: Any, limit: int | None, conversation: bool = False) -> list[Script]:
+    """One document per grounded category: its prompts joined, cut to DOC_TOKENS tokens; `conversation`:
+    its questions asked as one conversation (doc-chat)."""
     by_category: dict[str, list[str]] = {}
     for line in GROUNDED_PATH.read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -84,7 +94,7 @@ def doc_qa_scripts(tokenizer: Any, limit: int | None) -> list[Script]:
     scripts = []
     for category, texts in list(by_category.items())[:limit]:
         ids = tokenizer.encode("\n\n".join(texts), add_special_tokens=False)[:DOC_TOKENS]
-        scripts.append(Script(category, DOC_QUESTIONS, tokenizer.decode(ids)))
+        scripts.append(Script(category, DOC_QUESTIONS, tokenizer.decode(ids), conversation))
     return scripts
 
 
@@ -94,10 +104,13 @@ def run_script(
     messages: list[dict[str, str]] = []
     results = []
     for index, user in enumerate(script.turns):
-        if script.document is not None:
-            messages = [{"role": "user", "content": f"{script.document}\n\n{user}"}]
+        content = user
+        if script.document is not None and (index == 0 or not script.conversation):
+            content = f"{script.document}\n\n{user}"
+        if script.carries_answers:
+            messages = [*messages, {"role": "user", "content": content}]
         else:
-            messages = [*messages, {"role": "user", "content": user}]
+            messages = [{"role": "user", "content": content}]
         ids = encode_messages(tokenizer, messages, add_generation_prompt=True)
         first: list[float] = []
         start = time.perf_counter()
@@ -122,7 +135,7 @@ def run_script(
                 list(result.token_ids),
             )
         )
-        if script.document is None:
+        if script.carries_answers:
             messages.append({"role": "assistant", "content": result.text})
     return results
 

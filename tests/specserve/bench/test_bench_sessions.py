@@ -81,3 +81,20 @@ def test_a_conversations_second_turn_carries_the_first_answer(tokenizer) -> None
 def test_multi_turn_takes_both_mt_bench_turns() -> None:
     scripts = sessions.multi_turn_scripts(None, limit=3)
     assert len(scripts) == 3 and all(len(s.turns) == 2 and s.document is None for s in scripts)
+
+
+def test_a_conversation_over_a_document_opens_with_it_once_and_carries_every_answer(tokenizer) -> None:
+    [script] = sessions.doc_qa_scripts(tokenizer, limit=1, conversation=True)
+    engine = PrefixEngine(tokenizer)
+    engine.reset_prefix_cache(1 << 20)
+    request = GenerationRequest.build(method="target", max_new_tokens=3)
+    turns = sessions.run_script(engine.generate_ids, tokenizer, script, request)
+    assert [t.turn for t in turns] == list(range(len(sessions.DOC_QUESTIONS)))
+    last = tokenizer.decode(engine.prompts[-1])
+    assert last.count(script.document[:200]) == 1  # the document once, in the first turn
+    assert all(question in last for question in sessions.DOC_QUESTIONS)
+    assert last.count("An answer.") == len(sessions.DOC_QUESTIONS) - 1
+    # each turn extends the previous request, so it reuses every whole block of it
+    for before, after in zip(engine.prompts, engine.prompts[1:], strict=False):
+        assert after[: len(before)] == before
+    assert all(t.cached_tokens >= 5 * BLOCK for t in turns[1:])
