@@ -90,12 +90,14 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> x @ W.T [..., N], in x's dtype."""
-        rows = x.reshape(-1, self.in_features)
-        wide = widen_input(rows.to(self.compute_dtype), self.parts, self.group)
-        y = int4_mm(wide, self.packed, self.scales_zeros)  # [M, N + padding]
-        if self.padding:
-            y = y[:, : self.out_features]
+        y = self.product(x.reshape(-1, self.in_features).to(self.compute_dtype))  # [M, N]
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] in compute dtype -> [M, N] in compute dtype (the kernel's own output, not cast back:
+        the lean forward casts it where it is read, often for free inside the op that reads it)."""
+        y = int4_mm(widen_input(rows, self.parts, self.group), self.packed, self.scales_zeros)
+        return y[:, : self.out_features] if self.padding else y  # [M, N + padding] -> [M, N]
 
     def dense(self) -> torch.Tensor:
         """[N, K] float32: the weight's values as the file defines them (a draft's copy, the tests)."""

@@ -177,3 +177,97 @@ def test_the_cuda_layout_packs_on_the_meta_device():
     assert packed.device.type == "meta" and packed.shape[0] == 64 // 8
     with pytest.raises(ValueError, match="tiles of 32"):
         pack_int4(torch.zeros(64, 40, dtype=torch.uint8, device="meta"), torch.device("meta"))
+
+
+@pytest.mark.parametrize("make", ["llama", "qwen2"])
+def test_the_lean_int4_layer_gives_the_module_paths_logits_bit_for_bit(make):
+    """The as-shipped layer (runtime/decoder.py `_int4_layer`: products called directly, casts folded
+    into the ops that read them) computes the same values as the layer through its modules, on a
+    prefill, a tree and a ragged batch; the Qwen2 model adds q/k/v biases and a tied head."""
+    from tiny_llama import tiny_qwen2
+
+    from specserve.runtime.segment import Segment
+
+    model = tiny_llama(vocab_size=64, hidden=32) if make == "llama" else tiny_qwen2(vocab_size=64, hidden=32)
+    apply_as_shipped(model, quantize_model(model))
+    lean = ModelRunner(model)
+    assert lean.native is not None and lean.native.int4 is not None
+    modules = ModelRunner(model)
+    assert modules.native is not None
+    modules.native.int4 = None  # the generic layer, through each module
+
+    def run(runner: ModelRunner) -> list[torch.Tensor]:
+        prompts = [[3, 17, 5, 9, 41, 2], [8, 1]]
+        caches = [runner.new_cache(64) for _ in prompts]
+        out = [runner.forward(cache, prompt) for cache, prompt in zip(caches, prompts, strict=True)]
+        out.append(runner.forward(caches[0], [7, 11, 13, 2], [-1, 0, 0, 1]))  # a tree
+        caches[0].truncate(len(prompts[0]))
+        tree = Segment(caches[0], [7, 11], torch.tensor([6, 7]), torch.ones(2, 8, dtype=torch.bool).tril(6))
+        single = Segment(caches[1], [40], torch.tensor([2]))
+        return out + runner.forward_batch([tree, single])
+
+    for expected, got in zip(run(modules), run(lean), strict=True):
+        assert torch.equal(expected, got)
+
+
+def test_only_a_model_whose_every_projection_runs_on_codes_takes_the_int4_layer():
+    dense = ModelRunner(tiny_llama(vocab_size=64, hidden=32))
+    assert dense.native is not None and dense.native.int4 is None
+    model = tiny_llama(vocab_size=64, hidden=32)
+    weights = quantize_model(model)
+    weights.pop("model.layers.1.mlp.down_proj.weight")  # one projection stays dense
+    apply_as_shipped(model, weights)
+    partial = ModelRunner(model)
+    assert partial.native is not None and partial.native.int4 is None
+
+
+def test_grouped_query_rows_attend_as_grouped_query_attention(quantized_target):
+    """`_grouped_attention` (each key/value head's query heads as rows of one head) computes
+    grouped-query attention: the same values to float64's last bits, with a tree's mask."""
+    import torch.nn.functional as F
+
+    from specserve.core.tree_mask import tree_attention_mask
+
+    decoder = quantized_target.native
+    assert decoder is not None and decoder.exact_attention
+    n, heads, kv_heads, d = 5, decoder.num_heads, decoder.num_kv_heads, decoder.head_dim
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(n, heads, d, generator=generator)
+    keys, values = (torch.randn(1, kv_heads, 12, d, generator=generator, dtype=torch.float64) for _ in "kv")
+    attend = torch.ones(n, 12, dtype=torch.bool)
+    attend[:, 7:] = tree_attention_mask([-1, 0, 0, 1, 2], attend.device)  # the tree's own nodes
+    mask = decoder._additive_mask(attend[None, None])  # [1, 1, n, 12]
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].double(), keys, values, attn_mask=mask, scale=decoder.scaling, enable_gqa=True
+    )[0].transpose(0, 1)
+    groups = heads // kv_heads
+    got = decoder._grouped_attention(q, keys, values, mask.repeat(1, 1, groups, 1))
+    assert got.shape == (n, heads, d)
+    torch.testing.assert_close(got, expected, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K"])
+def test_a_fused_product_gives_each_projection_its_own_products_columns_bit_for_bit(type_name):
+    """One kernel call over q/k/v (or gate/up) stacked along the outputs computes each output column as
+    that projection's own product does (the kernel's columns are independent), for one-part, two-part
+    and groups-of-16 formats, at 1 to 9 rows."""
+    from specserve.runtime.int4 import Int4Product
+
+    k = 256
+
+    def member(n: int, seed: int) -> QuantizedWeight:
+        if type_name != "Q6_K":
+            return random_weight(type_name, n=n, k=k, seed=seed)
+        rng = np.random.default_rng(seed)  # the gguf package does not write Q6_K: its layout, random
+        codes = rng.integers(0, 16, (2, n, k), dtype=np.uint8)
+        scales = rng.uniform(0.01, 0.02, (2, n, k // 16)).astype(np.float32)
+        zeros = rng.uniform(-0.1, 0.1, scales.shape).astype(np.float32)
+        return QuantizedWeight(codes, scales, zeros, 16, "Q6_K")
+
+    members = [member(n, seed) for seed, n in enumerate((64, 32, 32))]
+    fused = Int4Product(members, [None, None, None], torch.device("cpu"), torch.bfloat16)
+    alone = [Int4Weight(member) for member in members]
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(1))
+    for m in (1, 2, 4, 5, 9):
+        for part, weight in zip(fused.parts(x[:m]), alone, strict=True):
+            assert torch.equal(part, weight.matmul(x[:m])), (type_name, m)
