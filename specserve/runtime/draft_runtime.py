@@ -41,6 +41,7 @@ from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
+from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target_runtime import RoleRuntime, calibration_file, shipped_for
 from specserve.settings import EngineSettings
@@ -56,17 +57,20 @@ DraftT = TypeVar("DraftT", GlideDraft, EagleDraft)
 class DraftRuntime(RoleRuntime):
     """target: what the drafts borrow of the target (the loaded target in process; None = read from its
     checkpoint on first use). verify_points: the target's verify curve (in process, the engine's own;
-    None = only `for_target` gives costs)."""
+    None = only `for_target` gives costs). prefix_cache: where a draft model keeps its own prompt K/V
+    across requests (in process, the engine's prefix cache; None = nowhere)."""
 
     def __init__(
         self,
         settings: EngineSettings | None = None,
         target: Callable[[], nn.Module] | None = None,
         verify_points: Callable[[], VerifyPoints] | None = None,
+        prefix_cache: Callable[[], PrefixCache | None] | None = None,
     ) -> None:
         super().__init__(settings)
         self._target = target
         self._verify_points = verify_points
+        self._prefix_cache = prefix_cache or (lambda: None)
         self._draft_costs: dict[str, DraftCost] = {}
 
     @functools.cached_property
@@ -189,7 +193,8 @@ class DraftRuntime(RoleRuntime):
         trained = self.vanilla_glide_draft
         if trained is not None:
             return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling)
-        return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape)
+        prefix = DraftPrefix.of(self._prefix_cache(), DraftKind.VANILLA.value)
+        return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape, prefix)
 
     # --- the drafts that read the target ------------------------------------------------------------
 

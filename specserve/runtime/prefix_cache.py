@@ -84,6 +84,20 @@ class Lease:
         return torch.cat(features, dim=0)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class DraftPrefix:
+    """Where a draft model keeps its own prompt K/V across requests: blocks of a prefix cache under a
+    namespace of their own (which draft, which tenant), so the target's blocks and another draft's or
+    another tenant's never meet them."""
+
+    cache: PrefixCache
+    namespace: str
+
+    @classmethod
+    def of(cls, cache: PrefixCache | None, draft: str, tenant: str = "") -> DraftPrefix | None:
+        return None if cache is None else cls(cache, repr(("draft", draft, tenant)))
+
+
 class BlockSource(Protocol):
     """Positions [0, length) whose K/V a prefill computed in chunks at absolute multiples of the block."""
 
