@@ -82,8 +82,13 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
             costs=costs_to_pb(self.models.verify_points, self.models.costs_version),
-            prefix_cache_block_tokens=self.store.prefix_cache.block_tokens if self.store.prefix_cache else 0,
+            prefix_cache_block_tokens=self._prefix_cache_block_tokens(),
         )
+
+    def _prefix_cache_block_tokens(self) -> int:
+        """0 only when the cache is off: an empty cache is falsy (its len), and still caches in blocks."""
+        cache = self.store.prefix_cache
+        return 0 if cache is None else cache.block_tokens
 
     def _guide(self, request: target_pb2.PrefillRequest, rebuild: bool) -> Guide | None:
         """The session's guide through its constraint (None: unconstrained). A rebuild replays the tokens

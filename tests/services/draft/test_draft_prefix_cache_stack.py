@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from router_like_session import RouterLikeSession
 
-from specserve.v1 import draft_pb2_grpc, target_pb2_grpc
+from specserve.v1 import draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -50,6 +50,10 @@ def test_a_second_session_starts_from_the_drafts_cache_and_drafts_the_same(chann
             tenant=tenant,
         )
 
+    # Published whether or not the target's cache holds anything yet (the draft's block is the target's)
+    assert (
+        target.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=60).prefix_cache_block_tokens == BLOCK
+    )
     first = open_("dc-first", f"tenant-a-{method}")
     try:
         first_rounds = rounds(first)
