@@ -25,7 +25,7 @@ from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel
 from specserve.runtime.models import ServedModels
-from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.prefix_cache import KnowsPrompt, PrefixCache
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK, LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -133,6 +133,8 @@ class Engine(ServedModels):
             )
             grammar = self.guide(request.constraint, len(prompt_ids))
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
+            if isinstance(drafter, KnowsPrompt):
+                drafter.know_prompt(len(prompt_ids))
             drafter_grammar = self.guide(request.constraint, len(prompt_ids))
             if drafter_grammar is not None and isinstance(drafter, ConstrainedDrafter):
                 drafter.constrain(drafter_grammar)

@@ -193,8 +193,13 @@ class DraftRuntime(RoleRuntime):
         trained = self.vanilla_glide_draft
         if trained is not None:
             return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling)
-        prefix = DraftPrefix.of(self._prefix_cache(), DraftKind.VANILLA.value)
+        prefix = self.draft_prefix(DraftKind.VANILLA.value)
         return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape, prefix)
+
+    def draft_prefix(self, draft: str) -> DraftPrefix | None:
+        """Where `draft` keeps its own prompt K/V across requests: in process the engine's prefix cache
+        (one tenant, the process's user); a draft replica has none to give (no tenant reaches here)."""
+        return DraftPrefix.of(self._prefix_cache(), draft)
 
     # --- the drafts that read the target ------------------------------------------------------------
 

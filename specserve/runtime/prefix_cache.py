@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -96,6 +96,14 @@ class DraftPrefix:
     @classmethod
     def of(cls, cache: PrefixCache | None, draft: str, tenant: str = "") -> DraftPrefix | None:
         return None if cache is None else cls(cache, repr(("draft", draft, tenant)))
+
+
+@runtime_checkable
+class KnowsPrompt(Protocol):
+    """A drafter whose cacheable state covers only the prompt (features the target prefilled): the engine
+    tells it how long the prompt is before the first round."""
+
+    def know_prompt(self, num_tokens: int) -> None: ...
 
 
 class BlockSource(Protocol):

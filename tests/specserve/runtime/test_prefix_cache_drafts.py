@@ -1,5 +1,6 @@
-"""A draft model's own prompt K/V in the prefix cache: a request starts its draft from the cached prefix,
-and its drafts, and the target's acceptance of them, are those of a cold draft.
+"""A draft model's own prompt K/V in the prefix cache (a vanilla draft's, a hidden-state draft's layer): a
+request starts its draft from the cached prefix, and its drafts, and the target's acceptance of them, are
+those of a cold draft.
 
 The draft catches its cache up in chunks at absolute multiples of the block, cache or not, so a cached
 block is exactly what a cold catch-up computes there. The target's cache is on in every run: only the
@@ -13,6 +14,8 @@ import torch
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import RoundOutcome
+from specserve.eagle.drafter import EagleDrafter
+from specserve.eagle.model import build_eagle
 from specserve.runtime.drafter import DraftShape, ModelDrafter, chunk_bounds
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.target import LocalVerifier
@@ -100,3 +103,59 @@ def test_the_catch_up_is_cut_where_a_prefill_cuts():
     assert chunk_bounds(0, 20, CHUNK) == [(0, 8), (8, 16), (16, 20)]
     assert chunk_bounds(16, 21, CHUNK) == [(16, 21)]
     assert chunk_bounds(5, 9, CHUNK) == [(5, 8), (8, 9)]
+
+
+def eagle_generate(
+    target, eagle, cache: PrefixCache, prompt: list[int], draft_cached: bool, told: bool = True
+):
+    """As `generate`, with a hidden-state draft reading the target's cached features."""
+    verifier = LocalVerifier(target, CAPACITY, prefill_chunk=CHUNK, prefix_cache=cache)
+    prefix = DraftPrefix.of(cache if draft_cached else None, "eagle")
+    drafter = EagleDrafter(eagle, verifier.cache, CAPACITY, SHAPE, None, verifier.sampling, prefix, CHUNK)
+    if told:
+        drafter.know_prompt(len(prompt))  # what the engine does
+    rounds: list[tuple[object, tuple[int, ...]]] = []
+    finish = FinishChecker(max_new_tokens=24)
+    speculative_generate(
+        prompt,
+        verifier,
+        drafter,
+        0,
+        finish,
+        on_round=lambda o: rounds.append((o.draft.tree, o.accepted_nodes)),
+    )
+    return list(finish.generated), rounds
+
+
+def tiny_eagle(target):
+    eagle = build_eagle(target.model, seed=0, draft_vocab_size=None)
+    eagle.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    return eagle
+
+
+def test_a_hidden_state_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
+    eagle = tiny_eagle(target)
+    question = [*DOCUMENT, 9, 10, 11]
+    runs = {}
+    for draft_cached in (False, True):
+        cache = PrefixCache(1 << 30, CHUNK)
+        eagle_generate(target, eagle, cache, [*DOCUMENT, 5, 6], draft_cached)
+        hits = cache.stats.hit_tokens
+        runs[draft_cached] = (
+            *eagle_generate(target, eagle, cache, question, draft_cached),
+            cache.stats.hit_tokens - hits,
+        )
+    cold_tokens, cold_rounds, cold_hits = runs[False]
+    warm_tokens, warm_rounds, warm_hits = runs[True]
+    assert warm_tokens == cold_tokens
+    assert warm_rounds == cold_rounds
+    assert any(len(accepted) > 1 for _, accepted in warm_rounds)
+    # Its blocks key the next tokens x[1..]: the document's 36 after x[0] hold four whole blocks.
+    assert warm_hits - cold_hits == 32
+
+
+def test_a_hidden_state_draft_not_told_its_prompt_caches_nothing(target):
+    cache = PrefixCache(1 << 30, CHUNK)
+    eagle_generate(target, tiny_eagle(target), cache, [*DOCUMENT, 5, 6], True, told=False)
+    prompt_blocks = (len(DOCUMENT) + 2) // CHUNK
+    assert len(cache) == prompt_blocks  # the target's blocks only
