@@ -137,7 +137,8 @@ def _glide(
     shape: DraftShape,
     cape: CapeSettings | None,
 ) -> Drafter:
-    return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, cape, sampling)
+    prefix = engine.draft_prefix(DraftKind.GLIDE.value)
+    return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, cape, sampling, prefix)
 
 
 def _eagle(

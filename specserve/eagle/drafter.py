@@ -33,7 +33,7 @@ from specserve.errors import FailedPrecondition
 from specserve.runtime.batching import batched_call, shared_batcher
 from specserve.runtime.drafter import DraftShape, WidthDrafter, chunk_bounds, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
-from specserve.runtime.prefix_cache import DraftPrefix
+from specserve.runtime.prefix_cache import DraftBlocks, DraftPrefix
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
 
 
@@ -112,19 +112,8 @@ class EagleDrafter(WidthDrafter):
         confidence instead (then shape.widths must be empty); prefix: where its own prompt K/V are kept
         across requests (blocks of `prefill_chunk`)."""
         super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
-        if prefix is not None and prefix.cache.block_tokens != prefill_chunk:
-            raise FailedPrecondition(
-                f"the draft's prefix cache blocks ({prefix.cache.block_tokens} tokens) must equal its "
-                f"prefill chunk ({prefill_chunk})"
-            )
-        self.prefix = prefix
-        self.prefill_chunk = prefill_chunk
-        # Positions [0, exact) were encoded by whole chunks from the start over prompt features, or loaded
-        # from the cache: cacheable. A multiple of the chunk.
-        self._exact = 0
-        # Positions whose features the target prefilled (the prompt's): only they are cached. None: not
-        # told (`know_prompt`), so nothing is cached.
-        self._prompt_positions: int | None = None
+        # Cacheable: positions over the prompt's features (`know_prompt`), which the target prefilled.
+        self.blocks = DraftBlocks(prefix, prefill_chunk)
         self.model = model
         self.source = source
         self.reads = TargetReads(hidden_states=True, feature_layers=tuple(model.config.feature_layers))
@@ -167,51 +156,24 @@ class EagleDrafter(WidthDrafter):
         prefix cache."""
         root_position = len(token_ids) - 1
         nexts = token_ids[1:]  # x[t + 1] for t = 0 .. L - 1
-        if not self._cached_ids:
-            self._load_prefix(token_ids)
+        if not self._cached_ids:  # the cached prefix, leaving the root's pair to encode (its output drafts)
+            self._cached_ids = list(
+                nexts[: self.blocks.load(nexts, root_position - 1, self.cache, token_ids[0])]
+            )
         keep = min(common_prefix_length(self._cached_ids, nexts), root_position - 1)
         self.cache.truncate(keep)  # also drops last round's drafted positions
         del self._cached_ids[keep:]
         logits = torch.empty(0)
-        for start, end in chunk_bounds(keep, root_position, self.prefill_chunk):
+        for start, end in chunk_bounds(keep, root_position, self.blocks.chunk):
             logits = self._forward(self.model.lift(features[:, start:end]), nexts[start:end], start)
         self._cached_ids.extend(nexts[keep:])
-        self._offer(token_ids, keep, root_position)
+        # x[0]: the blocks' keys start at x[1]
+        self.blocks.encoded(self._cached_ids, keep, root_position, self.cache, token_ids[0])
         return logits
 
     def know_prompt(self, num_tokens: int) -> None:
         """The request's prompt is its first `num_tokens` tokens (prefix_cache.KnowsPrompt)."""
-        self._prompt_positions = num_tokens
-
-    def _offer(self, token_ids: Sequence[int], keep: int, root_position: int) -> None:
-        """Encoded from where the exact positions end, the whole chunks over prompt features are exact
-        too (later features come from verify forwards: another request's prefill computes other bits)."""
-        chunk = self.prefill_chunk
-        prompt = self._prompt_positions or 0
-        exact = min(root_position, prompt) // chunk * chunk if keep == self._exact else min(self._exact, keep)
-        if self.prefix is not None and exact > self._exact:
-            self.prefix.cache.insert(self._namespace(token_ids), self._cached_ids[:exact], self.cache)
-        self._exact = max(exact, 0)
-
-    def _namespace(self, token_ids: Sequence[int]) -> str:
-        assert self.prefix is not None
-        return repr((self.prefix.namespace, token_ids[0]))  # x[0]: the blocks' keys start at x[1]
-
-    def _load_prefix(self, token_ids: Sequence[int]) -> None:
-        """Into the empty cache: the longest cached prefix over the prompt's features, leaving at least
-        the root's pair to encode (its output drafts)."""
-        if self.prefix is None or self.cache.length:
-            return
-        prompt = self._prompt_positions or 0
-        cache = self.prefix.cache
-        nexts = token_ids[1:]
-        lease = cache.acquire(self._namespace(token_ids), nexts, min(prompt, len(token_ids) - 2))
-        try:
-            loaded = cache.load(lease, self.cache)
-        finally:
-            cache.release(lease)
-        self._cached_ids = list(nexts[:loaded])
-        self._exact = loaded
+        self.blocks.limit = num_tokens
 
     def _forward(self, features: torch.Tensor, token_ids: Sequence[int], start: int) -> torch.Tensor:
         """Appends positions start.. to the draft cache; keeps the last predicted feature; returns the
@@ -225,6 +187,6 @@ class EagleDrafter(WidthDrafter):
         """Ends the request: the cache and the pending round go; the policy's learning stays."""
         self.cache.truncate(0)
         self._cached_ids.clear()
-        self._exact = 0
-        self._prompt_positions = None
+        self.blocks.reset()
+        self.blocks.limit = None
         self._feedback.reset()

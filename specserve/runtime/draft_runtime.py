@@ -191,9 +191,9 @@ class DraftRuntime(RoleRuntime):
         """The vanilla methods' drafter: the trained block without cross-attention (it reads no target
         K/V), else the separate causal-LM draft."""
         trained = self.vanilla_glide_draft
+        prefix = self.draft_prefix(DraftKind.VANILLA.value)  # the one vanilla draft this runtime serves
         if trained is not None:
-            return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling)
-        prefix = self.draft_prefix(DraftKind.VANILLA.value)
+            return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling, prefix)
         return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape, prefix)
 
     def draft_prefix(self, draft: str) -> DraftPrefix | None:

@@ -35,7 +35,7 @@ from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import InvalidArgument
 from specserve.grammar.masks import SpineMasks
 from specserve.runtime.kv_cache import PositionalKVCache
-from specserve.runtime.prefix_cache import DraftPrefix
+from specserve.runtime.prefix_cache import DraftBlocks, DraftPrefix
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.stopper import make_stop_policy
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
@@ -244,19 +244,11 @@ class ModelDrafter(WidthDrafter):
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         super().__init__(shape, cape, sampling, runner.vocab_size)
-        if prefix is not None and prefix.cache.block_tokens != prefill_chunk:
-            raise InvalidArgument(
-                f"the draft's prefix cache blocks ({prefix.cache.block_tokens} tokens) must equal its "
-                f"prefill chunk ({prefill_chunk})"
-            )
         self.runner = runner
         self.cache: PositionalKVCache = runner.new_cache(capacity)
         self._cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
-        self.prefix = prefix
-        self.prefill_chunk = prefill_chunk
-        # Positions [0, exact) were computed by whole chunks at their absolute place (or loaded from the
-        # cache): what a cold prefill computes. A multiple of the chunk.
-        self._exact = 0
+        # Its K/V depend on the tokens alone: every position is cacheable (no limit short of capacity).
+        self.blocks = DraftBlocks(prefix, prefill_chunk, limit=capacity)
 
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
@@ -276,42 +268,22 @@ class ModelDrafter(WidthDrafter):
         return self._grow(token_ids, logits, width_at, advance, generator)
 
     def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """The cache caught up with the committed tokens (from the cached prefix on the first round);
-        whole chunks it computed exactly are offered to the prefix cache. Returns the logits after the
-        root [V]."""
+        """The cache caught up with the committed tokens (from the cached prefix on the first round, never
+        the root, whose logits are computed); whole chunks it computed exactly are cached. Returns the
+        logits after the root [V]."""
         if not self._cached_ids:
-            self._load_prefix(token_ids)
+            self._cached_ids = list(token_ids[: self.blocks.load(token_ids, len(token_ids) - 1, self.cache)])
         keep = common_prefix_length(self._cached_ids, token_ids[:-1])
-        chunk = self.prefill_chunk
-        logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids, chunk)
-        # Fed from where the exact positions end, every whole chunk fed is exact too; fed from elsewhere
-        # (after a rejected spine), the exact positions end where the kept ones do.
-        exact = len(token_ids) // chunk * chunk if keep == self._exact else min(self._exact, keep)
-        if self.prefix is not None and exact > self._exact:
-            self.prefix.cache.insert(self.prefix.namespace, self._cached_ids[:exact], self.cache)
-        self._exact = exact
+        logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids, self.blocks.chunk)
+        self.blocks.encoded(self._cached_ids, keep, len(token_ids), self.cache)
         return logits
-
-    def _load_prefix(self, token_ids: Sequence[int]) -> None:
-        """Into the empty cache: the longest cached prefix of the committed tokens, never the root (its
-        logits are computed)."""
-        if self.prefix is None or self.cache.length:
-            return
-        cache = self.prefix.cache
-        lease = cache.acquire(self.prefix.namespace, token_ids, len(token_ids) - 1)
-        try:
-            loaded = cache.load(lease, self.cache)
-        finally:
-            cache.release(lease)
-        self._cached_ids = list(token_ids[:loaded])
-        self._exact = loaded
 
     def release(self) -> None:
         """Ends the request: the cache and the pending round go; the policy's learning stays with the
         drafter (the engine makes one drafter per request anyway)."""
         self.cache.truncate(0)
         self._cached_ids.clear()
-        self._exact = 0
+        self.blocks.reset()
         self._feedback.reset()
 
 

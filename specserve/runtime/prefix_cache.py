@@ -98,6 +98,64 @@ class DraftPrefix:
         return None if cache is None else cls(cache, repr(("draft", draft, tenant)))
 
 
+@dataclass
+class DraftBlocks:
+    """A drafter's own cache over the committed tokens, as far as it is cacheable, and where it goes.
+
+    A drafter encodes in chunks at absolute multiples of `chunk` (as the target prefills), so positions
+    [0, exact) encoded by whole chunks from the start, or loaded, are what any request with those tokens
+    encodes there, bit for bit. Only positions below `limit` may be cached: a draft reading the target's
+    state reads exact state only over the prompt (later positions come from verify forwards); one reading
+    only tokens has no limit. None: not told, nothing is cached.
+    """
+
+    prefix: DraftPrefix | None
+    chunk: int
+    limit: int | None = None
+    exact: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prefix is not None and self.prefix.cache.block_tokens != self.chunk:
+            raise InvalidArgument(
+                f"a draft's prefix cache blocks ({self.prefix.cache.block_tokens} tokens) must equal its "
+                f"chunk ({self.chunk})"
+            )
+
+    def namespace(self, *scope: object) -> str:
+        assert self.prefix is not None
+        return repr((self.prefix.namespace, *scope)) if scope else self.prefix.namespace
+
+    def load(self, keys: Sequence[int], max_tokens: int, cache: PositionalKVCache, *scope: object) -> int:
+        """Into the empty `cache`: the longest cached prefix of `keys` (each position's key token), at most
+        `max_tokens` positions; returns how many."""
+        if self.prefix is None or cache.length or not self.limit:
+            return 0
+        store = self.prefix.cache
+        lease = store.acquire(self.namespace(*scope), keys, min(max_tokens, self.limit))
+        try:
+            self.exact = store.load(lease, cache)
+        finally:
+            store.release(lease)
+        return self.exact
+
+    def encoded(
+        self, keys: Sequence[int], keep: int, end: int, cache: PositionalKVCache, *scope: object
+    ) -> None:
+        """After positions [keep, end) were encoded in chunks: fed from where the exact positions end, the
+        whole chunks below `limit` are exact too and are cached; fed from elsewhere (after a rejected
+        spine), the exact positions end where the kept ones do."""
+        if keep == self.exact:
+            exact = min(end, self.limit or 0) // self.chunk * self.chunk
+        else:
+            exact = min(self.exact, keep)
+        if self.prefix is not None and exact > self.exact:
+            self.prefix.cache.insert(self.namespace(*scope), keys[:exact], cache)
+        self.exact = exact
+
+    def reset(self) -> None:
+        self.exact = 0
+
+
 @runtime_checkable
 class KnowsPrompt(Protocol):
     """A drafter whose cacheable state covers only the prompt (features the target prefilled): the engine

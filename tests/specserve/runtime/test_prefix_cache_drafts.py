@@ -1,6 +1,6 @@
-"""A draft model's own prompt K/V in the prefix cache (a vanilla draft's, a hidden-state draft's layer): a
-request starts its draft from the cached prefix, and its drafts, and the target's acceptance of them, are
-those of a cold draft.
+"""A draft model's own prompt K/V in the prefix cache (a vanilla draft's, a GliDe draft's, a hidden-state
+draft's layer): a request starts its draft from the cached prefix, and its drafts, and the target's
+acceptance of them, are those of a cold draft.
 
 The draft catches its cache up in chunks at absolute multiples of the block, cache or not, so a cached
 block is exactly what a cold catch-up computes there. The target's cache is on in every run: only the
@@ -16,6 +16,7 @@ from specserve.core.loop import speculative_generate
 from specserve.core.protocols import RoundOutcome
 from specserve.eagle.drafter import EagleDrafter
 from specserve.eagle.model import build_eagle
+from specserve.glide import GlideDrafter, build_glide
 from specserve.runtime.drafter import DraftShape, ModelDrafter, chunk_bounds
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.target import LocalVerifier
@@ -159,3 +160,43 @@ def test_a_hidden_state_draft_not_told_its_prompt_caches_nothing(target):
     eagle_generate(target, tiny_eagle(target), cache, [*DOCUMENT, 5, 6], True, told=False)
     prompt_blocks = (len(DOCUMENT) + 2) // CHUNK
     assert len(cache) == prompt_blocks  # the target's blocks only
+
+
+def glide_generate(target, glide, cache: PrefixCache, prompt: list[int], draft_cached: bool):
+    """As `generate`, with a GliDe draft cross-attending the target's cached K/V."""
+    verifier = LocalVerifier(target, CAPACITY, prefill_chunk=CHUNK, prefix_cache=cache)
+    prefix = DraftPrefix.of(cache if draft_cached else None, "glide")
+    drafter = GlideDrafter(glide, verifier.cache, CAPACITY, SHAPE, None, verifier.sampling, prefix, CHUNK)
+    drafter.know_prompt(len(prompt))
+    rounds: list[tuple[object, tuple[int, ...]]] = []
+    finish = FinishChecker(max_new_tokens=24)
+    speculative_generate(
+        prompt,
+        verifier,
+        drafter,
+        0,
+        finish,
+        on_round=lambda o: rounds.append((o.draft.tree, o.accepted_nodes)),
+    )
+    return list(finish.generated), rounds
+
+
+def test_a_glide_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
+    glide = build_glide(target.model, seed=0)
+    glide.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    question = [*DOCUMENT, 9, 10, 11]
+    runs = {}
+    for draft_cached in (False, True):
+        cache = PrefixCache(1 << 30, CHUNK)
+        glide_generate(target, glide, cache, [*DOCUMENT, 5, 6], draft_cached)
+        hits = cache.stats.hit_tokens
+        runs[draft_cached] = (
+            *glide_generate(target, glide, cache, question, draft_cached),
+            cache.stats.hit_tokens - hits,
+        )
+    cold_tokens, cold_rounds, cold_hits = runs[False]
+    warm_tokens, warm_rounds, warm_hits = runs[True]
+    assert warm_tokens == cold_tokens
+    assert warm_rounds == cold_rounds
+    assert all(tree.num_nodes > 1 for tree, _ in warm_rounds)
+    assert warm_hits - cold_hits == 32
