@@ -187,11 +187,14 @@ class DraftRuntime(RoleRuntime):
         shape: DraftShape,
         cape: CapeSettings | None = None,
         sampling: SamplingParams = GREEDY,
+        cached: bool = True,
     ) -> GlideDrafter | ModelDrafter:
         """The vanilla methods' drafter: the trained block without cross-attention (it reads no target
-        K/V), else the separate causal-LM draft."""
+        K/V), else the separate causal-LM draft. cached: keeps its prompt K/V in the prefix cache, if any
+        (not while its costs are measured: a cached prefix would time less than a step)."""
         trained = self.vanilla_glide_draft
-        prefix = self.draft_prefix(DraftKind.VANILLA.value)  # the one vanilla draft this runtime serves
+        # the one vanilla draft this runtime serves
+        prefix = self.draft_prefix(DraftKind.VANILLA.value) if cached else None
         if trained is not None:
             return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling, prefix)
         return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape, prefix)
@@ -290,7 +293,7 @@ class DraftRuntime(RoleRuntime):
                 self.eagle_draft, state, capacity, DraftShape(depth)
             ),
             DraftKind.VANILLA.value: lambda state, depth: self.vanilla_drafter(
-                state, capacity, DraftShape(depth)
+                state, capacity, DraftShape(depth), cached=False
             ),
         }
         if kind not in makers:
