@@ -15,7 +15,7 @@ from specserve.catalog import HF_PROMPT_LOOKUP_TOKENS, Method
 from specserve.core.finish import FinishChecker
 from specserve.core.grammar import ConstrainedDrafter
 from specserve.core.loop import speculative_generate
-from specserve.core.protocols import RoundOutcome
+from specserve.core.protocols import KnowsPrompt, RoundOutcome
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.errors import InvalidArgument
 from specserve.methods import method_spec
@@ -25,7 +25,7 @@ from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel
 from specserve.runtime.models import ServedModels
-from specserve.runtime.prefix_cache import KnowsPrompt, PrefixCache
+from specserve.runtime.prefix_cache import PrefixCache
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK, LocalVerifier
 from specserve.settings import EngineSettings
 

@@ -172,7 +172,7 @@ class EagleDrafter(WidthDrafter):
         return logits
 
     def know_prompt(self, num_tokens: int) -> None:
-        """The request's prompt is its first `num_tokens` tokens (prefix_cache.KnowsPrompt)."""
+        """The request's prompt is its first `num_tokens` tokens (core/protocols.py, KnowsPrompt)."""
         self.blocks.limit = num_tokens
 
     def _forward(self, features: torch.Tensor, token_ids: Sequence[int], start: int) -> torch.Tensor:

@@ -143,7 +143,7 @@ class GlideDrafter(WidthDrafter):
         return cross_mask_from_lengths(visible, seen), seen  # [n, seen]
 
     def know_prompt(self, num_tokens: int) -> None:
-        """The request's prompt is its first `num_tokens` tokens (prefix_cache.KnowsPrompt)."""
+        """The request's prompt is its first `num_tokens` tokens (core/protocols.py, KnowsPrompt)."""
         self.blocks.limit = num_tokens
 
     def _forward(

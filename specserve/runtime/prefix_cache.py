@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
@@ -154,14 +154,6 @@ class DraftBlocks:
 
     def reset(self) -> None:
         self.exact = 0
-
-
-@runtime_checkable
-class KnowsPrompt(Protocol):
-    """A drafter whose cacheable state covers only the prompt (features the target prefilled): the engine
-    tells it how long the prompt is before the first round."""
-
-    def know_prompt(self, num_tokens: int) -> None: ...
 
 
 class BlockSource(Protocol):
