@@ -33,7 +33,13 @@ from specserve.core.protocols import READS_NOTHING, DraftTree, TargetReads
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.errors import FailedPrecondition
 from specserve.glide.batch import GlideSegment, glide_batcher
-from specserve.glide.model import GlideDraft, TargetKV, cross_mask_from_lengths, trained_cross_lengths
+from specserve.glide.model import (
+    GlideDraft,
+    TargetKV,
+    cross_mask_from_lengths,
+    per_block,
+    trained_cross_lengths,
+)
 from specserve.runtime.batching import batched_call
 from specserve.runtime.drafter import DraftShape, WidthDrafter, chunk_bounds, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
@@ -120,11 +126,11 @@ class GlideDrafter(WidthDrafter):
         self.cache.truncate(keep)  # also drops last round's root and spine tokens
         del self._cached_ids[keep:]
         logits = torch.empty(0)
+        blocks = per_block(target_kv, len(self.model.config.layers_read))  # one target layer each
         for start, end in chunk_bounds(keep, root_position + 1, self.blocks.chunk):
             mask, seen = self._chunk_cross_mask(start, end, root_position)
-            logits = self._forward(
-                token_ids[start:end], start, mask, [(k[:, :, :seen], v[:, :, :seen]) for k, v in target_kv]
-            )
+            read = [(k[:, :, :seen], v[:, :, :seen]) for k, v in blocks]  # [1, Hkv_t, seen, Dt] each
+            logits = self._forward(token_ids[start:end], start, mask, read)
         self._cached_ids.extend(token_ids[keep:root_position])
         self.blocks.encoded(self._cached_ids, keep, root_position, self.cache)
         return logits
