@@ -129,7 +129,7 @@ class GlideDrafter(WidthDrafter):
         blocks = per_block(target_kv, len(self.model.config.layers_read))  # one target layer each
         for start, end in chunk_bounds(keep, root_position + 1, self.blocks.chunk):
             mask, seen = self._chunk_cross_mask(start, end, root_position)
-            read = [(k[:, :, :seen], v[:, :, :seen]) for k, v in blocks]  # [1, Hkv_t, seen, Dt] each
+            read = [_first_positions(k, v, seen) for k, v in blocks]  # [1, Hkv_t, seen, Dt] each
             logits = self._forward(token_ids[start:end], start, mask, read)
         self._cached_ids.extend(token_ids[keep:root_position])
         self.blocks.encoded(self._cached_ids, keep, root_position, self.cache)
@@ -171,3 +171,10 @@ class GlideDrafter(WidthDrafter):
         self.blocks.reset()
         self.blocks.limit = None
         self._feedback.reset()
+
+
+def _first_positions(keys: torch.Tensor, values: torch.Tensor, n: int) -> TargetKV:
+    """Views of the first n positions (the tensors themselves when that is all of them: not even an alias)."""
+    if n == keys.shape[2]:
+        return keys, values
+    return keys[:, :, :n], values[:, :, :n]
