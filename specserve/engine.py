@@ -15,7 +15,7 @@ from specserve.catalog import HF_PROMPT_LOOKUP_TOKENS, Method
 from specserve.core.finish import FinishChecker
 from specserve.core.grammar import ConstrainedDrafter
 from specserve.core.loop import speculative_generate
-from specserve.core.protocols import RoundOutcome
+from specserve.core.protocols import KnowsPrompt, RoundOutcome
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.errors import InvalidArgument
 from specserve.methods import method_spec
@@ -133,6 +133,8 @@ class Engine(ServedModels):
             )
             grammar = self.guide(request.constraint, len(prompt_ids))
             drafter = spec.make_drafter(self, capacity, verifier.cache, request.sampling)
+            if isinstance(drafter, KnowsPrompt):
+                drafter.know_prompt(len(prompt_ids))
             drafter_grammar = self.guide(request.constraint, len(prompt_ids))
             if drafter_grammar is not None and isinstance(drafter, ConstrainedDrafter):
                 drafter.constrain(drafter_grammar)

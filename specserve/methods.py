@@ -23,6 +23,7 @@ from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stop_names import StopPolicyName
 from specserve.core.stopping import StopSettings
 from specserve.core.suffix_drafter import suffix_drafter
+from specserve.drafts import DraftKind
 from specserve.eagle.drafter import EagleDrafter, HiddenStateSource
 from specserve.eagle.model import EagleDraft
 from specserve.glide.drafter import GlideDrafter, TargetKVSource
@@ -30,6 +31,7 @@ from specserve.glide.model import GlideDraft
 from specserve.method_axes import Draft, MethodAxes, Tree
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
+from specserve.runtime.prefix_cache import DraftPrefix
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.stopper import shipped_decision_model
 from specserve.settings import EngineSettings
@@ -59,6 +61,10 @@ class DraftSources(Protocol):
 
     @property
     def eagle_draft(self) -> EagleDraft: ...
+
+    def draft_prefix(self, draft: str) -> DraftPrefix | None:
+        """Where `draft` keeps its own prompt K/V across requests (None: nowhere)."""
+        ...
 
     def cost_model_for(self, kind: str | None) -> CostModel:
         """The serving target's verify curve with `kind`'s draft step on the draft's host (None: no draft
@@ -131,7 +137,8 @@ def _glide(
     shape: DraftShape,
     cape: CapeSettings | None,
 ) -> Drafter:
-    return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, cape, sampling)
+    prefix = engine.draft_prefix(DraftKind.GLIDE.value)
+    return GlideDrafter(engine.glide_draft, target_kv, capacity, shape, cape, sampling, prefix)
 
 
 def _eagle(
@@ -142,7 +149,8 @@ def _eagle(
     shape: DraftShape,
     cape: CapeSettings | None,
 ) -> Drafter:
-    return EagleDrafter(engine.eagle_draft, target_kv, capacity, shape, cape, sampling)
+    prefix = engine.draft_prefix(DraftKind.EAGLE.value)
+    return EagleDrafter(engine.eagle_draft, target_kv, capacity, shape, cape, sampling, prefix)
 
 
 SPINE_DRAFTERS: dict[Draft, SpineFactory] = {

@@ -89,6 +89,46 @@ class KVMirror:
             self.received_bytes += chunk_payload_bytes(chunk)
             self.changed.notify_all()
 
+    def load_prefix(self, kv: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Positions [0, n) from the draft's prefix cache (services/draft/prefix.py), into an empty mirror
+        before its first subscription, which then asks the feed for what follows them.
+        kv: [len(layers), 2, H, n, D], keys then values of `layers` in order; hidden: [n, hidden] or None."""
+        if self.length:
+            raise FailedPrecondition("a cached prefix loads only into an empty mirror")
+        n = kv.shape[3] if self.layers else (0 if hidden is None else hidden.shape[0])
+        for index, layer in enumerate(self.layers):
+            _, _, heads, _, dim = kv.shape
+            kv_shape = (1, heads, self.capacity, dim)
+            self._keys[layer] = torch.zeros(kv_shape, dtype=kv.dtype, device=self.device)
+            self._values[layer] = torch.zeros(kv_shape, dtype=kv.dtype, device=self.device)
+            self._keys[layer][0, :, :n] = kv[index, 0]
+            self._values[layer][0, :, :n] = kv[index, 1]
+        if hidden is not None:
+            hidden_shape = (1, self.capacity, hidden.shape[1])
+            self._hidden = torch.zeros(hidden_shape, dtype=hidden.dtype, device=self.device)
+            self._hidden[0, :n] = hidden
+        with self.changed:
+            self.length = n
+            self.changed.notify_all()
+
+    def kv_block(self, start: int, end: int) -> torch.Tensor:
+        """[len(layers), 2, H, end - start, D]: the mirrored K/V of positions [start, end), copied (the
+        prefix cache's BlockSource); no layers (a hidden-state draft's mirror): an empty tensor."""
+        if not self.layers:
+            return torch.zeros((0, 2, 0, end - start, 0), device=self.device)
+        return torch.stack(
+            [
+                torch.stack((self._keys[layer][0, :, start:end], self._values[layer][0, :, start:end]))
+                for layer in self.layers
+            ]
+        )
+
+    def feature_block(self, start: int, end: int) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+        """([end - start, hidden] copied, ()) when the mirror keeps hidden states, else None."""
+        if not self.wants_hidden_states or self._hidden is None:
+            return None
+        return self._hidden[0, start:end].clone(), ()
+
     def wait_for(self, positions: int, timeout: float) -> float:
         """Blocks until `positions` are mirrored; returns the seconds waited (Unavailable after timeout)."""
         start = time.perf_counter()

@@ -29,6 +29,7 @@ import grpc
 import torch
 
 from services.draft.mirror import FeedSubscriber, KVMirror
+from services.draft.prefix import MirrorPrefixCache, MirrorScope, PendingPrompt
 from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
 from specserve.core.grammar import ConstrainedDrafter
@@ -74,6 +75,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.model.scheduler.load_hint = self.recent.count
         self.store = DraftSessionStore(settings.max_sessions, run=self.model.run)
         self.priors = AcceptancePriors()  # where new sessions' cost policies start (priors.py)
+        self.prefix = MirrorPrefixCache(settings.prefix_cache_bytes)  # mirrored prompt blocks (prefix.py)
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self.target_costs = PublishedCosts(
@@ -146,6 +148,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             )
         ahead = request.HasField("request_seed") and self.settings.prepare_ahead and subscriber is not None
         request_seed = request.request_seed if ahead else None
+        # The cached prefix is in the mirror before the feed starts, which then sends what follows it.
+        cached, prompt_blocks = 0, None
+        if subscriber is not None:
+            cached, prompt_blocks = self._load_prefix(request, mirror)
         # A session preparing ahead builds from the feed's chunks, so it follows the feed from the start;
         # any other follows it from its first round that drafts.
         self.store.put(
@@ -157,12 +163,29 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 mirror,
                 subscriber,
                 request_seed,
+                prompt_blocks,
             )
         )
         if subscriber is not None:
             subscriber.start(follow=request_seed is not None)
         self.metrics.sessions.set(len(self.store))
-        return draft_pb2.DraftPrefillResponse()
+        return draft_pb2.DraftPrefillResponse(cached_tokens=cached)
+
+    def _load_prefix(
+        self, request: draft_pb2.DraftPrefillRequest, mirror: KVMirror
+    ) -> tuple[int, PendingPrompt | None]:
+        """The session's longest cached prefix, loaded into its mirror on the model thread (where the mirror's
+        tensors are written); how many positions, and the prompt blocks to insert once mirrored."""
+        if self.prefix.budget_bytes == 0:
+            return 0, None
+        block_tokens = self.target_costs.block_tokens(request.target_address)
+        scope = MirrorScope.of(request.tenant, request.target_address, mirror)
+        cached, pending = self.model.run(
+            self.prefix.load, block_tokens, scope, mirror, request.token_ids, request.num_prompt_tokens
+        )
+        prompt_tokens = min(request.num_prompt_tokens, len(request.token_ids) - 1)
+        self.metrics.observe_prefill(max(0, prompt_tokens), cached)
+        return cached, pending
 
     def Propose(
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
@@ -262,10 +285,24 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def _on_chunk(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
         """On the session's feed thread, after the chunk is in the mirror."""
         self._observe_chunk(chunk)
+        self._cache_prompt(session_id)
         try:
             self._prepare(session_id, chunk)
         except Exception:  # a failed preparation costs only time: Propose builds the tree itself
             logger.warning("preparing the next proposal of %s failed", session_id, exc_info=True)
+
+    def _cache_prompt(self, session_id: str) -> None:
+        """Inserts the session's prompt blocks once the mirror holds them (positions a later chunk never
+        rewrites, so no other thread writes what this copies)."""
+        session = self.store.peek(session_id)
+        pending = None if session is None else session.prompt_blocks
+        if session is None or pending is None or pending.done:
+            return
+        try:
+            MirrorPrefixCache.offer(pending, session.mirror)
+        except Exception:  # a block not cached costs only a later session's feed
+            logger.warning("caching the prompt of %s failed", session_id, exc_info=True)
+        self.metrics.prefix_cache_bytes.set(pending.cache.used_bytes)
 
     def _prepare(self, session_id: str, chunk: target_pb2.KVChunk) -> None:
         """Builds the next round's tree from a chunk that completes a commit (see the module doc)."""

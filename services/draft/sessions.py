@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from services.draft.mirror import FeedSubscriber, KVMirror
+from services.draft.prefix import PendingPrompt
 from specserve.core.protocols import Drafter, DraftTree, RoundOutcome
 from specserve.core.tree import tree_depths
 from specserve.errors import NotFound
@@ -44,6 +45,8 @@ class DraftSession:
     # The request seed (Prefill), from which each round's draft seed derives (core/rng.py,
     # draft_round_seed); None = never prepare proposals ahead.
     request_seed: int | None = None
+    # The prompt's blocks the draft's prefix cache takes once mirrored (None: it keeps none of them)
+    prompt_blocks: PendingPrompt | None = None
     # Written and read on the model thread only:
     proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
     last_draft: DraftTree | None = None  # that tree, until the drafter has observed its round

@@ -261,10 +261,12 @@ class RemoteDrafter:
         request_seed: int | None = None,  # lets the draft prepare each round's tree ahead (core/rng.py)
         round_trips: RoundTripMean | None = None,  # the router's, shared by its sessions
         constraint: Constraint | None = None,
-        num_prompt_tokens: int = 0,  # where the constrained text starts
+        num_prompt_tokens: int = 0,  # where the constrained text starts, and the prompt's K/V end
+        tenant: str = "",  # the session owner's principal: whose cached prefixes the draft may use
     ) -> None:
         self.session_id = session_id
         self.method = method
+        self.tenant = tenant
         self.constraint = constraint_to_pb(constraint)  # sent with Prefill: the draft masks its own drafts
         self.num_prompt_tokens = num_prompt_tokens
         self.reads = READS_NOTHING  # the draft service reads the target's state, not the router
@@ -334,6 +336,7 @@ class RemoteDrafter:
                     request_seed=self.request_seed,
                     constraint=self.constraint,
                     num_prompt_tokens=self.num_prompt_tokens,
+                    tenant=self.tenant,
                 )
                 self.stub.Prefill(prefill, timeout=self.timeout_s)
                 self.counters.rpc_bytes += prefill.ByteSize()

@@ -266,6 +266,7 @@ class SessionRun:
             round_trips=router.draft_round_trips,
             constraint=request.constraint,
             num_prompt_tokens=len(self.record.prompt_ids),
+            tenant=self.record.owner,
         )
 
     def _target_load(self, verifier: RemoteVerifier) -> int:

@@ -186,6 +186,15 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class KnowsPrompt(Protocol):
+    """A drafter whose state is cacheable across requests only over the prompt (it reads the target's
+    state, exact only there: runtime/prefix_cache.py, DraftBlocks); told the prompt's length before its
+    first round."""
+
+    def know_prompt(self, num_tokens: int) -> None: ...
+
+
+@runtime_checkable
 class RoundOpeningDrafter(Drafter, Protocol):
     """A drafter that can size a round before drafting it (runtime/drafter.py, PolicyDrafter)."""
 

@@ -41,6 +41,7 @@ from specserve.core.protocols import (
     CandidateKind,
     Drafter,
     DraftTree,
+    KnowsPrompt,
     RoundOpeningDrafter,
     RoundOutcome,
     TargetReads,
@@ -229,6 +230,11 @@ class SuffixDrafter:
         loop like any fixed candidates)."""
         if isinstance(self.inner, ConstrainedDrafter):
             self.inner.constrain(grammar)
+
+    def know_prompt(self, num_tokens: int) -> None:
+        """KnowsPrompt: the model drafter caches its state over the prompt."""
+        if isinstance(self.inner, KnowsPrompt):
+            self.inner.know_prompt(num_tokens)
 
     def release(self) -> None:
         if self.inner is not None:

@@ -8,6 +8,13 @@ Per round (root = the newest committed token x[L]; the target holds features h[0
    at the position before it (what training's unrolled steps taught it). The stop policy and CaPE widths
    work as for GliDe (specserve/glide/drafter.py); only the spine carries on, leaves stay leaves.
 Drafted positions are dropped next round, which re-encodes from the target's features.
+
+The sync encodes in chunks at absolute multiples of `prefill_chunk`, as the target prefills, so positions
+encoded by whole chunks from the start over prompt features (which the target computed by prefill
+chunks) are what any request with those tokens encodes there, bit for bit. With a `prefix`, they are
+kept across requests, and a request starts from the longest cached prefix: its drafts are the cold ones.
+Position t's K/V depend on x[0..t + 1] (h[t] on x[0..t], and x[t + 1] itself): blocks are keyed by the
+next tokens x[1..] under a namespace holding x[0].
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.eagle.model import EagleDraft
 from specserve.errors import FailedPrecondition
 from specserve.runtime.batching import batched_call, shared_batcher
-from specserve.runtime.drafter import DraftShape, WidthDrafter, common_prefix_length, spine_cap
+from specserve.runtime.drafter import DraftShape, WidthDrafter, chunk_bounds, common_prefix_length, spine_cap
 from specserve.runtime.kv_cache import PositionalKVCache
+from specserve.runtime.prefix_cache import DraftBlocks, DraftPrefix
+from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
 
 
 class HiddenStateSource(Protocol):
@@ -96,10 +105,15 @@ class EagleDrafter(WidthDrafter):
         shape: DraftShape | None = None,
         cape: CapeSettings | None = None,
         sampling: SamplingParams = GREEDY,
+        prefix: DraftPrefix | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         """shape: depth, and fixed widths for non-CaPE trees (default: a chain of 4); cape: widths by
-        confidence instead (then shape.widths must be empty)."""
+        confidence instead (then shape.widths must be empty); prefix: where its own prompt K/V are kept
+        across requests (blocks of `prefill_chunk`)."""
         super().__init__(shape or DraftShape(depth=4), cape, sampling, model.config.head_vocab_size)
+        # Cacheable: positions over the prompt's features (`know_prompt`), which the target prefilled.
+        self.blocks = DraftBlocks(prefix, prefill_chunk)
         self.model = model
         self.source = source
         self.reads = TargetReads(hidden_states=True, feature_layers=tuple(model.config.feature_layers))
@@ -137,15 +151,29 @@ class EagleDrafter(WidthDrafter):
         return self._grow(token_ids, logits, width_at, advance, generator)
 
     def _sync(self, token_ids: Sequence[int], features: torch.Tensor) -> torch.Tensor:
-        """Encodes the committed positions the cache lacks (always the root's pair, t = L - 1)."""
+        """Encodes the committed positions the cache lacks (always the root's pair, t = L - 1), in chunks
+        at absolute multiples of the prefill chunk; whole chunks over prompt features are offered to the
+        prefix cache."""
         root_position = len(token_ids) - 1
         nexts = token_ids[1:]  # x[t + 1] for t = 0 .. L - 1
+        if not self._cached_ids:  # the cached prefix, leaving the root's pair to encode (its output drafts)
+            self._cached_ids = list(
+                nexts[: self.blocks.load(nexts, root_position - 1, self.cache, token_ids[0])]
+            )
         keep = min(common_prefix_length(self._cached_ids, nexts), root_position - 1)
         self.cache.truncate(keep)  # also drops last round's drafted positions
         del self._cached_ids[keep:]
-        logits = self._forward(self.model.lift(features[:, keep:root_position]), nexts[keep:], keep)
+        logits = torch.empty(0)
+        for start, end in chunk_bounds(keep, root_position, self.blocks.chunk):
+            logits = self._forward(self.model.lift(features[:, start:end]), nexts[start:end], start)
         self._cached_ids.extend(nexts[keep:])
+        # x[0]: the blocks' keys start at x[1]
+        self.blocks.encoded(self._cached_ids, keep, root_position, self.cache, token_ids[0])
         return logits
+
+    def know_prompt(self, num_tokens: int) -> None:
+        """The request's prompt is its first `num_tokens` tokens (core/protocols.py, KnowsPrompt)."""
+        self.blocks.limit = num_tokens
 
     def _forward(self, features: torch.Tensor, token_ids: Sequence[int], start: int) -> torch.Tensor:
         """Appends positions start.. to the draft cache; keeps the last predicted feature; returns the
@@ -159,4 +187,6 @@ class EagleDrafter(WidthDrafter):
         """Ends the request: the cache and the pending round go; the policy's learning stays."""
         self.cache.truncate(0)
         self._cached_ids.clear()
+        self.blocks.reset()
+        self.blocks.limit = None
         self._feedback.reset()

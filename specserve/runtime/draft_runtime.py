@@ -41,6 +41,7 @@ from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
+from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target_runtime import RoleRuntime, calibration_file, shipped_for
 from specserve.settings import EngineSettings
@@ -56,17 +57,20 @@ DraftT = TypeVar("DraftT", GlideDraft, EagleDraft)
 class DraftRuntime(RoleRuntime):
     """target: what the drafts borrow of the target (the loaded target in process; None = read from its
     checkpoint on first use). verify_points: the target's verify curve (in process, the engine's own;
-    None = only `for_target` gives costs)."""
+    None = only `for_target` gives costs). prefix_cache: where a draft model keeps its own prompt K/V
+    across requests (in process, the engine's prefix cache; None = nowhere)."""
 
     def __init__(
         self,
         settings: EngineSettings | None = None,
         target: Callable[[], nn.Module] | None = None,
         verify_points: Callable[[], VerifyPoints] | None = None,
+        prefix_cache: Callable[[], PrefixCache | None] | None = None,
     ) -> None:
         super().__init__(settings)
         self._target = target
         self._verify_points = verify_points
+        self._prefix_cache = prefix_cache or (lambda: None)
         self._draft_costs: dict[str, DraftCost] = {}
 
     @functools.cached_property
@@ -183,13 +187,22 @@ class DraftRuntime(RoleRuntime):
         shape: DraftShape,
         cape: CapeSettings | None = None,
         sampling: SamplingParams = GREEDY,
+        cached: bool = True,
     ) -> GlideDrafter | ModelDrafter:
         """The vanilla methods' drafter: the trained block without cross-attention (it reads no target
-        K/V), else the separate causal-LM draft."""
+        K/V), else the separate causal-LM draft. cached: keeps its prompt K/V in the prefix cache, if any
+        (not while its costs are measured: a cached prefix would time less than a step)."""
         trained = self.vanilla_glide_draft
+        # the one vanilla draft this runtime serves
+        prefix = self.draft_prefix(DraftKind.VANILLA.value) if cached else None
         if trained is not None:
-            return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling)
-        return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape)
+            return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling, prefix)
+        return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape, prefix)
+
+    def draft_prefix(self, draft: str) -> DraftPrefix | None:
+        """Where `draft` keeps its own prompt K/V across requests: in process the engine's prefix cache
+        (one tenant, the process's user); a draft replica has none to give (no tenant reaches here)."""
+        return DraftPrefix.of(self._prefix_cache(), draft)
 
     # --- the drafts that read the target ------------------------------------------------------------
 
@@ -280,7 +293,7 @@ class DraftRuntime(RoleRuntime):
                 self.eagle_draft, state, capacity, DraftShape(depth)
             ),
             DraftKind.VANILLA.value: lambda state, depth: self.vanilla_drafter(
-                state, capacity, DraftShape(depth)
+                state, capacity, DraftShape(depth), cached=False
             ),
         }
         if kind not in makers:

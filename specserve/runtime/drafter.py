@@ -10,6 +10,7 @@ The session's sampling parameters are given at construction; a round passes its 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -34,8 +35,10 @@ from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import InvalidArgument
 from specserve.grammar.masks import SpineMasks
 from specserve.runtime.kv_cache import PositionalKVCache
+from specserve.runtime.prefix_cache import DraftBlocks, DraftPrefix
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.stopper import make_stop_policy
+from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,13 @@ class WidthDrafter(SpineDrafter):
 
 class ModelDrafter(WidthDrafter):
     """A separate causal LM (a smaller sibling of the target) drafting a spine with fixed widths, or
-    CaPE's widths by its confidence."""
+    CaPE's widths by its confidence.
+
+    It catches its cache up in chunks at absolute multiples of `prefill_chunk`, as the target prefills,
+    so the K/V of a whole chunk fed from where the exact positions end are what any prefill of those
+    tokens computes, bit for bit (runtime/prefix_cache.py). With a `prefix`, a request starts from the
+    longest such prefix an earlier one cached, and caches its own: its drafts are the cold ones.
+    """
 
     def __init__(
         self,
@@ -231,11 +240,15 @@ class ModelDrafter(WidthDrafter):
         shape: DraftShape,
         sampling: SamplingParams = GREEDY,
         cape: CapeSettings | None = None,
+        prefix: DraftPrefix | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         super().__init__(shape, cape, sampling, runner.vocab_size)
         self.runner = runner
         self.cache: PositionalKVCache = runner.new_cache(capacity)
         self._cached_ids: list[int] = []  # tokens whose KV the draft cache holds, in order
+        # Its K/V depend on the tokens alone: every position is cacheable (no limit short of capacity).
+        self.blocks = DraftBlocks(prefix, prefill_chunk, limit=capacity)
 
     def _draft(self, token_ids: Sequence[int], generator: torch.Generator) -> DraftTree:
         max_depth = spine_cap(self.shape.depth, self.stop_policy)  # the cap grow_spine_tree applies
@@ -243,7 +256,7 @@ class ModelDrafter(WidthDrafter):
             # Nothing is worth drafting (the batch-aware cost policy under load): no draft forward; the
             # cache catches up on the next round that drafts.
             return DraftTree.root_only(token_ids[-1])
-        logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids)  # [V] after the root
+        logits = self._sync(token_ids)  # [V] after the root
 
         def advance(spine_token: int, depth_index: int) -> torch.Tensor:
             self._cached_ids.append(spine_token)
@@ -254,25 +267,51 @@ class ModelDrafter(WidthDrafter):
 
         return self._grow(token_ids, logits, width_at, advance, generator)
 
+    def _sync(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The cache caught up with the committed tokens (from the cached prefix on the first round, never
+        the root, whose logits are computed); whole chunks it computed exactly are cached. Returns the
+        logits after the root [V]."""
+        if not self._cached_ids:
+            self._cached_ids = list(token_ids[: self.blocks.load(token_ids, len(token_ids) - 1, self.cache)])
+        keep = common_prefix_length(self._cached_ids, token_ids[:-1])
+        logits = sync_draft_cache(self.runner, self.cache, self._cached_ids, token_ids, self.blocks.chunk)
+        self.blocks.encoded(self._cached_ids, keep, len(token_ids), self.cache)
+        return logits
+
     def release(self) -> None:
         """Ends the request: the cache and the pending round go; the policy's learning stays with the
         drafter (the engine makes one drafter per request anyway)."""
         self.cache.truncate(0)
         self._cached_ids.clear()
+        self.blocks.reset()
         self._feedback.reset()
 
 
 def sync_draft_cache(
-    runner: ModelRunner, cache: PositionalKVCache, cached_ids: list[int], token_ids: Sequence[int]
+    runner: ModelRunner,
+    cache: PositionalKVCache,
+    cached_ids: list[int],
+    token_ids: Sequence[int],
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """A causal draft's cache for a round: keeps the KV that still matches the committed tokens (never
-    the root), feeds the rest with the root; `cached_ids` follows. Returns the logits after the root [V]."""
+    the root), feeds the rest with the root, in one forward or (`chunk`) cut at absolute multiples of it;
+    `cached_ids` follows. Returns the logits after the root [V]."""
     keep = common_prefix_length(cached_ids, token_ids[:-1])
     cache.truncate(keep)
     del cached_ids[keep:]
-    feed = list(token_ids[keep:])
-    cached_ids.extend(feed)
-    return runner.forward(cache, feed, last_only=True)
+    cached_ids.extend(token_ids[keep:])
+    bounds = [(keep, len(token_ids))] if chunk is None else chunk_bounds(keep, len(token_ids), chunk)
+    logits = torch.empty(0)
+    for start, end in bounds:  # the last chunk holds the root
+        logits = runner.forward(cache, list(token_ids[start:end]), last_only=True)
+    return logits
+
+
+def chunk_bounds(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) cut where absolute multiples of `chunk` fall, as a prefill cuts a prompt."""
+    cuts = [start, *range((start // chunk + 1) * chunk, end, chunk), end]
+    return list(itertools.pairwise(cuts))
 
 
 def spine_cap(depth: int, stop: StopPolicy | None) -> int:

@@ -24,7 +24,13 @@ CALIBRATED_DRAFTS = (GLIDE_DRAFT, DraftKind.EAGLE.value, DraftKind.VANILLA.value
 class ServedModels(TargetRuntime):
     def __init__(self, settings: EngineSettings | None = None) -> None:
         super().__init__(settings)
-        self.drafts = DraftRuntime(self.settings, lambda: self.target_model, lambda: self.verify_points)
+        # The drafts keep their own prompt K/V in the engine's prefix cache, when it has one (Engine).
+        self.drafts = DraftRuntime(
+            self.settings,
+            lambda: self.target_model,
+            lambda: self.verify_points,
+            lambda: getattr(self, "prefix_cache", None),
+        )
 
     def __getattr__(self, name: str) -> Any:
         """The drafts, as the method factories read them (specserve.methods.DraftSources): the draft

@@ -18,6 +18,10 @@ Memory: the cache holds at most `budget_bytes` of block tensors; an insert past 
 recently used blocks that no session is loading and that no cached block extends (a chain loses its
 tail first). A lookup pins its blocks until they are copied into the session's own cache (`Lease`), so
 an eviction never counts as freed what a loading session still reads.
+
+What a block holds comes from a `BlockSource`: a session's own cache (`SessionBlocks`), or any other copy
+of positions a prefill computed in whole chunks (the draft service's mirror of the target's K/V), which
+reads a lease back with `Lease.kv` and `Lease.features`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -66,6 +71,129 @@ class Lease:
     @property
     def num_tokens(self) -> int:
         return len(self.blocks) * self.block_tokens
+
+    def kv(self) -> torch.Tensor:
+        """[L, 2, H_kv, n, D]: the leased positions' K/V, keys then values (a new tensor)."""
+        return torch.cat([block.kv for block in self.blocks], dim=3)
+
+    def features(self) -> torch.Tensor | None:
+        """[n, F]: the leased positions' features (a new tensor); None when the blocks keep none."""
+        features = [block.features for block in self.blocks]
+        if not features or any(f is None for f in features):
+            return None
+        return torch.cat(features, dim=0)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class DraftPrefix:
+    """Where a draft model keeps its own prompt K/V across requests: blocks of a prefix cache under a
+    namespace of their own (which draft, which tenant), so the target's blocks and another draft's or
+    another tenant's never meet them."""
+
+    cache: PrefixCache
+    namespace: str
+
+    @classmethod
+    def of(cls, cache: PrefixCache | None, draft: str, tenant: str = "") -> DraftPrefix | None:
+        return None if cache is None else cls(cache, repr(("draft", draft, tenant)))
+
+
+@dataclass
+class DraftBlocks:
+    """A drafter's own cache over the committed tokens, as far as it is cacheable, and where it goes.
+
+    A drafter encodes in chunks at absolute multiples of `chunk` (as the target prefills), so positions
+    [0, exact) encoded by whole chunks from the start, or loaded, are what any request with those tokens
+    encodes there, bit for bit. Only positions below `limit` may be cached: a draft reading the target's
+    state reads exact state only over the prompt (later positions come from verify forwards); one reading
+    only tokens has no limit. None: not told, nothing is cached.
+    """
+
+    prefix: DraftPrefix | None
+    chunk: int
+    limit: int | None = None
+    exact: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prefix is not None and self.prefix.cache.block_tokens != self.chunk:
+            raise InvalidArgument(
+                f"a draft's prefix cache blocks ({self.prefix.cache.block_tokens} tokens) must equal its "
+                f"chunk ({self.chunk})"
+            )
+
+    def namespace(self, *scope: object) -> str:
+        assert self.prefix is not None
+        return repr((self.prefix.namespace, *scope)) if scope else self.prefix.namespace
+
+    def load(self, keys: Sequence[int], max_tokens: int, cache: PositionalKVCache, *scope: object) -> int:
+        """Into the empty `cache`: the longest cached prefix of `keys` (each position's key token), at most
+        `max_tokens` positions; returns how many."""
+        if self.prefix is None or cache.length or not self.limit:
+            return 0
+        store = self.prefix.cache
+        lease = store.acquire(self.namespace(*scope), keys, min(max_tokens, self.limit))
+        try:
+            self.exact = store.load(lease, cache)
+        finally:
+            store.release(lease)
+        return self.exact
+
+    def encoded(
+        self, keys: Sequence[int], keep: int, end: int, cache: PositionalKVCache, *scope: object
+    ) -> None:
+        """After positions [keep, end) were encoded in chunks: fed from where the exact positions end, the
+        whole chunks below `limit` are exact too and are cached; fed from elsewhere (after a rejected
+        spine), the exact positions end where the kept ones do."""
+        if keep == self.exact:
+            exact = min(end, self.limit or 0) // self.chunk * self.chunk
+        else:
+            exact = min(self.exact, keep)
+        if self.prefix is not None and exact > self.exact:
+            self.prefix.cache.insert(self.namespace(*scope), keys[:exact], cache)
+        self.exact = exact
+
+    def reset(self) -> None:
+        self.exact = 0
+
+
+class BlockSource(Protocol):
+    """Positions [0, length) whose K/V a prefill computed in chunks at absolute multiples of the block."""
+
+    @property
+    def length(self) -> int: ...
+
+    def kv_block(self, start: int, end: int) -> torch.Tensor:
+        """[L, 2, H_kv, end - start, D]: positions [start, end), keys then values, copied."""
+        ...
+
+    def feature_block(self, start: int, end: int) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+        """([end - start, F] copied, which layers they are) where the source keeps features, else None."""
+        ...
+
+
+class SessionBlocks:
+    """A session's own cache as a block source: all layers' K/V, and its features when it keeps them."""
+
+    def __init__(self, cache: PositionalKVCache) -> None:
+        self.cache = cache
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def kv_block(self, start: int, end: int) -> torch.Tensor:
+        return torch.stack(
+            [
+                torch.stack((la.keys[0, :, start:end], la.values[0, :, start:end]))
+                for la in self.cache.positional_layers
+            ]
+        )  # [L, 2, H_kv, n, D]
+
+    def feature_block(self, start: int, end: int) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+        buffer = self.cache.features
+        if buffer is None or buffer.length < end:
+            return None
+        return buffer.states[0, start:end].clone(), buffer.layers  # [n, F]
 
 
 @dataclass
@@ -141,25 +269,28 @@ class PrefixCache:
             return 0
         if cache.length:
             raise InvalidArgument("a cached prefix loads only into an empty cache")
-        kv = torch.cat([block.kv for block in lease.blocks], dim=3)  # [L, 2, H_kv, n, D]
+        kv = lease.kv()  # [L, 2, H_kv, n, D]
         for index, layer in enumerate(cache.positional_layers):
             layer.update(kv[index, 0][None], kv[index, 1][None])  # [1, H_kv, n, D] each
         if cache.features is not None:
-            features = [block.features for block in lease.blocks]
-            assert all(f is not None for f in features), "acquire matched blocks without features"
-            cache.features.update(torch.cat(features, dim=0))  # type: ignore[arg-type]  # [n, F]
+            features = lease.features()
+            assert features is not None, "acquire matched blocks without features"
+            cache.features.update(features)  # [n, F]
         return lease.num_tokens
 
-    @torch.inference_mode()
     def insert(self, tenant: str, token_ids: Sequence[int], cache: PositionalKVCache) -> None:
         """Caches the whole blocks of `token_ids`, whose K/V `cache` holds at positions [0, len)."""
+        self.insert_from(tenant, token_ids, SessionBlocks(cache))
+
+    @torch.inference_mode()
+    def insert_from(self, tenant: str, token_ids: Sequence[int], source: BlockSource) -> None:
+        """Caches the whole blocks of `token_ids`, whose K/V `source` holds at positions [0, len)."""
         if self.budget_bytes == 0:
             return
-        buffer = cache.features
         chain: list[Block] = []  # pinned while the insert runs: its parents are never evicted under it
         try:
             parent = ROOT
-            for index, tokens in enumerate(self._blocks_of(token_ids[: cache.length])):
+            for index, tokens in enumerate(self._blocks_of(token_ids[: source.length])):
                 start, end = index * self.block_tokens, (index + 1) * self.block_tokens
                 key = (tenant, parent, tokens)
                 with self._lock:
@@ -168,11 +299,11 @@ class PrefixCache:
                         block.pins += 1
                         chain.append(block)
                 if block is None:
-                    block = self._add(_new_block(key, cache, start, end), chain)
+                    block = self._add(_new_block(key, source, start, end), chain)
                     if block is None:
                         return  # no room even after evicting: the rest of the chain is not cached
-                elif buffer is not None and block.features is None and buffer.length >= end:
-                    self._attach(block, buffer.states[0, start:end].clone(), buffer.layers)  # [block, F]
+                elif block.features is None and (features := source.feature_block(start, end)) is not None:
+                    self._attach(block, *features)  # [block, F]
                 parent = block.block_id
             with self._lock:
                 self._touch(chain)
@@ -233,20 +364,11 @@ class PrefixCache:
                 self._lru[parent].children -= 1
 
 
-def _new_block(
-    key: tuple[str, int, tuple[int, ...]], cache: PositionalKVCache, start: int, end: int
-) -> Block:
-    """A block of the cache's positions [start, end): its K/V (and features, when the cache keeps them
+def _new_block(key: tuple[str, int, tuple[int, ...]], source: BlockSource, start: int, end: int) -> Block:
+    """A block of the source's positions [start, end): its K/V (and features, when the source keeps them
     there), copied."""
-    kv = torch.stack(
-        [
-            torch.stack((la.keys[0, :, start:end], la.values[0, :, start:end]))
-            for la in cache.positional_layers
-        ]
-    )  # [L, 2, H_kv, block_tokens, D]
-    block = Block(-1, key, kv)
-    buffer = cache.features
-    if buffer is not None and buffer.length >= end:
-        block.features = buffer.states[0, start:end].clone()  # [block_tokens, F]
-        block.feature_layers = buffer.layers
+    block = Block(-1, key, source.kv_block(start, end))  # kv: [L, 2, H_kv, block_tokens, D]
+    features = source.feature_block(start, end)
+    if features is not None:
+        block.features, block.feature_layers = features  # [block_tokens, F]
     return block

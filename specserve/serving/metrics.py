@@ -324,11 +324,34 @@ class DraftMetrics:
     kv_feed_resyncs: Counter
     proposals: Counter  # label how: "prepared" (built ahead from the KV feed) or "on_request"
     batching: BatchMetrics
+    # The draft's prefix cache of mirrored prompt K/V (services/draft/prefix.py), counted as the target's
+    # (TargetMetrics) in prompt tokens of sessions that mirror the target, under a draft_ prefix.
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    prefix_cache_hit_rate: Gauge
+    prefix_cache_bytes: Gauge
+
+    def observe_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prefix_cache_queries.inc(prompt_tokens)
+        self.prefix_cache_hits.inc(cached_tokens)
+        queries = self.registry.get_sample_value(PREFIX + "draft_prefix_cache_queries_total") or 0.0
+        hits = self.registry.get_sample_value(PREFIX + "draft_prefix_cache_hits_total") or 0.0
+        self.prefix_cache_hit_rate.set(hits / queries if queries else 0.0)
 
     @classmethod
     def create(cls) -> DraftMetrics:
         r = CollectorRegistry()
         return cls(
+            prefix_cache_queries=_counter(
+                r, "draft_prefix_cache_queries", "Prompt tokens of sessions that mirror the target's K/V"
+            ),
+            prefix_cache_hits=_counter(
+                r, "draft_prefix_cache_hits", "Of those, positions loaded from the draft's prefix cache"
+            ),
+            prefix_cache_hit_rate=_gauge(
+                r, "draft_prefix_cache_hit_rate", "Draft prefix cache hits / queries since the start"
+            ),
+            prefix_cache_bytes=_gauge(r, "draft_prefix_cache_bytes", "Bytes the draft's prefix cache holds"),
             batching=BatchMetrics.create(r, "draft"),
             registry=r,
             sessions=_gauge(r, "draft_sessions", "Draft sessions"),

@@ -161,6 +161,11 @@ class DraftServiceSettings(ServerSettings):
     # measured on 2 cores, docs/benchmarks.md, the distributed stack) the early build competes with the
     # router's own work and gained nothing. Turn it on when the draft has its own GPU or cores.
     prepare_ahead: bool = False
+    # Bytes of mirrored prompt K/V (and hidden states) kept across sessions (services/draft/prefix.py): a
+    # session whose prompt starts with cached blocks of its tenant and target is fed only what follows
+    # them. Only the K/V layers the drafts read: ~1.5 KiB a position for a GliDe draft of the default
+    # model in float32, so 128 MiB hold ~80,000 positions. 0 = off.
+    prefix_cache_bytes: int = 128 * 1024 * 1024
     # The only targets the draft subscribes to (host:port, as the router names them): a Prefill or
     # Propose naming any other address is refused, so a caller cannot make the draft dial out.
     target_addresses: tuple[str, ...] = ("localhost:50051",)  # env: comma-separated host:port
@@ -174,6 +179,8 @@ class DraftServiceSettings(ServerSettings):
         super().validate()
         if self.max_sessions < 1 or self.kv_wait_seconds <= 0:
             raise InvalidArgument("max_sessions must be >= 1 and kv_wait_seconds > 0")
+        if self.prefix_cache_bytes < 0:
+            raise InvalidArgument("prefix_cache_bytes must be >= 0 (0 = off)")
         if not self.target_addresses:
             raise InvalidArgument("target_addresses must name at least one target service")
         _check_expiry(self.session_lease_seconds, self.session_idle_seconds)

@@ -34,7 +34,8 @@ class PublishedCosts:
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self._lock = threading.Lock()
-        self._known: dict[str, tuple[float, str, VerifyPoints]] = {}  # address -> (fetched, version, curve)
+        # address -> (fetched, version, curve, prefix cache block tokens)
+        self._known: dict[str, tuple[float, str, VerifyPoints, int]] = {}
 
     def of(self, address: str) -> VerifyPoints:
         """The verify curve the target at `address` publishes (fetched at most every refresh_seconds)."""
@@ -52,8 +53,14 @@ class PublishedCosts:
             raise Unavailable(f"target {address} did not give its costs: {e.code().name}") from None
         points = costs_from_pb(info.costs)
         with self._lock:
-            self._known[address] = (self.clock(), info.costs.version, points)
+            self._known[address] = (self.clock(), info.costs.version, points, info.prefix_cache_block_tokens)
         return points
+
+    def block_tokens(self, address: str) -> int:
+        """The prefill chunk the target at `address` caches prompt blocks in (0: it keeps no cache)."""
+        self.of(address)
+        with self._lock:
+            return self._known[address][3]
 
     def version(self, address: str) -> str | None:
         """The version of the curve held for `address` (None: none fetched yet)."""

@@ -23,6 +23,8 @@ class RouterLikeSession:
         seed: int,  # the request seed every round's seeds derive from (core/rng.py)
         sampling: common_pb2.SamplingParams | None = None,  # None: greedy
         request_seed: int | None = None,  # sent to the draft; None = it never prepares ahead
+        capacity: int = CAPACITY,
+        tenant: str = "",
     ) -> None:
         self.target, self.draft, self.session_id = target, draft, session_id
         self.target_address, self.seed, self.method = target_address, seed, method
@@ -30,24 +32,28 @@ class RouterLikeSession:
             target_pb2.PrefillRequest(
                 session_id=session_id,
                 token_ids=token_ids,
-                capacity=CAPACITY,
+                capacity=capacity,
                 sampling=sampling,
                 step_seed=verify_round_seed(seed, len(token_ids)),
                 # as the router does for a method whose draft reads the target's hidden states
                 keep_hidden_states=CATALOG[Method(method)].hidden_states,
+                num_prompt_tokens=len(token_ids),
+                tenant=tenant,
             ),
             timeout=60,
         )
         self.token_ids = [*token_ids, prefill.next_token]
-        draft.Prefill(
+        self.draft_prefill = draft.Prefill(
             draft_pb2.DraftPrefillRequest(
                 session_id=session_id,
                 method=method,
                 token_ids=self.token_ids,
                 target_address=target_address,
-                capacity=CAPACITY,
+                capacity=capacity,
                 sampling=sampling,
                 request_seed=request_seed,
+                num_prompt_tokens=len(token_ids),
+                tenant=tenant,
             ),
             timeout=60,
         )

@@ -1,0 +1,73 @@
+"""The draft's prefix cache through the shared stack, on the default model.
+
+A second session on a prompt of whole cached blocks loads them into its mirror and is fed only what
+follows; its trees and the target's acceptance of them are those of the first session, whose mirror was
+fed from position 0 (the output is the target's either way). Another tenant's same prompt loads nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from router_like_session import RouterLikeSession
+
+from specserve.v1 import draft_pb2_grpc, target_pb2, target_pb2_grpc
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(300)]
+
+BLOCK = 256  # the stack's target prefill chunk, which it publishes as its prefix cache block
+PROMPT_IDS = [1, *[(37 * i + 11) % 9000 + 100 for i in range(BLOCK + 40)]]
+CAPACITY = 512
+SEED = 7
+ROUNDS = 5
+
+
+def rounds(session: RouterLikeSession) -> list[tuple[list[int], int]]:
+    """Per round: the tree's tokens, and how many tokens the target committed after its root."""
+    out = []
+    for _ in range(ROUNDS):
+        tree = session.propose().tree
+        before = len(session.token_ids)
+        session.verify(tree)
+        out.append((list(tree.token_ids), len(session.token_ids) - before))
+    return out
+
+
+@pytest.mark.parametrize("method", ["glide-cape", "eagle-cape"])
+def test_a_second_session_starts_from_the_drafts_cache_and_drafts_the_same(channels, shared_stack, method):
+    target = target_pb2_grpc.TargetServiceStub(channels["target"])
+    draft = draft_pb2_grpc.DraftServiceStub(channels["draft"])
+
+    def open_(session_id: str, tenant: str) -> RouterLikeSession:
+        return RouterLikeSession(
+            target,
+            draft,
+            shared_stack.address("target"),
+            f"{session_id}-{method}",
+            PROMPT_IDS,
+            method=method,
+            seed=SEED,
+            capacity=CAPACITY,
+            tenant=tenant,
+        )
+
+    # Published whether or not the target's cache holds anything yet (the draft's block is the target's)
+    assert (
+        target.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=60).prefix_cache_block_tokens == BLOCK
+    )
+    first = open_("dc-first", f"tenant-a-{method}")
+    try:
+        first_rounds = rounds(first)
+    finally:
+        first.release()
+    second = open_("dc-second", f"tenant-a-{method}")
+    other = open_("dc-other", f"tenant-b-{method}")
+    try:
+        assert first.draft_prefill.cached_tokens == 0
+        assert second.draft_prefill.cached_tokens == BLOCK
+        assert other.draft_prefill.cached_tokens == 0
+        assert rounds(second) == first_rounds
+        assert rounds(other) == first_rounds
+        assert sum(committed for _, committed in first_rounds) > ROUNDS  # drafts were accepted
+    finally:
+        second.release()
+        other.release()
