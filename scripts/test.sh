@@ -34,7 +34,9 @@ if [ -n "$browser_pid" ]; then wait "$browser_pid"; fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 unit_tier() {
-  OMP_NUM_THREADS=1 .venv/bin/python -m pytest -m "not integration" -n "${SPECSERVE_TEST_WORKERS:-auto}" "$@"
+  # worksteal: a worker that runs out takes tests queued on the other (the statistical tests are long)
+  OMP_NUM_THREADS=1 .venv/bin/python -m pytest -m "not integration" -n "${SPECSERVE_TEST_WORKERS:-auto}" \
+    --dist worksteal "$@"
 }
 integration_tier() {
   .venv/bin/python -m pytest -m integration "$@"

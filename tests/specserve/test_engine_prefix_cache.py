@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
 MAX_NEW_TOKENS = 24
 BUDGET = 256 * 1024 * 1024
-QUESTIONS = ("Summarize it in one sentence.", "Which names does it define?", "What is it for?")
+QUESTIONS = ("Summarize it in one sentence.", "Which names does it define?")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import torch
 from scipy.stats import chisquare
 from tiny_llama import EACH_ARCHITECTURE
 
+from specserve.catalog import method_info
 from specserve.core.cost import GLIDE_DRAFT, DraftCost, draft_costs_from_json, verify_points_from_json
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
@@ -30,9 +31,28 @@ from specserve.settings import EngineSettings
 
 DRAFTING = [m for m, spec in METHODS.items() if not spec.uses_hf_generate and m is not Method.TARGET]
 LOSSLESS = [m for m in DRAFTING if METHODS[m].lossless]
-# The distribution test samples each drafter family once (CI time): vanilla-cape-suffix draws its
-# candidates as vanilla-cape-cost and glide-cape-suffix do, and the verifier's rule is the same one.
-SAMPLED = [m for m in LOSSLESS if m is not Method.VANILLA_CAPE_SUFFIX]
+
+
+def _one_per_family_and_stop_policy(methods: list[Method]) -> list[Method]:
+    """The distribution test samples each drafter family (draft, tree, suffix) and each stop policy once
+    (CI time). A method differing from a sampled one only in its depth or stop policy drafts trees of
+    another size from the same draws, and the verifier's rule is the same one."""
+    families: set[tuple] = set()
+    policies: set[str] = set()
+    kept = []
+    for method in methods:
+        axes = method_info(method.value).axes
+        assert axes is not None
+        family = (axes.draft, axes.tree, axes.suffix)
+        if family not in families or axes.stop.value not in policies:
+            kept.append(method)
+        families.add(family)
+        policies.add(axes.stop.value)
+    return kept
+
+
+# vanilla-cape-suffix draws its candidates as vanilla-cape-cost and glide-cape-suffix do.
+SAMPLED = _one_per_family_and_stop_policy([m for m in LOSSLESS if m is not Method.VANILLA_CAPE_SUFFIX])
 PROMPT = [3, 17, 5, 9, 41, 2, 33, 8]
 # On Qwen2, one method per drafter family: GliDe (CaPE trees over the target's K/V), the early-exit
 # draft, the suffix index and the hidden-state draft; the others share these code paths.
