@@ -63,6 +63,8 @@ def documented(
 
 NOT_BLANK = r"\S"  # a JSON Schema pattern: one character that is not whitespace
 # A message with text beyond whitespace: a chat needs one (the router's tokenizer refuses a blank chat).
+# `required`: without it a message with no content at all (an assistant's tool calls alone) would
+# satisfy `properties` vacuously, and the document would call a chat of calls and blanks valid.
 NON_BLANK_MESSAGE: dict[str, Any] = {
     "properties": {
         "content": {
@@ -70,11 +72,15 @@ NON_BLANK_MESSAGE: dict[str, Any] = {
                 {"type": "string", "pattern": NOT_BLANK},
                 {
                     "type": "array",
-                    "contains": {"properties": {"text": {"type": "string", "pattern": NOT_BLANK}}},
+                    "contains": {
+                        "properties": {"text": {"type": "string", "pattern": NOT_BLANK}},
+                        "required": ["text"],
+                    },
                 },
             ]
         }
-    }
+    },
+    "required": ["content"],
 }
 STOP_STRING: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
 

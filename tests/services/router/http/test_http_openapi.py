@@ -97,6 +97,21 @@ STATIC_REFUSALS = [
         },
         id="blank-chat",
     ),
+    pytest.param(
+        ChatCompletionRequest,
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "user", "content": ""},
+            ]
+        },
+        id="calls-and-a-blank",
+    ),
     pytest.param(CompletionRequest, COMPLETION | {"best_of": 0}, id="best-of-0"),
     pytest.param(CompletionRequest, COMPLETION | {"echo": True}, id="echo"),
     pytest.param(CompletionRequest, COMPLETION | {"suffix": "x"}, id="suffix"),
