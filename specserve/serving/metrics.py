@@ -19,7 +19,7 @@ import ssl
 import threading
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -276,11 +276,7 @@ class TargetMetrics:
     prefix_cache_bytes: Gauge
 
     def observe_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self.prefix_cache_queries.inc(prompt_tokens)
-        self.prefix_cache_hits.inc(cached_tokens)
-        queries = self.registry.get_sample_value(PREFIX + "prefix_cache_queries_total") or 0.0
-        hits = self.registry.get_sample_value(PREFIX + "prefix_cache_hits_total") or 0.0
-        self.prefix_cache_hit_rate.set(hits / queries if queries else 0.0)
+        observe_prefix_cache(self, "prefix_cache", prompt_tokens, cached_tokens)
 
     @classmethod
     def create(cls) -> TargetMetrics:
@@ -313,6 +309,25 @@ class TargetMetrics:
         )
 
 
+class PrefixCacheMetrics(Protocol):
+    registry: CollectorRegistry
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    prefix_cache_hit_rate: Gauge
+
+
+def observe_prefix_cache(
+    metrics: PrefixCacheMetrics, name: str, prompt_tokens: int, cached_tokens: int
+) -> None:
+    """A prefill's prompt tokens and the cached ones among them; the hit rate since the start, from the
+    counters `name`_queries_total and `name`_hits_total."""
+    metrics.prefix_cache_queries.inc(prompt_tokens)
+    metrics.prefix_cache_hits.inc(cached_tokens)
+    queries = metrics.registry.get_sample_value(f"{PREFIX}{name}_queries_total") or 0.0
+    hits = metrics.registry.get_sample_value(f"{PREFIX}{name}_hits_total") or 0.0
+    metrics.prefix_cache_hit_rate.set(hits / queries if queries else 0.0)
+
+
 @dataclass
 class DraftMetrics:
     registry: CollectorRegistry
@@ -332,11 +347,7 @@ class DraftMetrics:
     prefix_cache_bytes: Gauge
 
     def observe_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self.prefix_cache_queries.inc(prompt_tokens)
-        self.prefix_cache_hits.inc(cached_tokens)
-        queries = self.registry.get_sample_value(PREFIX + "draft_prefix_cache_queries_total") or 0.0
-        hits = self.registry.get_sample_value(PREFIX + "draft_prefix_cache_hits_total") or 0.0
-        self.prefix_cache_hit_rate.set(hits / queries if queries else 0.0)
+        observe_prefix_cache(self, "draft_prefix_cache", prompt_tokens, cached_tokens)
 
     @classmethod
     def create(cls) -> DraftMetrics:

@@ -32,6 +32,11 @@ def generate(target, draft, cache: PrefixCache, prompt: list[int], draft_cached:
     verifier = LocalVerifier(target, CAPACITY, prefill_chunk=CHUNK, prefix_cache=cache)
     prefix = DraftPrefix.of(cache if draft_cached else None, "vanilla", tenant)
     drafter = ModelDrafter(draft, CAPACITY, SHAPE, verifier.sampling, prefix=prefix, prefill_chunk=CHUNK)
+    return (*run_loop(prompt, verifier, drafter), drafter)
+
+
+def run_loop(prompt: list[int], verifier: LocalVerifier, drafter) -> tuple[list[int], list]:
+    """24 tokens; (generated tokens, per round the tree drafted and the nodes accepted)."""
     rounds: list[tuple[object, tuple[int, ...]]] = []
 
     def on_round(outcome: RoundOutcome) -> None:
@@ -39,7 +44,7 @@ def generate(target, draft, cache: PrefixCache, prompt: list[int], draft_cached:
 
     finish = FinishChecker(max_new_tokens=24)
     speculative_generate(prompt, verifier, drafter, 0, finish, on_round=on_round)
-    return list(finish.generated), rounds, drafter
+    return list(finish.generated), rounds
 
 
 def draft_kv(drafter: ModelDrafter, positions: int) -> list[torch.Tensor]:
@@ -115,17 +120,7 @@ def eagle_generate(
     drafter = EagleDrafter(eagle, verifier.cache, CAPACITY, SHAPE, None, verifier.sampling, prefix, CHUNK)
     if told:
         drafter.know_prompt(len(prompt))  # what the engine does
-    rounds: list[tuple[object, tuple[int, ...]]] = []
-    finish = FinishChecker(max_new_tokens=24)
-    speculative_generate(
-        prompt,
-        verifier,
-        drafter,
-        0,
-        finish,
-        on_round=lambda o: rounds.append((o.draft.tree, o.accepted_nodes)),
-    )
-    return list(finish.generated), rounds
+    return run_loop(prompt, verifier, drafter)
 
 
 def tiny_eagle(target):
@@ -168,17 +163,7 @@ def glide_generate(target, glide, cache: PrefixCache, prompt: list[int], draft_c
     prefix = DraftPrefix.of(cache if draft_cached else None, "glide")
     drafter = GlideDrafter(glide, verifier.cache, CAPACITY, SHAPE, None, verifier.sampling, prefix, CHUNK)
     drafter.know_prompt(len(prompt))
-    rounds: list[tuple[object, tuple[int, ...]]] = []
-    finish = FinishChecker(max_new_tokens=24)
-    speculative_generate(
-        prompt,
-        verifier,
-        drafter,
-        0,
-        finish,
-        on_round=lambda o: rounds.append((o.draft.tree, o.accepted_nodes)),
-    )
-    return list(finish.generated), rounds
+    return run_loop(prompt, verifier, drafter)
 
 
 def test_a_glide_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
