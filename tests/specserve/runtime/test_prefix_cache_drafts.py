@@ -123,6 +123,16 @@ def eagle_generate(
     return run_loop(prompt, verifier, drafter)
 
 
+def second_question(run) -> tuple[list[int], list, int]:
+    """`run(cache, prompt)` over the document, then over a second question about it on the same cache:
+    the second's (tokens, rounds) and the cache hits it added."""
+    cache = PrefixCache(1 << 30, CHUNK)
+    run(cache, [*DOCUMENT, 5, 6])
+    hits = cache.stats.hit_tokens
+    tokens, rounds = run(cache, [*DOCUMENT, 9, 10, 11])
+    return tokens, rounds, cache.stats.hit_tokens - hits
+
+
 def tiny_eagle(target):
     eagle = build_eagle(target.model, seed=0, draft_vocab_size=None)
     eagle.init_weights(torch.Generator().manual_seed(0), std=0.3)
@@ -131,16 +141,10 @@ def tiny_eagle(target):
 
 def test_a_hidden_state_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
     eagle = tiny_eagle(target)
-    question = [*DOCUMENT, 9, 10, 11]
-    runs = {}
-    for draft_cached in (False, True):
-        cache = PrefixCache(1 << 30, CHUNK)
-        eagle_generate(target, eagle, cache, [*DOCUMENT, 5, 6], draft_cached)
-        hits = cache.stats.hit_tokens
-        runs[draft_cached] = (
-            *eagle_generate(target, eagle, cache, question, draft_cached),
-            cache.stats.hit_tokens - hits,
-        )
+    runs = {
+        cached: second_question(lambda c, p, cached=cached: eagle_generate(target, eagle, c, p, cached))
+        for cached in (False, True)
+    }
     cold_tokens, cold_rounds, cold_hits = runs[False]
     warm_tokens, warm_rounds, warm_hits = runs[True]
     assert warm_tokens == cold_tokens
@@ -169,16 +173,10 @@ def glide_generate(target, glide, cache: PrefixCache, prompt: list[int], draft_c
 def test_a_glide_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
     glide = build_glide(target.model, seed=0)
     glide.init_weights(torch.Generator().manual_seed(0), std=0.3)
-    question = [*DOCUMENT, 9, 10, 11]
-    runs = {}
-    for draft_cached in (False, True):
-        cache = PrefixCache(1 << 30, CHUNK)
-        glide_generate(target, glide, cache, [*DOCUMENT, 5, 6], draft_cached)
-        hits = cache.stats.hit_tokens
-        runs[draft_cached] = (
-            *glide_generate(target, glide, cache, question, draft_cached),
-            cache.stats.hit_tokens - hits,
-        )
+    runs = {
+        cached: second_question(lambda c, p, cached=cached: glide_generate(target, glide, c, p, cached))
+        for cached in (False, True)
+    }
     cold_tokens, cold_rounds, cold_hits = runs[False]
     warm_tokens, warm_rounds, warm_hits = runs[True]
     assert warm_tokens == cold_tokens
