@@ -69,25 +69,34 @@ class KVMirror:
         for layer_kv in chunk.layers:
             keys = kv_from_bytes(layer_kv.keys, dtype, heads, n, dim)  # [H, n, D]
             values = kv_from_bytes(layer_kv.values, dtype, heads, n, dim)
-            if layer_kv.layer not in self._keys:
-                shape = (1, heads, self.capacity, dim)
-                self._keys[layer_kv.layer] = torch.zeros(shape, dtype=dtype, device=self.device)
-                self._values[layer_kv.layer] = torch.zeros(shape, dtype=dtype, device=self.device)
-            self._keys[layer_kv.layer][0, :, start : start + n] = keys.to(self.device)
-            self._values[layer_kv.layer][0, :, start : start + n] = values.to(self.device)
+            self._store(layer_kv.layer, keys, values, start)
         if chunk.hidden_states:
             states = kv_from_bytes(chunk.hidden_states, dtype, 1, n, chunk.hidden_size)[0]  # [n, hidden]
-            if self._hidden is None:
-                self._hidden = torch.zeros(
-                    (1, self.capacity, chunk.hidden_size), dtype=dtype, device=self.device
-                )
-            self._hidden[0, start : start + n] = states.to(self.device)
+            self._store_hidden(states, start)
         elif self.wants_hidden_states and n:
             raise FailedPrecondition("the KV feed sent no hidden states; the draft reads them")
         with self.changed:
             self.length = start + n
             self.received_bytes += chunk_payload_bytes(chunk)
             self.changed.notify_all()
+
+    def _store(self, layer: int, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+        """keys, values: [H, n, D], a layer's positions [start, start + n); its buffers made at first use."""
+        if layer not in self._keys:
+            heads, _, dim = keys.shape
+            shape = (1, heads, self.capacity, dim)
+            self._keys[layer] = torch.zeros(shape, dtype=keys.dtype, device=self.device)
+            self._values[layer] = torch.zeros(shape, dtype=keys.dtype, device=self.device)
+        n = keys.shape[1]
+        self._keys[layer][0, :, start : start + n] = keys.to(self.device)
+        self._values[layer][0, :, start : start + n] = values.to(self.device)
+
+    def _store_hidden(self, states: torch.Tensor, start: int) -> None:
+        """states: [n, hidden], positions [start, start + n); the buffer made at first use."""
+        if self._hidden is None:
+            shape = (1, self.capacity, states.shape[1])
+            self._hidden = torch.zeros(shape, dtype=states.dtype, device=self.device)
+        self._hidden[0, start : start + states.shape[0]] = states.to(self.device)
 
     def load_prefix(self, kv: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """Positions [0, n) from the draft's prefix cache (services/draft/prefix.py), into an empty mirror
@@ -97,16 +106,9 @@ class KVMirror:
             raise FailedPrecondition("a cached prefix loads only into an empty mirror")
         n = kv.shape[3] if self.layers else (0 if hidden is None else hidden.shape[0])
         for index, layer in enumerate(self.layers):
-            _, _, heads, _, dim = kv.shape
-            kv_shape = (1, heads, self.capacity, dim)
-            self._keys[layer] = torch.zeros(kv_shape, dtype=kv.dtype, device=self.device)
-            self._values[layer] = torch.zeros(kv_shape, dtype=kv.dtype, device=self.device)
-            self._keys[layer][0, :, :n] = kv[index, 0]
-            self._values[layer][0, :, :n] = kv[index, 1]
+            self._store(layer, kv[index, 0], kv[index, 1], 0)
         if hidden is not None:
-            hidden_shape = (1, self.capacity, hidden.shape[1])
-            self._hidden = torch.zeros(hidden_shape, dtype=hidden.dtype, device=self.device)
-            self._hidden[0, :n] = hidden
+            self._store_hidden(hidden, 0)
         with self.changed:
             self.length = n
             self.changed.notify_all()
