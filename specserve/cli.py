@@ -57,7 +57,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--weights",
         choices=["auto", "dense", "as-shipped"],
         help="the target's weights: dense (the converted checkpoint in --dtype), as-shipped (the model "
-        "file's own 4-bit codes on torch's int4 kernel) or auto (as-shipped on a CPU in float32, else dense)",
+        "file's own 4-bit codes) or auto (as-shipped on a CPU in float32, else dense)",
+    )
+    group.add_argument(
+        "--int4-kernel",
+        choices=["auto", "int8-dot", "torch"],
+        help="the kernel of weights as shipped: int8-dot (CPU: rows in int8, one pass over the weights for "
+        "all rows), torch (torch's int4 kernel, bfloat16 rows) or auto (int8-dot on a CPU where it builds)",
     )
 
 
@@ -136,6 +142,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
         dtype=getattr(args, "dtype", None),
         linear_kernel=getattr(args, "linear_kernel", None),
         weights=getattr(args, "weights", None),
+        int4_kernel=getattr(args, "int4_kernel", None),
     )
 
 
@@ -278,8 +285,12 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _weights_kernel(record: dict) -> str:
-    """What a calibration's linear layers ran on: int4 for weights as shipped, else the linear kernel."""
-    return "int4" if record.get("weights") == "as-shipped" else record.get("linear_kernel", "native")
+    """What a calibration's linear layers ran on: the 4-bit kernel for weights as shipped, else the linear
+    kernel."""
+    if record.get("weights") == "as-shipped":
+        kernel = record.get("int4_kernel")
+        return f"int4 {kernel if kernel not in (None, '-') else 'torch'}"
+    return record.get("linear_kernel", "native")
 
 
 def _curve_label(kernel: str, forward: str, verify_s: dict[int, float]) -> str:

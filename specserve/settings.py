@@ -21,6 +21,7 @@ DEFAULT_CONTEXT = 8192  # a checkpoint whose config names no context: the defaul
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 _DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("auto", "dense", "as-shipped")
+INT4_KERNELS = ("auto", "int8-dot", "torch")  # runtime/int4.py holds the kernels (torch: not imported here)
 
 
 def _default_cache_dir() -> Path:
@@ -100,9 +101,13 @@ class EngineSettings:
     # weights on CPU for float32/bfloat16, torch's own kernel (cuBLAS) elsewhere; onednn; native.
     linear_kernel: str = "auto"
     # Where the target's weights come from: "dense" = the converted checkpoint in `dtype`; "as-shipped" =
-    # the model file's own quantized weights on torch's int4 kernel (runtime/int4.py; the profiles' GGUF
+    # the model file's own quantized weights on a 4-bit kernel (runtime/int4.py; the profiles' GGUF
     # files), norms and attention still in `dtype`; "auto" = `resolved_weights`.
     weights: str = "dense"
+    # The 4-bit kernel of weights as shipped (runtime/int4.INT4_KERNELS): "int8-dot" (CPU, rows in int8,
+    # one pass over the weights for all rows of a forward), "torch" (torch's int4 kernel, bfloat16 rows);
+    # "auto" = int8-dot on a CPU where it builds, torch's elsewhere.
+    int4_kernel: str = "auto"
     # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and
     # hidden-state features) kept across requests, least recently used evicted; 0 = off. The target
     # service has its own (TargetServiceSettings.prefix_cache_bytes).
@@ -173,6 +178,10 @@ class EngineSettings:
             raise InvalidArgument(f"linear_kernel must be auto, onednn or native, got {self.linear_kernel!r}")
         if self.weights not in WEIGHTS:
             raise InvalidArgument(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.int4_kernel not in INT4_KERNELS:
+            raise InvalidArgument(
+                f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {self.int4_kernel!r}"
+            )
         if self.max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
         return self

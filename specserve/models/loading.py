@@ -36,6 +36,7 @@ def load_causal_lm(
     linear_kernel: str = "native",
     as_shipped: Path | None = None,
     num_layers: int | None = None,
+    int4_kernel: str = "auto",
 ) -> CausalLM:
     """Load a causal LM for inference: eval mode, no gradients, on `device` in `dtype`.
 
@@ -43,7 +44,8 @@ def load_causal_lm(
     needs, and the transformers reference); "auto" packs the weights for the fastest kernel of the device
     (oneDNN on CPU), "onednn" insists on it.
     as_shipped: a directory holding the model file's quantized weights (models/gguf_quant.py); every
-    linear layer and embedding they cover then runs on them (runtime/int4.py), the rest on `linear_kernel`.
+    linear layer and embedding they cover then runs on them (runtime/int4.py) on `int4_kernel`
+    (runtime/int4.INT4_KERNELS), the rest on `linear_kernel`.
     num_layers: load only the first decoder layers (an early-exit draft on a host without the target).
     """
     model_dir = _check_model_dir(Path(model_dir).expanduser())
@@ -77,7 +79,7 @@ def load_causal_lm(
             raise FailedPrecondition(f"{as_shipped} holds no {STORE_FILE} (weights as shipped)")
         if not int4_available(device):
             raise FailedPrecondition(f"weights as-shipped need torch's int4 kernel, which {device} lacks")
-        apply_as_shipped(model, read_store(store))
+        apply_as_shipped(model, read_store(store), kernel=int4_kernel)
     from specserve.runtime.kernels import apply_linear_kernel
 
     apply_linear_kernel(model, linear_kernel)  # after `to`: packed weights do not move with the model

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.runtime import cpu_kernels
 from specserve.runtime.int4 import Int4Linear, Int4Product, Int4Weight, runs_on_int4
 from specserve.runtime.kernels import FusedPart
 from specserve.runtime.segment import ForwardBatch
@@ -158,7 +159,16 @@ class NativeDecoder:
         # attention kernels round a row differently as the number of rows changes) would flip bf16
         # roundings downstream and a tree's logits would leave the same path decoded alone. In float64
         # that noise (~1e-16) vanishes when the output is rounded back: tree rows stay bit-identical.
-        self.exact_attention = runs_on_int4(model)
+        # On a CPU with the compiled kernels (runtime/cpu_kernels.py) attention computes each row alone, in
+        # the order a one-by-one decode would: the same bits without float64.
+        on_int4 = runs_on_int4(model)
+        self.row_attention = (
+            on_int4
+            and self.device.type == "cpu"
+            and inner.norm.weight.dtype == torch.float32
+            and cpu_kernels.library() is not None
+        )
+        self.exact_attention = on_int4 and not self.row_attention
         self.attention_dtype = torch.float64 if self.exact_attention else inner.norm.weight.dtype
         # Weights as shipped: each layer calls its four int4 products directly (`_int4_layer`).
         self.int4 = int4_layers(self.layers)
@@ -190,7 +200,11 @@ class NativeDecoder:
         half = self.head_dim // 2
         sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # [N, 1, D]
         rotary = (cos, sin_signed)
-        masks = [self._additive_mask(mask) for mask in batch.masks]
+        # row attention reads each segment's [n, L] bool mask; the others add a 0 / -inf mask to the scores
+        masks = [
+            (None if mask is None else mask[0, 0]) if self.row_attention else self._additive_mask(mask)
+            for mask in batch.masks
+        ]
         if self.exact_attention:  # `_grouped_attention`'s rows: each query head group's n rows
             groups = self.num_heads // self.num_kv_heads
             masks = [None if mask is None else mask.repeat(1, 1, groups, 1) for mask in masks]
@@ -238,7 +252,9 @@ class NativeDecoder:
             keys, values = update(
                 k[lo:hi].transpose(0, 1)[None], v[lo:hi].transpose(0, 1)[None]
             )  # [1, Hkv, prefix + n, D] each, float64 for exact attention
-            if self.exact_attention:
+            if self.row_attention:
+                attended = cpu_kernels.attend(q[lo:hi], keys, values, mask, self.scaling)
+            elif self.exact_attention:
                 attended = self._grouped_attention(q[lo:hi], keys, values, mask)
             else:
                 attended = F.scaled_dot_product_attention(

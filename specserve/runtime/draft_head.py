@@ -40,7 +40,9 @@ class ReducedHead(nn.Module):
             source = weight.int4
             self.vocab_size = weight.out_features
             self.register_buffer("keep", keep.to(source.device), persistent=False)  # [K]
-            kept = Int4Weight(source.source.rows(keep.numpy()), source.device, source.compute_dtype)
+            kept = Int4Weight(
+                source.source.rows(keep.numpy()), source.device, source.requested_dtype, source.kernel
+            )
             self.rows = Int4Linear(kept, None)
             return
         vocab_size, hidden = weight.shape  # [V, H]

@@ -156,6 +156,7 @@ class DraftRuntime(RoleRuntime):
                 self.draft_dtype,
                 self.settings.linear_kernel,
                 as_shipped=self._draft_as_shipped_dir,
+                int4_kernel=self.settings.int4_kernel,
             )
         if draft.config.vocab_size != self.target_vocab_size:
             raise InvalidArgument("the draft's vocabulary differs from the target's")

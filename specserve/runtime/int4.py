@@ -1,16 +1,21 @@
 """Linear layers and embeddings on a GGUF file's own 4-bit codes (`models/gguf_quant.py`): weights as shipped.
 
 A step of a small model streams its weights once per token: in float32 that is 5-8x the bytes of the file
-the model shipped in. Here each weight stays in its file's codes, packed once at load for torch's int4
-kernel (`_weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm` on CUDA), which computes
-`(code - 8) * scale + zero` per group of 32 inputs in a float32 accumulator. Formats of more than 4 bits
-are two 4-bit parts over a widened input (`widen_input`), so one kernel call per product still covers them.
+the model shipped in. Here each weight stays in its file's codes, packed once at load for one of two
+kernels, both computing `(code - 8) * scale + zero` per group of 32 inputs in a float32 accumulator:
 
-The kernel reads its input, scales and zeros in `compute_dtype` (bfloat16 or float16) and its output is
-cast back to the model's dtype, so the residual stream, norms and attention stay as they were. Measured
-on CPU: a row of an M-row product is bit-identical to the same row computed alone (the kernel's
-accumulation order per row does not depend on M), so a tree forward and a one-token forward agree
-exactly and speculative output equals the target alone's (tests/specserve/runtime/test_int4.py).
+- int8-dot (runtime/cpu_kernels.py, CPU): the rows rounded to int8 per group, integer dot products (VNNI
+  where the CPU has it), one pass over the weights for all rows of a call: the default on a CPU.
+- torch's int4 kernel (`_weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm` on CUDA): the rows,
+  scales and zeros in `compute_dtype` (bfloat16 or float16); on CPU it decodes the weights again for
+  every 4 rows.
+
+Formats of more than 4 bits are two 4-bit parts over a widened input (`widen_input`), so one kernel call
+per product still covers them. The output is cast back to the model's dtype, so the residual stream,
+norms and attention stay as they were. On either kernel a row of an M-row product is bit-identical to the
+same row computed alone (the accumulation order per row does not depend on M), so a tree forward and a
+one-token forward agree exactly and speculative output equals the target alone's
+(tests/specserve/runtime/test_int4.py, test_cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -23,10 +28,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.models.gguf_quant import GROUP, QuantizedWeight
+from specserve.runtime import cpu_kernels
 from specserve.runtime.kernels import FUSED_GROUPS, FusedPart, SplitProduct
+from specserve.settings import INT4_KERNELS
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+# The kernels a 4-bit weight runs on (settings.INT4_KERNELS): "int8-dot" = runtime/cpu_kernels.py (CPU:
+# rows in int8, one pass over the weights for all rows), "torch" = torch's int4 kernel (bfloat16 rows;
+# CPU and CUDA); "auto" = int8-dot on a CPU where it builds, torch's elsewhere.
+
+
+def resolve_int4_kernel(kernel: str, device: torch.device | str) -> str:
+    """ "auto" decided for `device`; a named kernel checked to run there."""
+    if kernel not in INT4_KERNELS:
+        raise InvalidArgument(f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {kernel!r}")
+    on_cpu = torch.device(device).type == "cpu"
+    if kernel == "auto":
+        return "int8-dot" if on_cpu and cpu_kernels.library() is not None else "torch"
+    if kernel == "int8-dot" and not (on_cpu and cpu_kernels.library() is not None):
+        raise FailedPrecondition(f"the int8-dot kernel runs on a CPU with a C++ compiler, not on {device}")
+    return kernel
 
 
 def int4_available(device: torch.device | str) -> bool:
@@ -62,18 +85,23 @@ def _kernel_layout(weight: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np.
 
 
 class Int4Weight:
-    """One weight [N, K] packed for the device's int4 kernel; `matmul` is the product with it."""
+    """One weight [N, K] packed for a 4-bit kernel (`kernel`: "torch" or "int8-dot", as
+    `resolve_int4_kernel` names them); `matmul` is the product with it. `compute_dtype` is the dtype the
+    kernel reads its rows in: float32 for int8-dot (it rounds them itself), else the given one."""
 
     def __init__(
         self,
         weight: QuantizedWeight,
         device: torch.device | str = "cpu",
         compute_dtype: torch.dtype = torch.bfloat16,
+        kernel: str = "torch",
     ) -> None:
         self.source = weight
         self.parts, self.group = int(weight.codes.shape[0]), weight.group
         self.out_features, self.in_features = weight.shape
-        self.compute_dtype = compute_dtype
+        self.kernel = kernel
+        self.compute_dtype = torch.float32 if kernel == "int8-dot" else compute_dtype
+        self.requested_dtype = compute_dtype  # what a copy of this weight (a cut head) asks for
         self.device = torch.device(device)
         codes, scales, zeros = _kernel_layout(weight)
         # The kernel packs outputs in tiles of 16: a weight with other row counts (a draft head cut to its
@@ -83,6 +111,9 @@ class Int4Weight:
             codes = np.concatenate([codes, np.full((self.padding, codes.shape[1]), 8, dtype=np.uint8)])
             scales = np.concatenate([scales, np.zeros((self.padding, scales.shape[1]), dtype=np.float32)])
             zeros = np.concatenate([zeros, np.zeros((self.padding, zeros.shape[1]), dtype=np.float32)])
+        if kernel == "int8-dot":
+            self.dot_layout = cpu_kernels.pack(codes, scales, zeros)
+            return
         self.packed = pack_int4(torch.from_numpy(codes), self.device)
         # [W // 32, N, 2]: the kernel's scale-and-zero layout.
         pairs = np.stack([scales.T, zeros.T], axis=-1)
@@ -96,7 +127,11 @@ class Int4Weight:
     def product(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] in compute dtype -> [M, N] in compute dtype (the kernel's own output, not cast back:
         the lean forward casts it where it is read, often for free inside the op that reads it)."""
-        y = int4_mm(widen_input(rows, self.parts, self.group), self.packed, self.scales_zeros)
+        wide = widen_input(rows, self.parts, self.group)
+        if self.kernel == "int8-dot":
+            y = cpu_kernels.int4_dot_mm(wide, *self.dot_layout)
+        else:
+            y = int4_mm(wide, self.packed, self.scales_zeros)
         return y[:, : self.out_features] if self.padding else y  # [M, N + padding] -> [M, N]
 
     def dense(self) -> torch.Tensor:
@@ -167,9 +202,10 @@ class Int4Product(SplitProduct):
         biases: Sequence[torch.Tensor | None],
         device: torch.device,
         dtype: torch.dtype,
+        kernel: str = "torch",
     ) -> None:
         super().__init__()
-        self.weight = Int4Weight(_concat(weights), device, dtype)
+        self.weight = Int4Weight(_concat(weights), device, dtype, kernel)
         self.widths = [w.shape[0] for w in weights]
         self.total = sum(self.widths)
         self.bias = (
@@ -230,19 +266,24 @@ def runs_on_int4(model: nn.Module) -> bool:
 
 
 def apply_as_shipped(
-    model: nn.Module, weights: Mapping[str, QuantizedWeight], compute_dtype: torch.dtype = torch.bfloat16
+    model: nn.Module,
+    weights: Mapping[str, QuantizedWeight],
+    compute_dtype: torch.dtype = torch.bfloat16,
+    kernel: str = "auto",
 ) -> int:
     """Replaces every linear layer and embedding of `model` whose weight `weights` holds (by parameter
-    name) with its int4 form; the LM head of a tied model runs on the embedding's codes. Returns how many
-    modules were replaced. Projections that read the same input become one product (q/k/v, gate/up)."""
+    name) with its int4 form on `kernel` (INT4_KERNELS); the LM head of a tied model runs on the
+    embedding's codes. Returns how many modules were replaced. Projections that read the same input
+    become one product (q/k/v, gate/up)."""
     device = next(model.parameters()).device
+    kernel = resolve_int4_kernel(kernel, device)
     dtype = next(model.parameters()).dtype
     replaced = 0
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     with torch.no_grad():
         for path, module in list(model.named_modules()):
             prefix = f"{path}." if path else ""
-            replaced += _fuse(module, prefix, weights, device, compute_dtype)
+            replaced += _fuse(module, prefix, weights, device, compute_dtype, kernel)
             for name, child in list(module.named_children()):
                 key = f"{prefix}{name}.weight"
                 if key not in weights:
@@ -251,13 +292,14 @@ def apply_as_shipped(
                     setattr(module, name, Int4Embedding(weights[key], device, dtype))
                 elif type(child) is nn.Linear:
                     bias = child.bias
-                    setattr(module, name, Int4Linear(Int4Weight(weights[key], device, compute_dtype), bias))
+                    weight = Int4Weight(weights[key], device, compute_dtype, kernel)
+                    setattr(module, name, Int4Linear(weight, bias))
                 else:
                     continue
                 replaced += 1
         head_key = "model.embed_tokens.weight"
         if tied and "lm_head.weight" not in weights and head_key in weights and hasattr(model, "lm_head"):
-            model.lm_head = Int4Linear(Int4Weight(weights[head_key], device, compute_dtype), None)
+            model.lm_head = Int4Linear(Int4Weight(weights[head_key], device, compute_dtype, kernel), None)
             replaced += 1
     return replaced
 
@@ -268,6 +310,7 @@ def _fuse(
     weights: Mapping[str, QuantizedWeight],
     device: torch.device,
     compute_dtype: torch.dtype,
+    kernel: str,
 ) -> int:
     """Turns each complete same-input group of `module` with one layout into parts of one product."""
     fused = 0
@@ -280,7 +323,7 @@ def _fuse(
         if len({(w.codes.shape[0], w.group, w.shape[1]) for w in members}) != 1:
             continue  # parts or groups differ (a Q6_K v beside Q4_K q/k): each keeps its own product
         biases = [linear.bias for linear in linears if isinstance(linear, nn.Linear)]
-        product = Int4Product(members, biases, device, compute_dtype)
+        product = Int4Product(members, biases, device, compute_dtype, kernel)
         for index, name in enumerate(group):
             setattr(module, name, FusedPart(product, index, members[0].shape[1]))
         fused += len(group)

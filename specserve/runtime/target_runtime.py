@@ -24,6 +24,7 @@ from specserve.grammar import GrammarCompiler, Guide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.models.install import as_shipped_dir
 from specserve.models.profiles import ModelProfile, model_profile
+from specserve.runtime.int4 import resolve_int4_kernel
 from specserve.runtime.kernels import LinearKernel, resolve_kernel
 from specserve.runtime.runner import ModelRunner
 from specserve.settings import EngineSettings
@@ -45,11 +46,20 @@ def shipped_for(settings: EngineSettings, kind: DraftKind) -> Path | None:
     return shipped_draft_dir(kind, settings.model) if settings.model_dir is None else None
 
 
+def int4_kernel(settings: EngineSettings) -> str | None:
+    """The 4-bit kernel of weights as shipped ("int8-dot" or "torch"), None for dense weights."""
+    if settings.resolved_weights != "as-shipped":
+        return None
+    return resolve_int4_kernel(settings.int4_kernel, settings.device)
+
+
 def weights_label(settings: EngineSettings) -> str:
     """What the target's linear layers run on, for file names and records: the linear kernel, or `int4`
-    for weights as shipped. Decided by the settings alone, so naming a calibration file loads no model."""
-    if settings.resolved_weights == "as-shipped":
-        return "int4"
+    (torch's 4-bit kernel) / `int8dot` for weights as shipped. Decided by the settings alone, so naming a
+    calibration file loads no model."""
+    kernel = int4_kernel(settings)
+    if kernel is not None:
+        return "int4" if kernel == "torch" else "int8dot"
     return resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
 
 
@@ -146,6 +156,7 @@ class TargetRuntime(RoleRuntime):
             self.settings.dtype,
             self.settings.linear_kernel,
             as_shipped=self.as_shipped_dir,
+            int4_kernel=self.settings.int4_kernel,
         )
 
     @functools.cached_property
@@ -222,10 +233,12 @@ class TargetRuntime(RoleRuntime):
         return points
 
     def runtime_info(self) -> dict[str, str]:
-        """The linear kernel and forward the specserve methods run on (benchmarks record it)."""
+        """The kernels and forward the specserve methods run on (benchmarks record it); the 4-bit kernel
+        for weights as shipped, "-" for dense ones."""
         return {
             "linear_kernel": self.linear_kernel.value,
             "weights": self.settings.resolved_weights,
+            "int4_kernel": int4_kernel(self.settings) or "-",
             "forward": "lean" if self.target_runner.native is not None else "transformers",
         }
 

@@ -111,6 +111,7 @@ SPECIAL = {
     "model": "qwen2.5-coder-1.5b-instruct",
     "linear_kernel": "native",
     "weights": "as-shipped",
+    "int4_kernel": "torch",
     "device": "cuda:1",
     "max_context": 8192,
     "max_prompt_tokens": 4096,

@@ -25,6 +25,7 @@ from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
 from specserve.models.tiny import Architecture
+from specserve.runtime import cpu_kernels
 from specserve.runtime.calibrate import BATCH_TOTALS, load_record
 from specserve.runtime.target import LocalVerifier
 from specserve.settings import EngineSettings
@@ -137,8 +138,10 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
     fp32, bf16, cuda = default_path(), default_path(dtype="bfloat16"), default_path(device="cuda:0")
     native = default_path(linear_kernel="native")
     assert len({fp32, bf16, cuda, native}) == 4
-    # int4 weights as shipped have costs of their own
-    assert default_path(weights="as-shipped").endswith("-cpu-float32-int4.json")
+    # weights as shipped have costs of their own, per 4-bit kernel
+    assert default_path(weights="as-shipped", int4_kernel="torch").endswith("-cpu-float32-int4.json")
+    if cpu_kernels.library() is not None:
+        assert default_path(weights="as-shipped").endswith("-cpu-float32-int8dot.json")
     assert bf16.endswith("-cpu-bfloat16-onednn.json") and cuda.endswith("-cuda0-float32-native.json")
     assert fp32.endswith("-cpu-float32-onednn.json") and native.endswith("-cpu-float32-native.json")
     # an AVX2-only CPU runs bf16 on torch's own kernel, and its costs are kept apart from the packed ones

@@ -1,0 +1,202 @@
+"""The CPU's own kernels for few-row forwards (C++ in `csrc/`, compiled on first use), each computing a
+row the same way whatever the number of rows in the call, so a tree forward's rows equal the same tokens
+decoded one at a time, bit for bit:
+
+- `int4_dot_mm` (`csrc/int4_dot.cpp`): 4-bit weights times rows rounded to int8 per group of 32, in
+  integer dot products (AVX512-VNNI where the CPU has it, as llama.cpp's Q8 x Q4 products do), one pass
+  over the weights for all the rows. torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) decodes the
+  weights again for every 4 rows, so a forward over 8 or 16 tokens cost 2-4 one-token steps in its
+  linear layers, and verification is where speculation pays or not. The integer sums are exact, so the
+  portable build (any other CPU) gives the VNNI build's bits.
+- `attend` (`csrc/attention.cpp`): float32 attention of each query row over the positions it sees, in
+  the order a one-by-one decode would see them. torch's attention kernels round a row differently as
+  the number of rows changes; without this the lean forward attends in float64 to make that noise vanish.
+
+Numbers: the product's rows are rounded to int8 per group (scale amax / 127), as llama.cpp does for these
+files; the weights are the file's own values. That is another approximation of the float32 model than
+torch's kernel's (bfloat16 rows), measured in docs/benchmarks.md; speculation stays lossless either way,
+since the target alone runs the same kernels.
+
+The library is compiled with the machine's C++ compiler for the host's instruction set (`-march=native`),
+once per source, compiler and CPU, into the cache (several processes may race: one build wins). Where no
+compiler works, `library()` is None and the models stay on torch's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specserve.models.default_model import build_once
+
+logger = logging.getLogger(__name__)
+
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_dot.cpp", "attention.cpp"))
+LIBRARY_FILE = "specserve_cpu.so"
+TILE = 16  # outputs per tile of the packed layout
+GROUP = 32
+# -ffp-contract=off: a fused multiply-add rounds once where the source rounds twice, and the vector and
+# the scalar code must round alike. -fopenmp: torch's own OpenMP runtime (already loaded) runs the loops.
+FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+MARCH = "native"
+DISABLE_ENV = "SPECSERVE_CPU_KERNELS"  # "0": never build or use the library (torch's kernels everywhere)
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _cpu_flags() -> str:
+    """The host's CPU feature flags: a library built with -march=native runs only where they match."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _build_key(compiler: str) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    digest = hashlib.sha256()
+    for part in (
+        *(source.read_bytes() for source in SOURCES),
+        " ".join((*FLAGS, MARCH)).encode(),
+        version.encode(),
+        _cpu_flags().encode(),
+    ):
+        digest.update(part)
+    return digest.hexdigest()[:16]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specserve" / "kernels"
+
+
+def compile_library(compiler: str, out_dir: Path, march: str = MARCH) -> Path:
+    """The library built for `march` (a -march value) into `out_dir`; raises RuntimeError on failure."""
+    path = out_dir / LIBRARY_FILE
+    command = [compiler, *FLAGS, f"-march={march}", *map(str, SOURCES), "-o", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+    return path
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None where it cannot be (no compiler, disabled)."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.warning("no C++ compiler: the models run on torch's kernels alone")
+        return None
+    try:
+        dest = _cache_dir() / f"cpu-{_build_key(compiler)}"
+        build_once(dest, functools.partial(compile_library, compiler), description="CPU kernels")
+        return load_library(dest / LIBRARY_FILE)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        logger.warning("the CPU kernels did not build (%s): torch's kernels instead", error)
+        return None
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    """A built library, its functions typed."""
+    lib = ctypes.CDLL(str(path))
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    lib.specserve_int4_dot_mm.argtypes = [pointer, size, size, pointer, pointer, pointer, size, pointer]
+    lib.specserve_int4_dot_mm.restype = None
+    lib.specserve_int4_dot_vnni.restype = ctypes.c_int
+    lib.specserve_attend.argtypes = [pointer, *[size] * 5, pointer, pointer, *[size] * 4, pointer]
+    lib.specserve_attend.argtypes += [ctypes.c_float, pointer]
+    lib.specserve_attend.restype = None
+    return lib
+
+
+def uses_vnni() -> bool:
+    """Whether the built library runs the AVX512-VNNI path (else the portable one)."""
+    lib = library()
+    return lib is not None and bool(lib.specserve_int4_dot_vnni())
+
+
+def pack(
+    codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """codes uint8 [N, W] in 0..15, scales and zeros float32 [N, W // 32] (N a multiple of 16) -> the
+    kernel's layout: codes [N / 16, W / 32, 4, 64] uint8 (byte 4i+j of chunk c: output i's inputs 8c+j in
+    the low nibble, 8c+4+j in the high one), scales and biases (zero - 8 * scale: the code's offset folded
+    in) [N / 16, W / 32, 16] float32."""
+    n, width = codes.shape
+    tiles, groups = n // TILE, width // GROUP
+    # [tiles, 16 outputs, groups, 4 chunks, 2 halves, 4 inputs] -> [tiles, groups, chunk, output, input]
+    grid = codes.reshape(tiles, TILE, groups, 4, 2, 4)
+    low, high = grid[:, :, :, :, 0, :], grid[:, :, :, :, 1, :]
+    packed = (low | (high << 4)).astype(np.uint8).transpose(0, 2, 3, 1, 4)  # [tiles, groups, 4, 16, 4]
+    packed_codes = torch.from_numpy(np.ascontiguousarray(packed).reshape(tiles, groups, 4, 64))
+
+    def per_tile(values: np.ndarray) -> torch.Tensor:  # [N, G] -> [tiles, G, 16]
+        laid = values.astype(np.float32).reshape(tiles, TILE, groups).transpose(0, 2, 1)
+        return torch.from_numpy(np.ascontiguousarray(laid))
+
+    biases = zeros.astype(np.float32) - np.float32(8.0) * scales.astype(np.float32)
+    return packed_codes, per_tile(scales), per_tile(biases)
+
+
+def int4_dot_mm(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    biases: torch.Tensor,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """[M, W] float32 rows @ the packed weight [N, W].T -> [M, N] float32, on `lib` (default: `library()`,
+    which must have built)."""
+    lib = lib or library()
+    assert lib is not None, "int4_dot_mm needs the built library"
+    rows = x.contiguous()
+    m, width = rows.shape
+    n = codes.shape[0] * TILE
+    if width != codes.shape[1] * GROUP:
+        raise ValueError(f"input of {width} features for a weight of {codes.shape[1] * GROUP}")
+    out = torch.empty((m, n), dtype=torch.float32)
+    lib.specserve_int4_dot_mm(
+        rows.data_ptr(), m, width, codes.data_ptr(), scales.data_ptr(), biases.data_ptr(), n, out.data_ptr()
+    )
+    return out
+
+
+def attend(
+    q: torch.Tensor,  # [n, Hq, D] float32, any strides with D contiguous
+    keys: torch.Tensor,  # [1, Hkv, L, D] float32, D contiguous
+    values: torch.Tensor,  # [1, Hkv, L, D], the keys' strides
+    visible: torch.Tensor | None,  # [n, L] bool: position j is attended by row i; None = all
+    scale: float,
+) -> torch.Tensor:
+    """Each query row's attention over the positions it sees -> [n, Hq, D] float32 contiguous, a row's
+    bits independent of the other rows (`library()` must be built)."""
+    lib = library()
+    assert lib is not None, "attend needs the built library"
+    n, heads, d = q.shape
+    _, kv_heads, length, _ = keys.shape
+    if q.stride(2) != 1 or keys.stride(3) != 1 or values.stride() != keys.stride():
+        raise ValueError("attend needs the last axis contiguous and keys laid out as values")
+    mask = None if visible is None else visible.to(torch.uint8).contiguous()
+    out = torch.empty((n, heads, d), dtype=torch.float32)
+    lib.specserve_attend(
+        q.data_ptr(), n, heads, d, q.stride(0), q.stride(1),
+        keys.data_ptr(), values.data_ptr(), kv_heads, length, keys.stride(1), keys.stride(2),
+        None if mask is None else mask.data_ptr(), scale, out.data_ptr(),
+    )  # fmt: skip
+    return out

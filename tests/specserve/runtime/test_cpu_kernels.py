@@ -1,0 +1,166 @@
+"""The CPU's int8-row 4-bit product (runtime/cpu_kernels.py): its values against the file's weights, a row's
+bits independent of the rows beside it and of the path that computed it (VNNI or portable), and the
+choice of kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.runtime import cpu_kernels
+from specserve.runtime.int4 import Int4Weight, resolve_int4_kernel
+from tests.specserve.runtime.test_int4 import random_weight
+
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler on this host")
+
+
+def packed_random(n: int, width: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (n, width), dtype=np.uint8)
+    scales = rng.uniform(0.005, 0.02, (n, width // 32)).astype(np.float32)
+    zeros = rng.uniform(-0.1, 0.1, (n, width // 32)).astype(np.float32)
+    return codes, scales, zeros
+
+
+def dense(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> np.ndarray:
+    n, width = codes.shape
+    grouped = codes.reshape(n, width // 32, 32).astype(np.float64) - 8.0
+    return (grouped * scales[..., None] + zeros[..., None]).reshape(n, width)
+
+
+def int8_rows(x: np.ndarray) -> np.ndarray:
+    """Each group of 32 of each row rounded to 127 levels of its largest magnitude (what the kernel reads)."""
+    m, width = x.shape
+    groups = x.reshape(m, width // 32, 32).astype(np.float64)
+    amax = np.abs(groups).max(-1, keepdims=True)
+    scale = np.where(amax > 0, amax / 127.0, 1.0)
+    return (np.clip(np.rint(groups / scale), -127, 127) * scale).reshape(m, width)
+
+
+def test_the_product_is_the_files_weights_times_the_rows_rounded_to_int8():
+    codes, scales, zeros = packed_random(48, 256)
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(1))
+    y = cpu_kernels.int4_dot_mm(x, *cpu_kernels.pack(codes, scales, zeros)).numpy()
+    weights = dense(codes, scales, zeros)
+    exact_rows = int8_rows(x.numpy()) @ weights.T
+    # float32 accumulation of 8 group terms: far below the int8 rounding the next check allows for
+    np.testing.assert_allclose(y, exact_rows, rtol=0, atol=1e-5 * np.abs(exact_rows).max())
+    unrounded = x.numpy().astype(np.float64) @ weights.T
+    assert np.abs(y - unrounded).max() <= 0.02 * np.abs(unrounded).max()
+    assert np.abs(y - unrounded).max() > 1e-5 * np.abs(unrounded).max()  # the rows were rounded
+
+
+def test_a_zero_row_and_a_zero_group_give_exact_zeros_and_no_nan():
+    codes, scales, zeros = packed_random(16, 64)
+    x = torch.zeros(2, 64)
+    x[1, 32:] = torch.randn(32)  # row 1's first group is all zeros
+    y = cpu_kernels.int4_dot_mm(x, *cpu_kernels.pack(codes, scales, zeros))
+    assert torch.equal(y[0], torch.zeros(16))
+    assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads):
+    """1 to 21 rows (blocks of 8 and their remainders), against each row computed alone."""
+    codes, scales, zeros = packed_random(64, 512, seed=2)
+    layout = cpu_kernels.pack(codes, scales, zeros)
+    x = torch.randn(21, 512, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = [cpu_kernels.int4_dot_mm(x[i : i + 1], *layout) for i in range(21)]
+        for m in (1, 2, 7, 8, 9, 16, 21):
+            together = cpu_kernels.int4_dot_mm(x[:m], *layout)
+            for i in range(m):
+                assert torch.equal(together[i], alone[i][0]), (m, i)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
+    """A host without AVX512-VNNI (an AVX2 one) runs the portable loops: built here for x86-64-v3, they
+    must give this host's build's bits, so a model's outputs do not depend on which path ran them."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the portable build is compiled for an x86-64 level")
+    compiler = cpu_kernels._compiler()
+    assert compiler is not None
+    portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march="x86-64-v3"))
+    assert portable.specserve_int4_dot_vnni() == 0
+    codes, scales, zeros = packed_random(32, 320, seed=4)
+    layout = cpu_kernels.pack(codes, scales, zeros)
+    x = torch.randn(11, 320, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(cpu_kernels.int4_dot_mm(x, *layout, lib=portable), cpu_kernels.int4_dot_mm(x, *layout))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_weight_on_int8_dot_matches_torchs_kernel_within_the_rounding_of_its_rows(type_name):
+    """The same file's weight on both CPU kernels: the two approximations of the product (bf16 rows,
+    int8 rows) stay within a percent of each other; padding rows (N not a multiple of 16) are dropped."""
+    weight = random_weight(type_name, n=40, k=256)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(6))
+    dot, torch_kernel = Int4Weight(weight, kernel="int8-dot"), Int4Weight(weight, kernel="torch")
+    assert dot.compute_dtype == torch.float32
+    y_dot, y_torch = dot.matmul(x), torch_kernel.matmul(x)
+    assert y_dot.shape == y_torch.shape == (5, 40)
+    assert (y_dot - y_torch).abs().max() <= 0.02 * y_torch.abs().max()
+
+
+def test_the_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(monkeypatch):
+    assert resolve_int4_kernel("auto", "cpu") == "int8-dot"
+    assert resolve_int4_kernel("auto", "meta") == "torch"  # not a CPU: torch's kernel (CUDA's path)
+    assert resolve_int4_kernel("torch", "cpu") == "torch"
+    with pytest.raises(FailedPrecondition, match="int8-dot"):
+        resolve_int4_kernel("int8-dot", "meta")
+    with pytest.raises(InvalidArgument, match="int4_kernel"):
+        resolve_int4_kernel("int3", "cpu")
+    cpu_kernels.library.cache_clear()
+    monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
+    try:
+        assert cpu_kernels.library() is None
+        assert resolve_int4_kernel("auto", "cpu") == "torch"
+    finally:
+        cpu_kernels.library.cache_clear()
+
+
+def tree_case(n: int = 5, prefix: int = 7, heads: int = 6, kv_heads: int = 2, d: int = 64, seed: int = 7):
+    """Queries of a 5-node tree over a cache of `prefix` positions plus the tree: q as a slice of a fused
+    q/k product (strided, as the forward hands it over), keys and values as narrowed cache buffers."""
+    from specserve.core.tree_mask import tree_attention_mask
+
+    generator = torch.Generator().manual_seed(seed)
+    fused = torch.randn(n, heads + kv_heads, d, generator=generator)
+    length = prefix + n
+    buffers = [torch.randn(1, kv_heads, length + 9, d, generator=generator) for _ in "kv"]
+    keys, values = (buffer.narrow(2, 0, length) for buffer in buffers)
+    visible = torch.ones(n, length, dtype=torch.bool)
+    visible[:, prefix:] = tree_attention_mask([-1, 0, 0, 1, 2], visible.device)
+    return fused[:, :heads], keys, values, visible
+
+
+def test_attention_is_grouped_query_attention_under_a_trees_mask():
+    import torch.nn.functional as F
+
+    q, keys, values, visible = tree_case()
+    got = cpu_kernels.attend(q, keys, values, visible, 0.125)
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].double(), keys.double(), values.double(), attn_mask=visible[None, None],
+        scale=0.125, enable_gqa=True,
+    )[0].transpose(0, 1)  # fmt: skip
+    assert got.shape == q.shape and got.is_contiguous()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_tree_nodes_attention_is_its_path_decoded_alone_bit_for_bit():
+    """Node i of the tree sees the prefix and its ancestors: the same bits as its path's last token
+    attending, one row, over a cache holding only the prefix and that path."""
+    q, keys, values, visible = tree_case()
+    together = cpu_kernels.attend(q, keys, values, visible, 0.125)
+    prefix = keys.shape[2] - q.shape[0]
+    for node, path in enumerate([[0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]]):
+        kept = list(range(prefix)) + [prefix + p for p in path]
+        alone = cpu_kernels.attend(q[node : node + 1], keys[:, :, kept], values[:, :, kept], None, 0.125)
+        assert torch.equal(together[node], alone[0]), node
