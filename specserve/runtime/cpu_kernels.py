@@ -11,6 +11,8 @@ decoded one at a time, bit for bit:
 - `attend` (`csrc/attention.cpp`): float32 attention of each query row over the positions it sees, in
   the order a one-by-one decode would see them. torch's attention kernels round a row differently as
   the number of rows changes; without this the lean forward attends in float64 to make that noise vanish.
+- `specserve_forward_layers` (`csrc/layers.cpp`, driven by runtime/fused_layers.py): a decoder's layers
+  around those two, in one call per forward.
 
 Numbers: the product's rows are rounded to int8 per group (scale amax / 127), as llama.cpp does for these
 files; the weights are the file's own values. That is another approximation of the float32 model than
@@ -40,7 +42,9 @@ from specserve.models.default_model import build_once
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_dot.cpp", "attention.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name for name in ("int4_dot.cpp", "attention.cpp", "layers.cpp")
+)
 LIBRARY_FILE = "specserve_cpu.so"
 TILE = 16  # outputs per tile of the packed layout
 GROUP = 32

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.runtime import cpu_kernels
+from specserve.runtime.fused_layers import FusedLayers
 from specserve.runtime.int4 import Int4Linear, Int4Product, Int4Weight, runs_on_int4
 from specserve.runtime.kernels import FusedPart
 from specserve.runtime.segment import ForwardBatch
@@ -170,8 +171,15 @@ class NativeDecoder:
         )
         self.exact_attention = on_int4 and not self.row_attention
         self.attention_dtype = torch.float64 if self.exact_attention else inner.norm.weight.dtype
-        # Weights as shipped: each layer calls its four int4 products directly (`_int4_layer`).
+        # Weights as shipped: each layer calls its four int4 products directly (`_int4_layer`), or, every
+        # product on the CPU's int8-dot kernel, all layers run in one call (runtime/fused_layers.py).
         self.int4 = int4_layers(self.layers)
+        self.fused: FusedLayers | None = None
+        if self.row_attention and FusedLayers.supports(self.int4, inner.norm.weight.dtype):
+            assert self.int4 is not None
+            self.fused = FusedLayers(
+                self.layers, self.int4, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling
+            )
 
     @staticmethod
     def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -199,6 +207,8 @@ class NativeDecoder:
         # onto sin's first half (exact: negation commutes with the product).
         half = self.head_dim // 2
         sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # [N, 1, D]
+        if self.fused is not None:
+            return self.fused.forward(hidden, cos[:, 0], sin_signed[:, 0], batch, layer_outputs)
         rotary = (cos, sin_signed)
         # row attention reads each segment's [n, L] bool mask; the others add a 0 / -inf mask to the scores
         masks = [

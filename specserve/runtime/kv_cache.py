@@ -69,6 +69,20 @@ class PositionalLayer(CacheLayerMixin):
         self.length = end
         return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
+    def reserve(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for n positions at [length, length + n), written by a caller that is not `update` (the
+        compiled layers, runtime/fused_layers.py): the whole buffers [B, H_kv, allocated, D] each, keys
+        and values alike. `like` [B, H_kv, n, D] names their shape, dtype and device at first use. The
+        caller moves `length` once it has written."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        end = self.length + n
+        if end > self.capacity:
+            raise ResourceExhausted(f"KV cache full: {end} positions needed, capacity {self.capacity}")
+        if end > self.allocated:
+            self._grow(end)
+        return self.keys, self.values
+
     def update_exact(
         self, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@
 namespace {
 
 constexpr int64_t kLanes = 16;
+constexpr int64_t kReaderBlock = 64;  // query vectors attended together over one key/value head
 
 #if defined(__AVX512F__)
 inline float dot(const float* a, const float* b, int64_t d) {
@@ -55,10 +56,11 @@ inline float dot(const float* a, const float* b, int64_t d) {
 }
 #endif
 
-// exp(x) for x <= 0 within about 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, Cody and
-// Waite), exp(r) by its Taylor series to r^6 (the next term is below 1.3e-7 relative), times 2^n.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // exp(-87) ~ 1.6e-38: still a normal float
+// exp(x) within about 2 ulp for x in [-87, 88] (clamped there): x = n ln2 + r with |r| <= ln2 / 2 (ln2
+// in two parts, Cody and Waite), exp(r) by its Taylor series to r^6 (the next term is below 1.3e-7
+// relative), times 2^n.
+inline float exp_clamped(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);  // exp(-87) ~ 1.6e-38 is still normal; exp(88) < FLT_MAX
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
   float p = 1.0f / 720.0f;
@@ -75,9 +77,9 @@ inline float exp_nonpositive(float x) {
 }
 
 #if defined(__AVX512F__)
-// The same formula as exp_nonpositive, 16 lanes at a time; the last lanes masked, computed alike.
-inline __m512 exp_nonpositive16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+// The same formula as exp_clamped, 16 lanes at a time; the last lanes masked, computed alike.
+inline __m512 exp_clamped16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
   const __m512 n = _mm512_roundscale_ps(
       _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(0.5f)),
       _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -95,18 +97,21 @@ void exp_shifted(float* values, int64_t count, float top) {
   for (int64_t u = 0; u < count; u += 16) {
     const __mmask16 lanes = count - u >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - u)) - 1);
     const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, values + u), shift);
-    _mm512_mask_storeu_ps(values + u, lanes, exp_nonpositive16(x));
+    _mm512_mask_storeu_ps(values + u, lanes, exp_clamped16(x));
   }
 }
 #else
 void exp_shifted(float* values, int64_t count, float top) {
-  for (int64_t u = 0; u < count; ++u) values[u] = exp_nonpositive(values[u] - top);
+  for (int64_t u = 0; u < count; ++u) values[u] = exp_clamped(values[u] - top);
 }
 #endif
 
 }  // namespace
 
 extern "C" {
+
+// values[u] = exp(values[u] - shift) for u < count (the layers' SiLU reads it with shift 0).
+void specserve_exp_shifted(float* values, int64_t count, float shift) { exp_shifted(values, count, shift); }
 
 // q [rows, heads, d] at (q_row, q_head) strides -> out [rows, heads, d] contiguous. keys and values
 // [kv_heads, length, d] at (kv_head, kv_pos) strides, the last axis contiguous. visible [rows, length]
@@ -117,42 +122,50 @@ void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, in
                       int64_t kv_pos, const uint8_t* visible, float scale, float* out) {
   const int64_t group = heads / kv_heads;
   const int64_t readers = rows * group;  // query vectors per key/value head: (row, head in the group)
-#pragma omp parallel for schedule(static) if (kv_heads > 1 && rows * heads * length * d > 32768)
-  for (int64_t kv = 0; kv < kv_heads; ++kv) {
+  // Readers in blocks, so a long prompt's scores stay small: [block][length] floats per task.
+  const int64_t block = std::max<int64_t>(group, (kReaderBlock / group) * group);
+  const int64_t blocks = (readers + block - 1) / block;
+#pragma omp parallel for schedule(static) if (kv_heads * blocks > 1 && rows * heads * length * d > 32768)
+  for (int64_t task = 0; task < kv_heads * blocks; ++task) {
+    const int64_t kv = task / blocks, first = (task % blocks) * block;
+    const int64_t last = std::min(readers, first + block), count_readers = last - first;
     const float* k = keys + kv * kv_head;
     const float* v = values + kv * kv_head;
-    std::vector<float> weights(static_cast<size_t>(readers * length));  // [reader][its u-th position]
-    std::vector<int64_t> count(static_cast<size_t>(readers), 0);
-    std::vector<float> acc(static_cast<size_t>(readers * d), 0.0f);
+    std::vector<float> weights(static_cast<size_t>(count_readers * length));  // [reader][its u-th position]
+    std::vector<int64_t> count(static_cast<size_t>(count_readers), 0);
+    std::vector<float> acc(static_cast<size_t>(count_readers * d), 0.0f);
+    std::vector<float> total(static_cast<size_t>(count_readers), 0.0f);
     auto query = [&](int64_t r) { return q + (r / group) * q_row + (kv * group + r % group) * q_head; };
     auto sees = [&](int64_t r, int64_t j) { return visible == nullptr || visible[(r / group) * length + j]; };
     for (int64_t j = 0; j < length; ++j) {
       const float* kj = k + j * kv_pos;
-      for (int64_t r = 0; r < readers; ++r) {
-        if (sees(r, j)) weights[r * length + count[r]++] = scale * dot(query(r), kj, d);
+      for (int64_t r = first; r < last; ++r) {
+        const int64_t b = r - first;
+        if (sees(r, j)) weights[b * length + count[b]++] = scale * dot(query(r), kj, d);
       }
     }
-    std::vector<float> total(static_cast<size_t>(readers), 0.0f);
-    for (int64_t r = 0; r < readers; ++r) {
-      float* w = weights.data() + r * length;
+    for (int64_t b = 0; b < count_readers; ++b) {
+      float* w = weights.data() + b * length;
       float top = -INFINITY;
-      for (int64_t u = 0; u < count[r]; ++u) top = std::max(top, w[u]);
-      exp_shifted(w, count[r], top);
-      for (int64_t u = 0; u < count[r]; ++u) total[r] += w[u];
+      for (int64_t u = 0; u < count[b]; ++u) top = std::max(top, w[u]);
+      exp_shifted(w, count[b], top);
+      for (int64_t u = 0; u < count[b]; ++u) total[b] += w[u];
     }
     std::fill(count.begin(), count.end(), 0);
     for (int64_t j = 0; j < length; ++j) {
       const float* __restrict vj = v + j * kv_pos;
-      for (int64_t r = 0; r < readers; ++r) {
+      for (int64_t r = first; r < last; ++r) {
+        const int64_t b = r - first;
         if (!sees(r, j)) continue;
-        const float p = weights[r * length + count[r]++];
-        float* __restrict a = acc.data() + r * d;
+        const float p = weights[b * length + count[b]++];
+        float* __restrict a = acc.data() + b * d;
         for (int64_t t = 0; t < d; ++t) a[t] += p * vj[t];
       }
     }
-    for (int64_t r = 0; r < readers; ++r) {
+    for (int64_t r = first; r < last; ++r) {
+      const int64_t b = r - first;
       float* o = out + ((r / group) * heads + kv * group + r % group) * d;
-      for (int64_t t = 0; t < d; ++t) o[t] = acc[r * d + t] / total[r];
+      for (int64_t t = 0; t < d; ++t) o[t] = acc[b * d + t] / total[b];
     }
   }
 }

@@ -25,6 +25,7 @@ from specserve.runtime.int4 import (
 )
 from specserve.runtime.kernels import FusedPart
 from specserve.runtime.runner import ModelRunner
+from specserve.runtime.segment import ForwardBatch
 from specserve.runtime.target import LocalVerifier
 
 
@@ -208,9 +209,10 @@ def test_the_lean_int4_layer_gives_the_module_paths_logits_bit_for_bit(make):
     apply_as_shipped(model, quantize_model(model))
     lean = ModelRunner(model)
     assert lean.native is not None and lean.native.int4 is not None
+    lean.native.fused = None  # the layer in torch ops (the compiled layers: the next test)
     modules = ModelRunner(model)
     assert modules.native is not None
-    modules.native.int4 = None  # the generic layer, through each module
+    modules.native.int4 = modules.native.fused = None  # the generic layer, through each module
 
     def run(runner: ModelRunner) -> list[torch.Tensor]:
         prompts = [[3, 17, 5, 9, 41, 2], [8, 1]]
@@ -224,6 +226,51 @@ def test_the_lean_int4_layer_gives_the_module_paths_logits_bit_for_bit(make):
 
     for expected, got in zip(run(modules), run(lean), strict=True):
         assert torch.equal(expected, got)
+
+
+@pytest.mark.parametrize("make", ["llama", "qwen2"])
+def test_the_compiled_layers_compute_the_torch_layers_values_and_fill_layer_outputs(make):
+    """All layers in one call into the library (runtime/fused_layers.py) against the as-shipped layer in
+    torch ops, on a prefill, a tree and a ragged batch: the same values to float32 rounding (norms and
+    SiLU are computed in another order), each segment's cache advanced alike, and a layer's output kept
+    where a fused hidden-state draft asks for it."""
+    from tiny_llama import tiny_qwen2
+
+    from specserve.runtime import cpu_kernels
+    from specserve.runtime.segment import Segment
+
+    if cpu_kernels.library() is None:
+        pytest.skip("no C++ compiler on this host")
+    model = tiny_llama(vocab_size=64, hidden=32) if make == "llama" else tiny_qwen2(vocab_size=64, hidden=32)
+    apply_as_shipped(model, quantize_model(model), kernel="int8-dot")
+    compiled = ModelRunner(model)
+    assert compiled.native is not None and compiled.native.fused is not None
+    torch_ops = ModelRunner(model)
+    assert torch_ops.native is not None
+    torch_ops.native.fused = None
+
+    def run(runner: ModelRunner) -> tuple[list[torch.Tensor], list[int]]:
+        prompts = [[3, 17, 5, 9, 41, 2], [8, 1]]
+        caches = [runner.new_cache(64) for _ in prompts]
+        out = [runner.forward(cache, prompt) for cache, prompt in zip(caches, prompts, strict=True)]
+        out.append(runner.forward(caches[0], [7, 11, 13, 2], [-1, 0, 0, 1]))  # a tree
+        caches[0].truncate(len(prompts[0]))
+        tree = Segment(caches[0], [7, 11], torch.tensor([6, 7]), torch.ones(2, 8, dtype=torch.bool).tril(6))
+        single = Segment(caches[1], [40], torch.tensor([2]))
+        out += runner.forward_batch([tree, single])
+        assert runner.native is not None
+        batch = ForwardBatch.of(
+            [Segment(runner.new_cache(8), [5, 6, 7], torch.arange(3))], torch.device("cpu")
+        )
+        kept: dict[int, torch.Tensor] = {0: torch.empty(0)}
+        out.append(runner.native.forward(batch, kept))
+        out.append(kept[0])
+        return out, [cache.length for cache in caches]
+
+    (expected, expected_lengths), (got, got_lengths) = run(torch_ops), run(compiled)
+    assert got_lengths == expected_lengths
+    for want, have in zip(expected, got, strict=True):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
 
 
 def test_only_a_model_whose_every_projection_runs_on_codes_takes_the_int4_layer():

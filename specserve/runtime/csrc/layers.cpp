@@ -1,0 +1,186 @@
+// A Llama-family decoder's layers over a ragged batch in one call: per layer an RMSNorm, the q/k/v
+// product, rotary, each segment's K/V written into its cache and attended there, the o product, an
+// RMSNorm, the gate/up product, SiLU, the down product, with the residual adds. The products and the
+// attention are the library's own (int4_dot.cpp, attention.cpp); between them everything is per row
+// and per element, so a row's values still do not depend on the rows beside it. What it saves is the
+// per-layer Python and the dozen small tensor ops a layer otherwise costs (most of a one-token step of
+// a small model once the weights are 4-bit).
+//
+// The structs mirror specserve/runtime/fused_layers.py (ctypes); the Python side owns every buffer.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+extern "C" void specserve_int4_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
+                                      const float* scales, const float* biases, int64_t outputs, float* y);
+extern "C" void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, int64_t q_row,
+                                 int64_t q_head, const float* keys, const float* values, int64_t kv_heads,
+                                 int64_t length, int64_t kv_head, int64_t kv_pos, const uint8_t* visible,
+                                 float scale, float* out);
+
+extern "C" void specserve_exp_shifted(float* values, int64_t count, float shift);
+
+extern "C" {
+
+struct SpecserveProduct {
+  const uint8_t* codes;   // the int4_dot layout of the widened weight
+  const float* scales;
+  const float* biases;    // the layout's per-group biases (zero - 8 * scale)
+  const float* bias;      // [out_features] added to the output, or null
+  int64_t outputs;        // the layout's outputs (a multiple of 16)
+  int64_t out_features;   // the real ones
+  int64_t in_features;    // before widening
+  int64_t parts;          // the input repeated once per part
+  int64_t group;          // 32, or 16 (each group padded with 16 zero inputs)
+};
+
+struct SpecserveLayer {
+  SpecserveProduct qkv, o, gate_up, down;
+  const float* input_norm;      // [hidden]
+  const float* post_norm;       // [hidden]
+  float input_eps, post_eps;
+};
+
+struct SpecserveSegment {
+  int64_t lo, hi;               // its rows in the batch
+  int64_t start;                // its cache's length before this forward: its K/V land at start + i
+  const uint8_t* visible;       // [hi - lo, start + hi - lo], 1 = attended; null = every position
+};
+
+struct SpecserveForward {
+  float* hidden;                // [rows, hidden_size], updated in place
+  int64_t rows, hidden_size, heads, kv_heads, head_dim, intermediate;
+  float scale;                  // attention's
+  const float* cos;             // [rows, head_dim]
+  const float* sin_signed;      // [rows, head_dim]: sin with its first half negated (rotate_half's sign)
+  int64_t segments;
+  const SpecserveSegment* segment;
+  float* const* keys;           // [layers * segments]: layer l, segment s at l * segments + s
+  float* const* values;
+  const int64_t* kv_head_stride;  // [layers * segments]
+  const int64_t* kv_pos_stride;
+  float* const* layer_outputs;  // [layers]: where a layer's output is copied, or null
+};
+
+}  // extern "C"
+
+namespace {
+
+void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t size, float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = x + i * size;
+    float lanes[16] = {};
+    int64_t t = 0;
+    for (; t + 16 <= size; t += 16) {
+      for (int l = 0; l < 16; ++l) lanes[l] += row[t + l] * row[t + l];
+    }
+    for (int l = 0; t + l < size; ++l) lanes[l] += row[t + l] * row[t + l];
+    for (int width = 8; width >= 1; width /= 2) {
+      for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    const float inverse = 1.0f / std::sqrt(lanes[0] / static_cast<float>(size) + eps);
+    for (int64_t k = 0; k < size; ++k) out[i * size + k] = weight[k] * (row[k] * inverse);
+  }
+}
+
+// x [rows, in_features] -> y [rows, outputs] (the first out_features meaningful), bias added.
+void product(const SpecserveProduct& p, const float* x, int64_t rows, std::vector<float>& wide, float* y) {
+  const float* input = x;
+  int64_t width = p.in_features;
+  if (p.parts != 1 || p.group != 32) {
+    const int64_t groups = p.in_features / p.group;
+    width = p.parts * groups * 32;
+    wide.assign(static_cast<size_t>(rows * width), 0.0f);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t part = 0; part < p.parts; ++part) {
+        for (int64_t g = 0; g < groups; ++g) {
+          std::memcpy(&wide[i * width + (part * groups + g) * 32], x + i * p.in_features + g * p.group,
+                      p.group * sizeof(float));
+        }
+      }
+    }
+    input = wide.data();
+  }
+  specserve_int4_dot_mm(input, rows, width, p.codes, p.scales, p.biases, p.outputs, y);
+  if (p.bias != nullptr) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t n = 0; n < p.out_features; ++n) y[i * p.outputs + n] += p.bias[n];
+    }
+  }
+}
+
+// x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1): the sign sits in sin_signed.
+void rotate(float* head, const float* cos, const float* sin_signed, int64_t d, float* swapped) {
+  const int64_t half = d / 2;
+  for (int64_t t = 0; t < d; ++t) swapped[t] = head[t < half ? t + half : t - half];
+  for (int64_t t = 0; t < d; ++t) head[t] = head[t] * cos[t] + swapped[t] * sin_signed[t];
+}
+
+}  // namespace
+
+extern "C" void specserve_forward_layers(const SpecserveLayer* layers, int64_t count, const SpecserveForward* f) {
+  const int64_t rows = f->rows, size = f->hidden_size, d = f->head_dim;
+  const int64_t q_width = f->heads * d, kv_width = f->kv_heads * d;
+  std::vector<float> x(static_cast<size_t>(rows * std::max(size, f->intermediate)));
+  std::vector<float> wide, swapped(static_cast<size_t>(d));
+  std::vector<float> attended(static_cast<size_t>(rows * q_width));
+  std::vector<float> out;
+  for (int64_t l = 0; l < count; ++l) {
+    const SpecserveLayer& layer = layers[l];
+    rms_norm(f->hidden, layer.input_norm, layer.input_eps, rows, size, x.data());
+    out.resize(static_cast<size_t>(rows * layer.qkv.outputs));
+    product(layer.qkv, x.data(), rows, wide, out.data());
+    const int64_t stride = layer.qkv.outputs;  // q, k, v side by side in each row
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t h = 0; h < f->heads + f->kv_heads; ++h) {
+        rotate(&out[i * stride + h * d], f->cos + i * d, f->sin_signed + i * d, d, swapped.data());
+      }
+    }
+    for (int64_t s = 0; s < f->segments; ++s) {
+      const SpecserveSegment& seg = f->segment[s];
+      const int64_t at = l * f->segments + s;
+      float* keys = f->keys[at];
+      float* values = f->values[at];
+      const int64_t head_stride = f->kv_head_stride[at], pos_stride = f->kv_pos_stride[at];
+      for (int64_t i = seg.lo; i < seg.hi; ++i) {
+        const int64_t position = seg.start + (i - seg.lo);
+        for (int64_t h = 0; h < f->kv_heads; ++h) {
+          std::memcpy(keys + h * head_stride + position * pos_stride, &out[i * stride + q_width + h * d],
+                      d * sizeof(float));
+          std::memcpy(values + h * head_stride + position * pos_stride,
+                      &out[i * stride + q_width + kv_width + h * d], d * sizeof(float));
+        }
+      }
+      const int64_t n = seg.hi - seg.lo;
+      specserve_attend(&out[seg.lo * stride], n, f->heads, d, stride, d, keys, values, f->kv_heads, seg.start + n,
+                       head_stride, pos_stride, seg.visible, f->scale, &attended[seg.lo * q_width]);
+    }
+    out.resize(static_cast<size_t>(rows * layer.o.outputs));
+    product(layer.o, attended.data(), rows, wide, out.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t k = 0; k < size; ++k) f->hidden[i * size + k] += out[i * layer.o.outputs + k];
+    }
+    rms_norm(f->hidden, layer.post_norm, layer.post_eps, rows, size, x.data());
+    out.resize(static_cast<size_t>(rows * layer.gate_up.outputs));
+    product(layer.gate_up, x.data(), rows, wide, out.data());
+    const int64_t inner = f->intermediate;
+    for (int64_t i = 0; i < rows; ++i) {  // SiLU(gate) * up = gate / (1 + exp(-gate)) * up
+      const float* gate = &out[i * layer.gate_up.outputs];
+      float* act = &x[i * inner];
+      for (int64_t k = 0; k < inner; ++k) act[k] = -gate[k];
+      specserve_exp_shifted(act, inner, 0.0f);
+      for (int64_t k = 0; k < inner; ++k) act[k] = (gate[k] / (1.0f + act[k])) * gate[inner + k];
+    }
+    out.resize(static_cast<size_t>(rows * layer.down.outputs));
+    product(layer.down, x.data(), rows, wide, out.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t k = 0; k < size; ++k) f->hidden[i * size + k] += out[i * layer.down.outputs + k];
+    }
+    if (f->layer_outputs != nullptr && f->layer_outputs[l] != nullptr) {
+      std::memcpy(f->layer_outputs[l], f->hidden, rows * size * sizeof(float));
+    }
+  }
+}
