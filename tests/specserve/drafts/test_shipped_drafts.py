@@ -30,7 +30,6 @@ from specserve.methods import method_spec
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.stopper import load_decision_model, shipped_decision_model
 from specserve.runtime.target import LocalVerifier
-from specserve.settings import EngineSettings
 
 pytestmark = pytest.mark.model
 
@@ -46,8 +45,8 @@ def greedy_40(method: str) -> GenerationRequest:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(EngineSettings.from_env(model_dir=None, glide_dir=None, vanilla_dir=None, draft_dir=None))
+def engine(shipped_engine: Engine) -> Engine:
+    return shipped_engine
 
 
 def test_every_draft_ships_with_its_training_record() -> None:

@@ -3,9 +3,11 @@ to the router (HTTPS for its HTTP API) and a random token the router requires, k
 path the stack prints with commands that use it. `--insecure` is plaintext without a token, and says so.
 
 The first tests check how the command picks its tokens (no processes); the rest start the command as a
-user runs it, with no security option at all, and attack it: plaintext and certificate-less clients at
-the target and draft, calls without the token at the router, a scan of every process's command line for
-the token and Redis's password. SIGTERM then stops it and removes its temporary directory.
+user runs it, with no security option at all (the README's main command, plus the HTTP API), and attack
+it: plaintext and certificate-less clients at the target and draft, calls without the token at the router,
+a scan of every process's command line for the token and Redis's password. SIGTERM (what `kill`, a
+container runtime or a CI timeout sends) then stops every process and removes its temporary directory.
+One such stack serves every test here: each start loads the model in two processes.
 """
 
 from __future__ import annotations
@@ -248,6 +250,14 @@ def test_no_command_line_shows_the_token_or_the_redis_password(stack) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.model
+def test_stack_streams_a_generation_and_every_process_listens(stack) -> None:
+    assert re.search(r"via router\] [1-9][0-9]* tokens", stack.output), stack.output
+    # Router, target, draft and Redis; the SIGTERM test below checks that they all go.
+    assert not any(port_closed(stack.base_port + i) for i in range(4)), stack.output
+
+
+@pytest.mark.distributed
+@pytest.mark.model
 def test_sigterm_stops_it_and_removes_its_directory(stack) -> None:
     directory = stack.token_file.parent
     assert directory.name.startswith("specserve-stack-")
@@ -264,4 +274,5 @@ def test_sigterm_stops_it_and_removes_its_directory(stack) -> None:
     assert time.monotonic() - started < 15, stack.output  # well inside one drain
     idle.close()
     assert not directory.exists()
-    assert all(port_closed(stack.base_port + i) for i in range(4))
+    # Redis and the three services went with it: nothing listens on their ports any more.
+    assert all(port_closed(stack.base_port + i) for i in range(4)), stack.output

@@ -10,7 +10,6 @@ from specserve.core.decision import NUM_FEATURES
 from specserve.drafts import DraftKind
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument
-from specserve.settings import EngineSettings
 from specserve.training.stopper import StopperLogSettings, log_stopper_data
 
 pytestmark = pytest.mark.model
@@ -19,8 +18,8 @@ DEPTH = 3
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(EngineSettings.from_env(model_dir=None, glide_dir=None, eagle_dir=None))
+def engine(shipped_engine: Engine) -> Engine:
+    return shipped_engine
 
 
 @pytest.fixture(scope="module")
