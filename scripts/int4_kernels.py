@@ -5,8 +5,9 @@
 Shapes are the default model's (SmolLM2-135M: fused q/k/v 960x576, fused gate/up 3072x576, down 576x1536,
 the tied head as two 4-bit parts 49152x1152). For each: torch's int4 kernel with its input in bfloat16,
 float16 and float32 (the three input types it takes), its int8 kernel (per-row scales only: Q8_0's
-per-32 scales do not fit it), and the dense float32 weight packed for oneDNN and in bfloat16 (what the
-runtime ran before), so the ratios say what each path costs.
+per-32 scales do not fit it), this project's int8-dot kernel (runtime/cpu_kernels.py: rows in int8,
+one pass over the weights for all rows), and the dense float32 weight packed for oneDNN and in bfloat16
+(what the runtime ran before), so the ratios say what each path costs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import argparse
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
+
+from specserve.runtime import cpu_kernels
 
 SHAPES = {"qkv 960x576": (960, 576), "gate/up 3072x576": (3072, 576), "down 576x1536": (576, 1536)}
 HEAD = {"head 49152x1152": (49152, 1152)}
@@ -57,6 +61,10 @@ def candidates(n: int, k: int) -> dict[str, Callable[[torch.Tensor], object]]:
         ),
         "fp32 packed oneDNN": lambda x: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""),
     }
+    if cpu_kernels.library() is not None:
+        scales = pairs[..., 0].T.contiguous().numpy()
+        layout = cpu_kernels.pack(codes.to(torch.uint8).numpy(), scales, np.zeros_like(scales))
+        out["int8-dot (this project), fp32"] = lambda x: cpu_kernels.int4_dot_mm(x, *layout)
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         bf16 = torch.ops.mkldnn._reorder_linear_weight(dense.bfloat16(), None)
         out["bf16 packed oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(

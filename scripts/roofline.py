@@ -3,10 +3,11 @@
     .venv/bin/python scripts/roofline.py [--steps 30]
 
 For dense float32 weights (packed oneDNN) and the file's weights as shipped (int4 codes, scales and
-zeros), prints the weight bytes one step reads, the step's median time on the lean forward over a
-200-token cache, the bandwidth that implies, and the machine's streaming bandwidth (a sum over a 1 GiB
-tensor on every thread): how far each path is from the memory bound, and how much of its step is not
-spent moving weights.
+zeros; on torch's int4 kernel, and on this project's int8-dot kernel with its compiled layers), prints the
+weight bytes one step reads, the step's median time on the lean forward over a 200-token cache, the
+bandwidth that implies, and the machine's streaming bandwidth (a sum over a 1 GiB tensor on every
+thread): how far each path is from the memory bound, and how much of its step is not spent moving
+weights.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
         if isinstance(holder, Int4Product):
             holder = holder.weight
         if isinstance(holder, Int4Weight):
-            total += holder.packed.numel() * holder.packed.element_size()
-            total += holder.scales_zeros.numel() * holder.scales_zeros.element_size()
+            total += holder.nbytes
         elif isinstance(holder, PackedLinear | FusedProduct):
             out_features, in_features = holder.packed.size()
             total += out_features * in_features * 4  # float32
@@ -89,13 +89,20 @@ def main() -> None:
     with torch.inference_mode():
         for label, model in (
             ("dense float32", load_causal_lm(model_dir, linear_kernel="auto")),
-            ("as shipped", load_causal_lm(model_dir, linear_kernel="auto", as_shipped=shipped)),
+            (
+                "as shipped, torch int4",
+                load_causal_lm(model_dir, linear_kernel="auto", as_shipped=shipped, int4_kernel="torch"),
+            ),
+            (
+                "as shipped, int8-dot",
+                load_causal_lm(model_dir, linear_kernel="auto", as_shipped=shipped, int4_kernel="int8-dot"),
+            ),
         ):
             size = weight_bytes(model)
             seconds = step_seconds(model, args.steps)
             bound = size / bandwidth
             print(
-                f"{label:14s} {size / 1e6:7.1f} MB/step  step {seconds * 1e3:6.2f} ms  "
+                f"{label:24s} {size / 1e6:7.1f} MB/step  step {seconds * 1e3:6.2f} ms  "
                 f"{size / seconds / 1e9:5.1f} GB/s  memory bound {bound * 1e3:5.2f} ms "
                 f"({bound / seconds:.0%} of the step)"
             )

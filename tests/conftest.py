@@ -8,9 +8,9 @@
   (the whole next-token distribution is small enough to check exactly).
 - tiny_qwen2_target_dir: tiny_target_dir's Qwen2 counterpart (q/k/v biases, head_dim 32 with hidden 64
   and 4 heads, RoPE theta 1e6, tied head; specserve/models/tiny.py), same tokenizer.
-- default_engine / shipped_engine: the in-process engine on the default model's settings from the
-  environment / on the model and the drafts shipped for it whatever the environment names; one engine
-  where the two agree (as in CI), since each load of the real model and its drafts takes seconds.
+- default_engine: the in-process engine on the default model's settings from the environment (the
+  shipped model and drafts unless the environment names others), one per session: each load of the real
+  model and its drafts takes seconds.
 - architecture: Llama, unless a test runs on each architecture (tiny_llama.EACH_ARCHITECTURE);
   architecture_target_dir: the tiny target of that architecture.
 
@@ -37,7 +37,6 @@ INTEGRATION_MARKERS = frozenset({"model", "distributed", "ray", "large_model"})
 INTEGRATION_FIXTURES = frozenset(
     {
         "default_engine",  # the real model and the shipped drafts, in process
-        "shipped_engine",  # the same, whatever the environment names
         "held_out",  # the real model's answers to held-out prompts (tests/specserve/drafts)
         "shared_stack",  # Redis, target, draft and router processes (tests/services), and what builds on it
         "browser",  # headless Chromium (the playground page)
@@ -116,18 +115,3 @@ def default_engine():
 
     return Engine(EngineSettings.from_env())
 
-
-# The checkpoint directories the environment may point elsewhere; None is the shipped one.
-SHIPPED_DIRS = {name: None for name in ("model_dir", "draft_dir", "glide_dir", "vanilla_dir", "eagle_dir")}
-
-
-@pytest.fixture(scope="session")
-def shipped_engine(request: pytest.FixtureRequest):
-    """The in-process engine on the shipped model and drafts: default_engine itself unless the
-    environment names other checkpoints."""
-    from specserve.engine import Engine
-
-    shipped = EngineSettings.from_env(**SHIPPED_DIRS)
-    if shipped == EngineSettings.from_env():
-        return request.getfixturevalue("default_engine")
-    return Engine(shipped)

@@ -8,7 +8,9 @@ q/k/v product, one rotary over q and k together, each session's K/V written into
 attended there, one o projection, one RMSNorm, one packed gate/up product, one down projection.
 Architectures it does not know keep transformers' forward (`runtime/ragged.py`), so any causal LM still
 serves. On weights as shipped (runtime/int4.py) each layer calls its four int4 products directly
-(`_int4_layer`), with the same values as through the modules and fewer small ops per layer.
+(`_int4_layer`), with the same values as through the modules and fewer small ops per layer; on a CPU
+where the compiled kernels build (runtime/cpu_kernels.py), attention computes each row alone in float32,
+and with every product on the int8-dot kernel all the layers run in one call (runtime/fused_layers.py).
 """
 
 from __future__ import annotations

@@ -119,6 +119,12 @@ class Int4Weight:
         pairs = np.stack([scales.T, zeros.T], axis=-1)
         self.scales_zeros = torch.from_numpy(np.ascontiguousarray(pairs)).to(self.device, compute_dtype)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads of this weight: its packed codes, scales and zeros (or biases)."""
+        tensors = self.dot_layout if self.kernel == "int8-dot" else (self.packed, self.scales_zeros)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> x @ W.T [..., N], in x's dtype."""
         y = self.product(x.reshape(-1, self.in_features).to(self.compute_dtype))  # [M, N]

@@ -45,8 +45,8 @@ def greedy_40(method: str) -> GenerationRequest:
 
 
 @pytest.fixture(scope="module")
-def engine(shipped_engine: Engine) -> Engine:
-    return shipped_engine
+def engine(default_engine: Engine) -> Engine:
+    return default_engine
 
 
 def test_every_draft_ships_with_its_training_record() -> None:

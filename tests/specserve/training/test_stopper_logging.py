@@ -18,8 +18,8 @@ DEPTH = 3
 
 
 @pytest.fixture(scope="module")
-def engine(shipped_engine: Engine) -> Engine:
-    return shipped_engine
+def engine(default_engine: Engine) -> Engine:
+    return default_engine
 
 
 @pytest.fixture(scope="module")
