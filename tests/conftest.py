@@ -114,4 +114,3 @@ def default_engine():
     from specserve.engine import Engine
 
     return Engine(EngineSettings.from_env())
-
