@@ -16,7 +16,6 @@ and with every product on the int8-dot kernel all the layers run in one call (ru
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +24,7 @@ from torch import nn
 
 from specserve.runtime import cpu_kernels
 from specserve.runtime.fused_layers import FusedLayers
-from specserve.runtime.int4 import Int4Linear, Int4Product, Int4Weight, runs_on_int4
+from specserve.runtime.int4 import Int4Layer, int4_layers, runs_on_int4
 from specserve.runtime.kernels import FusedPart
 from specserve.runtime.segment import ForwardBatch
 
@@ -65,71 +64,6 @@ def _projections(modules: Sequence[nn.Module]) -> Callable[[torch.Tensor], Seque
     if isinstance(first, FusedPart) and len(products) == 1 and len(modules) == len(first.product.widths):
         return first.product.parts
     return lambda x: [module(x) for module in modules]
-
-
-@dataclass(frozen=True)
-class Int4Step:
-    """One int4 product of a layer (runtime/int4.py) and its bias: what the as-shipped layer calls
-    directly, without module dispatch, splitting or casting the kernel's output between products."""
-
-    weight: Int4Weight
-    bias: torch.Tensor | None  # [N] in the model's dtype
-
-    def to_model(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The kernel's output [M, N] (compute dtype) -> the model's dtype, bias added (as Int4Linear)."""
-        y = y.to(dtype)
-        return y if self.bias is None else y + self.bias
-
-    def add_to(self, hidden: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """hidden [M, N] + the kernel's output y [M, N] as Int4Linear returns it; without a bias a float32
-        stream lets the add promote y (each bf16 value exactly, as the cast did)."""
-        if self.bias is None and torch.promote_types(hidden.dtype, y.dtype) == hidden.dtype:
-            return hidden + y
-        return hidden + self.to_model(y, hidden.dtype)
-
-
-@dataclass(frozen=True)
-class Int4Layer:
-    """A decoder layer's four products on int4 codes: q/k/v fused (q, k, v side by side along the
-    outputs), o, gate/up fused, down."""
-
-    qkv: Int4Step
-    o: Int4Step
-    gate_up: Int4Step
-    down: Int4Step
-
-
-def _int4_step(modules: Sequence[nn.Module]) -> Int4Step | None:
-    """The one int4 product behind `modules` (one Int4Linear, or every part of one Int4Product in order)."""
-    first = modules[0]
-    if len(modules) == 1 and isinstance(first, Int4Linear):
-        return Int4Step(first.int4, first.bias)
-    product = getattr(first, "product", None)
-    if not isinstance(product, Int4Product) or len(modules) != len(product.widths):
-        return None
-    in_order = all(
-        isinstance(m, FusedPart) and m.product is product and m.index == i for i, m in enumerate(modules)
-    )
-    return Int4Step(product.weight, product.bias) if in_order else None
-
-
-def int4_layers(layers: Sequence[Any]) -> list[Int4Layer] | None:
-    """Every layer's products when all of them run on int4 codes (weights as shipped), else None."""
-    out = []
-    for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        steps = (
-            _int4_step([attn.q_proj, attn.k_proj, attn.v_proj]),
-            _int4_step([attn.o_proj]),
-            _int4_step([mlp.gate_proj, mlp.up_proj]),
-            _int4_step([mlp.down_proj]),
-        )
-        if any(step is None for step in steps):
-            return None
-        qkv, o, gate_up, down = steps
-        assert qkv is not None and o is not None and gate_up is not None and down is not None
-        out.append(Int4Layer(qkv, o, gate_up, down))
-    return out
 
 
 class NativeDecoder:

@@ -21,7 +21,7 @@ import torch
 from specserve.runtime import cpu_kernels
 
 if TYPE_CHECKING:
-    from specserve.runtime.decoder import Int4Layer, Int4Step
+    from specserve.runtime.int4 import Int4Layer, Int4Step
     from specserve.runtime.segment import ForwardBatch
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -334,3 +336,68 @@ def _fuse(
             setattr(module, name, FusedPart(product, index, members[0].shape[1]))
         fused += len(group)
     return fused
+
+
+@dataclass(frozen=True)
+class Int4Step:
+    """One int4 product of a layer (runtime/int4.py) and its bias: what the as-shipped layer calls
+    directly, without module dispatch, splitting or casting the kernel's output between products."""
+
+    weight: Int4Weight
+    bias: torch.Tensor | None  # [N] in the model's dtype
+
+    def to_model(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The kernel's output [M, N] (compute dtype) -> the model's dtype, bias added (as Int4Linear)."""
+        y = y.to(dtype)
+        return y if self.bias is None else y + self.bias
+
+    def add_to(self, hidden: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """hidden [M, N] + the kernel's output y [M, N] as Int4Linear returns it; without a bias a float32
+        stream lets the add promote y (each bf16 value exactly, as the cast did)."""
+        if self.bias is None and torch.promote_types(hidden.dtype, y.dtype) == hidden.dtype:
+            return hidden + y
+        return hidden + self.to_model(y, hidden.dtype)
+
+
+@dataclass(frozen=True)
+class Int4Layer:
+    """A decoder layer's four products on int4 codes: q/k/v fused (q, k, v side by side along the
+    outputs), o, gate/up fused, down."""
+
+    qkv: Int4Step
+    o: Int4Step
+    gate_up: Int4Step
+    down: Int4Step
+
+
+def _int4_step(modules: Sequence[nn.Module]) -> Int4Step | None:
+    """The one int4 product behind `modules` (one Int4Linear, or every part of one Int4Product in order)."""
+    first = modules[0]
+    if len(modules) == 1 and isinstance(first, Int4Linear):
+        return Int4Step(first.int4, first.bias)
+    product = getattr(first, "product", None)
+    if not isinstance(product, Int4Product) or len(modules) != len(product.widths):
+        return None
+    in_order = all(
+        isinstance(m, FusedPart) and m.product is product and m.index == i for i, m in enumerate(modules)
+    )
+    return Int4Step(product.weight, product.bias) if in_order else None
+
+
+def int4_layers(layers: Sequence[Any]) -> list[Int4Layer] | None:
+    """Every layer's products when all of them run on int4 codes (weights as shipped), else None."""
+    out = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        steps = (
+            _int4_step([attn.q_proj, attn.k_proj, attn.v_proj]),
+            _int4_step([attn.o_proj]),
+            _int4_step([mlp.gate_proj, mlp.up_proj]),
+            _int4_step([mlp.down_proj]),
+        )
+        if any(step is None for step in steps):
+            return None
+        qkv, o, gate_up, down = steps
+        assert qkv is not None and o is not None and gate_up is not None and down is not None
+        out.append(Int4Layer(qkv, o, gate_up, down))
+    return out

@@ -24,6 +24,7 @@ from specserve.runtime.int4 import (
     widen_input,
 )
 from specserve.runtime.kernels import FusedPart
+from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.segment import ForwardBatch
 from specserve.runtime.target import LocalVerifier
@@ -196,14 +197,26 @@ def test_the_cuda_layout_packs_on_the_meta_device():
         pack_int4(torch.zeros(64, 40, dtype=torch.uint8, device="meta"), torch.device("meta"))
 
 
+def forwards_of_every_shape(runner: ModelRunner) -> tuple[list[torch.Tensor], list[PositionalKVCache]]:
+    """Logits of two prefills, a tree and a ragged batch (a grown tree beside one token), and the caches."""
+    from specserve.runtime.segment import Segment
+
+    prompts = [[3, 17, 5, 9, 41, 2], [8, 1]]
+    caches = [runner.new_cache(64) for _ in prompts]
+    out = [runner.forward(cache, prompt) for cache, prompt in zip(caches, prompts, strict=True)]
+    out.append(runner.forward(caches[0], [7, 11, 13, 2], [-1, 0, 0, 1]))  # a tree
+    caches[0].truncate(len(prompts[0]))
+    tree = Segment(caches[0], [7, 11], torch.tensor([6, 7]), torch.ones(2, 8, dtype=torch.bool).tril(6))
+    single = Segment(caches[1], [40], torch.tensor([2]))
+    return out + runner.forward_batch([tree, single]), caches
+
+
 @pytest.mark.parametrize("make", ["llama", "qwen2"])
 def test_the_lean_int4_layer_gives_the_module_paths_logits_bit_for_bit(make):
     """The as-shipped layer (runtime/decoder.py `_int4_layer`: products called directly, casts folded
     into the ops that read them) computes the same values as the layer through its modules, on a
     prefill, a tree and a ragged batch; the Qwen2 model adds q/k/v biases and a tied head."""
     from tiny_llama import tiny_qwen2
-
-    from specserve.runtime.segment import Segment
 
     model = tiny_llama(vocab_size=64, hidden=32) if make == "llama" else tiny_qwen2(vocab_size=64, hidden=32)
     apply_as_shipped(model, quantize_model(model))
@@ -214,18 +227,10 @@ def test_the_lean_int4_layer_gives_the_module_paths_logits_bit_for_bit(make):
     assert modules.native is not None
     modules.native.int4 = modules.native.fused = None  # the generic layer, through each module
 
-    def run(runner: ModelRunner) -> list[torch.Tensor]:
-        prompts = [[3, 17, 5, 9, 41, 2], [8, 1]]
-        caches = [runner.new_cache(64) for _ in prompts]
-        out = [runner.forward(cache, prompt) for cache, prompt in zip(caches, prompts, strict=True)]
-        out.append(runner.forward(caches[0], [7, 11, 13, 2], [-1, 0, 0, 1]))  # a tree
-        caches[0].truncate(len(prompts[0]))
-        tree = Segment(caches[0], [7, 11], torch.tensor([6, 7]), torch.ones(2, 8, dtype=torch.bool).tril(6))
-        single = Segment(caches[1], [40], torch.tensor([2]))
-        return out + runner.forward_batch([tree, single])
-
-    for expected, got in zip(run(modules), run(lean), strict=True):
-        assert torch.equal(expected, got)
+    expected, _ = forwards_of_every_shape(modules)
+    got, _ = forwards_of_every_shape(lean)
+    for want, have in zip(expected, got, strict=True):
+        assert torch.equal(want, have)
 
 
 @pytest.mark.parametrize("make", ["llama", "qwen2"])
@@ -250,14 +255,7 @@ def test_the_compiled_layers_compute_the_torch_layers_values_and_fill_layer_outp
     torch_ops.native.fused = None
 
     def run(runner: ModelRunner) -> tuple[list[torch.Tensor], list[int]]:
-        prompts = [[3, 17, 5, 9, 41, 2], [8, 1]]
-        caches = [runner.new_cache(64) for _ in prompts]
-        out = [runner.forward(cache, prompt) for cache, prompt in zip(caches, prompts, strict=True)]
-        out.append(runner.forward(caches[0], [7, 11, 13, 2], [-1, 0, 0, 1]))  # a tree
-        caches[0].truncate(len(prompts[0]))
-        tree = Segment(caches[0], [7, 11], torch.tensor([6, 7]), torch.ones(2, 8, dtype=torch.bool).tril(6))
-        single = Segment(caches[1], [40], torch.tensor([2]))
-        out += runner.forward_batch([tree, single])
+        out, caches = forwards_of_every_shape(runner)
         assert runner.native is not None
         batch = ForwardBatch.of(
             [Segment(runner.new_cache(8), [5, 6, 7], torch.arange(3))], torch.device("cpu")
