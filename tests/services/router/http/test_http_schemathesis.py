@@ -23,7 +23,7 @@ from schemathesis.schemas import APIOperation, BaseSchema
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
 
-MAX_EXAMPLES = 12  # generated requests per operation and generation mode (CI time)
+MAX_EXAMPLES = 8  # generated requests per operation and generation mode (CI time)
 MAX_NEW_TOKENS = 4  # a valid generation stops here: bounded cost whatever was generated
 MIN_TIMEOUT_SECONDS = 60.0  # a valid `timeout_seconds` is raised to this: a 504 would then be the test's
 SECONDS_PER_OPERATION = 300
