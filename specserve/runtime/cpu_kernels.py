@@ -84,6 +84,8 @@ def _build_key(compiler: str) -> str:
 
 
 def _cache_dir() -> Path:
+    """Beside the models' cache (settings' default cache_dir): the library belongs to the host, not to a
+    service's settings, and every process on the host shares one build."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specserve" / "kernels"
 
@@ -100,7 +102,7 @@ def compile_library(compiler: str, out_dir: Path, march: str = MARCH) -> Path:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be (no compiler, disabled)."""
+    """The compiled kernels, built on first use; None where they cannot be (no compiler, disabled)."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
     compiler = _compiler()
@@ -126,13 +128,9 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.specserve_attend.argtypes = [pointer, *[size] * 5, pointer, pointer, *[size] * 4, pointer]
     lib.specserve_attend.argtypes += [ctypes.c_float, pointer]
     lib.specserve_attend.restype = None
+    # runtime/fused_layers.py types its structs' pointers itself
+    lib.specserve_forward_layers.restype = None
     return lib
-
-
-def uses_vnni() -> bool:
-    """Whether the built library runs the AVX512-VNNI path (else the portable one)."""
-    lib = library()
-    return lib is not None and bool(lib.specserve_int4_dot_vnni())
 
 
 def pack(

@@ -43,7 +43,7 @@ COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_int4_kernel(kernel: str, device: torch.device | str) -> str:
-    """ "auto" decided for `device`; a named kernel checked to run there."""
+    """The kernel that runs: `auto` decided for `device`, or the named one, checked to run there."""
     if kernel not in INT4_KERNELS:
         raise InvalidArgument(f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {kernel!r}")
     on_cpu = torch.device(device).type == "cpu"
