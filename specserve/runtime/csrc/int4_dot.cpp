@@ -145,7 +145,7 @@ void specserve_int4_dot_mm(const float* x, int64_t rows, int64_t width, const ui
   std::vector<int8_t> q(static_cast<size_t>(rows * width));
   std::vector<float> d(static_cast<size_t>(rows * groups));
   std::vector<float> e(static_cast<size_t>(rows * groups));
-#pragma omp parallel for schedule(static) if (rows > 4)
+#pragma omp parallel for schedule(static) if (rows * width > 65536)  // a parallel region costs more than a few rows
   for (int64_t m = 0; m < rows; ++m) {
     quantize_row(x + m * width, width, q.data() + m * width, d.data() + m * groups, e.data() + m * groups);
   }
