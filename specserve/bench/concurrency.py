@@ -76,9 +76,15 @@ def parse_levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
+def _in_process(engine: Any) -> Any:
+    """The in-process engine behind a bench wrapper (llama.cpp's peers: bench/llamacpp.WithLlamaCpp)."""
+    return getattr(engine, "engine", engine)
+
+
 def _run_in_process(
     engine: Any, prompts: Sequence[str], request: GenerationRequest, max_concurrent: int | None = None
 ) -> dict:
+    engine = _in_process(engine)
     ids = [engine.encode_prompt(p) for p in prompts]
     timelines = [_Timeline(0.0) for _ in prompts]
     start = time.perf_counter()
@@ -142,7 +148,7 @@ def _run_remote(address: str, prompts: Sequence[str], request: GenerationRequest
 
 def _run_llamacpp(engine: Any, method: str, prompts: Sequence[str], request: GenerationRequest) -> dict:
     """N sessions at once on a llama-server with N slots (bench/llamacpp.py), streamed."""
-    ids = [engine.encode_prompt(p) for p in prompts]
+    ids = [_in_process(engine).encode_prompt(p) for p in prompts]
     timelines = [_Timeline(0.0) for _ in prompts]
     start = time.perf_counter()
     for timeline in timelines:

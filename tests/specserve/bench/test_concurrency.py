@@ -85,3 +85,23 @@ def test_queued_requests_run_at_most_level_at_a_time(tiny_target_dir, tiny_draft
     assert target["2"]["target_forwards"] < 30
     with pytest.raises(InvalidArgument, match="requests"):
         run_bench_command(parse("--concurrency", "2", "--requests", "0", "--no-progress"), settings)
+
+
+def test_in_process_methods_run_behind_the_llama_cpp_wrapper(tiny_target_dir, tiny_draft_dir):
+    """With llama.cpp among the methods the bench wraps the engine (bench/llamacpp.WithLlamaCpp); the
+    in-process methods beside it still batch on the engine inside."""
+    from specserve.bench.concurrency import run_concurrency
+    from specserve.bench.llamacpp import WithLlamaCpp
+    from specserve.core.request import GenerationRequest
+    from specserve.engine import Engine
+
+    engine = Engine(EngineSettings(model_dir=tiny_target_dir, draft_dir=tiny_draft_dir))
+    wrapped = WithLlamaCpp(engine, "smollm2-135m-instruct")
+    try:
+        request = GenerationRequest.build(method="target", max_new_tokens=6, ignore_eos=True)
+        prompts = ["Question one?", "Question two?"]
+        result = run_concurrency(wrapped, prompts, ["target"], [1, 2], request, progress=False)
+    finally:
+        wrapped.close()
+    for level in ("1", "2"):
+        assert result["methods"]["target"][level]["tokens"] == 6 * int(level)
