@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from specserve.catalog import DEFAULT_METHOD
 from specserve.core.request import GenerationRequest
 from specserve.errors import SpecserveError
-from specserve.settings import EngineSettings
+from specserve.settings import INT4_KERNELS, WEIGHTS, EngineSettings
 
 if TYPE_CHECKING:
     from specserve.models.profiles import ModelProfile
@@ -55,13 +55,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--weights",
-        choices=["auto", "dense", "as-shipped"],
+        choices=WEIGHTS,
         help="the target's weights: dense (the converted checkpoint in --dtype), as-shipped (the model "
         "file's own 4-bit codes) or auto (as-shipped on a CPU in float32, else dense)",
     )
     group.add_argument(
         "--int4-kernel",
-        choices=["auto", "int8-dot", "torch"],
+        choices=INT4_KERNELS,
         help="the kernel of weights as shipped: int8-dot (CPU: rows in int8, one pass over the weights for "
         "all rows), torch (torch's int4 kernel, bfloat16 rows) or auto (int8-dot on a CPU where it builds)",
     )

@@ -24,7 +24,8 @@ WEIGHTS = ("auto", "dense", "as-shipped")
 INT4_KERNELS = ("auto", "int8-dot", "torch")  # runtime/int4.py holds the kernels (torch: not imported here)
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
+    """<XDG cache, else ~/.cache>/specserve: models, calibrations and compiled kernels."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specserve"
 
@@ -82,7 +83,7 @@ class EngineSettings:
     eagle_dir: Path | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    cache_dir: Path = field(default_factory=_default_cache_dir)
+    cache_dir: Path = field(default_factory=default_cache_dir)
     num_threads: int = 0  # 0 = leave torch's default
     # Prompt + generated tokens + one draft tree; None = the model's whole context (the profile's: 8192
     # for SmolLM2, 32768 for the Qwen profiles; a --model-dir's config). KV caches grow by need

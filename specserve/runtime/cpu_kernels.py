@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from specserve.models.default_model import build_once
+from specserve.settings import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,9 @@ def _build_key(compiler: str) -> str:
 
 
 def _cache_dir() -> Path:
-    """Beside the models' cache (settings' default cache_dir): the library belongs to the host, not to a
-    service's settings, and every process on the host shares one build."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specserve" / "kernels"
+    """Beside the models in the default cache: the library belongs to the host, not to a service's
+    settings, and every process on the host shares one build."""
+    return default_cache_dir() / "kernels"
 
 
 def compile_library(compiler: str, out_dir: Path, march: str = MARCH) -> Path:

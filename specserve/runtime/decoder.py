@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.runtime import cpu_kernels
-from specserve.runtime.fused_layers import FusedLayers
+from specserve.runtime.fused_layers import FusedLayers, norm_eps
 from specserve.runtime.int4 import Int4Layer, int4_layers, runs_on_int4
 from specserve.runtime.kernels import FusedPart
 from specserve.runtime.segment import ForwardBatch
@@ -121,7 +121,7 @@ class NativeDecoder:
     def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """transformers' RMSNorm (statistics in fp32), in as few ops as it takes; torch's fused rms_norm
         measured slower on CPU for one row (its composite runs more ops)."""
-        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        eps = norm_eps(norm)
         weight: torch.Tensor = norm.weight  # type: ignore[assignment]  # an RMSNorm's [H] parameter
         if x.dtype == torch.float32:
             return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)))

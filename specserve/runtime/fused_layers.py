@@ -80,7 +80,8 @@ class _Forward(ctypes.Structure):
     ]
 
 
-def _norm_eps(norm: Any) -> float:
+def norm_eps(norm: Any) -> float:
+    """An RMSNorm module's epsilon, under either name transformers' models give it."""
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
@@ -118,8 +119,8 @@ class FusedLayers:
                 self._product(layer_ops.down),
                 self._pointer(layer.input_layernorm.weight),
                 self._pointer(layer.post_attention_layernorm.weight),
-                _norm_eps(layer.input_layernorm),
-                _norm_eps(layer.post_attention_layernorm),
+                norm_eps(layer.input_layernorm),
+                norm_eps(layer.post_attention_layernorm),
             )
 
     @staticmethod

@@ -56,13 +56,8 @@ class PositionalLayer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """key_states: [B, H_kv, n, D] -> all keys so far [B, H_kv, length + n, D] (and values)."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        self.reserve(key_states.shape[-2], key_states)
         end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise ResourceExhausted(f"KV cache full: {end} positions needed, capacity {self.capacity}")
-        if end > self.allocated:
-            self._grow(end)
         # narrow and copy_: what the slice assignments do, in fewer ops (this runs per layer per forward)
         self.keys.narrow(2, self.length, end - self.length).copy_(key_states)
         self.values.narrow(2, self.length, end - self.length).copy_(value_states)
@@ -70,10 +65,9 @@ class PositionalLayer(CacheLayerMixin):
         return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
     def reserve(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Room for n positions at [length, length + n), written by a caller that is not `update` (the
-        compiled layers, runtime/fused_layers.py): the whole buffers [B, H_kv, allocated, D] each, keys
-        and values alike. `like` [B, H_kv, n, D] names their shape, dtype and device at first use. The
-        caller moves `length` once it has written."""
+        """Room for n positions at [length, length + n): the whole buffers [B, H_kv, allocated, D] each,
+        keys and values alike. `like` [B, H_kv, n, D] names their shape, dtype and device at first use.
+        The writer (`update`, or the compiled layers of runtime/fused_layers.py) moves `length` after."""
         if not self.is_initialized:
             self.lazy_initialization(like, like)
         end = self.length + n

@@ -139,19 +139,27 @@ def tiny_eagle(target):
     return eagle
 
 
-def test_a_hidden_state_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
-    eagle = tiny_eagle(target)
+def cold_and_warm(generate) -> tuple[list, int]:
+    """The second question asked with the draft's cache off, then on (`generate(cache, prompt,
+    draft_cached)`): asserts the same tokens and rounds; returns the warm rounds and the extra cache hits
+    the draft's own blocks gave."""
     runs = {
-        cached: second_question(lambda c, p, cached=cached: eagle_generate(target, eagle, c, p, cached))
+        cached: second_question(lambda c, p, cached=cached: generate(c, p, cached))
         for cached in (False, True)
     }
     cold_tokens, cold_rounds, cold_hits = runs[False]
     warm_tokens, warm_rounds, warm_hits = runs[True]
     assert warm_tokens == cold_tokens
     assert warm_rounds == cold_rounds
+    return warm_rounds, warm_hits - cold_hits
+
+
+def test_a_hidden_state_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
+    eagle = tiny_eagle(target)
+    warm_rounds, extra_hits = cold_and_warm(lambda c, p, cached: eagle_generate(target, eagle, c, p, cached))
     assert any(len(accepted) > 1 for _, accepted in warm_rounds)
     # Its blocks key the next tokens x[1..]: the document's 36 after x[0] hold four whole blocks.
-    assert warm_hits - cold_hits == 32
+    assert extra_hits == 32
 
 
 def test_a_hidden_state_draft_not_told_its_prompt_caches_nothing(target):
@@ -173,13 +181,6 @@ def glide_generate(target, glide, cache: PrefixCache, prompt: list[int], draft_c
 def test_a_glide_draft_from_its_cached_prefix_drafts_as_a_cold_one(target):
     glide = build_glide(target.model, seed=0)
     glide.init_weights(torch.Generator().manual_seed(0), std=0.3)
-    runs = {
-        cached: second_question(lambda c, p, cached=cached: glide_generate(target, glide, c, p, cached))
-        for cached in (False, True)
-    }
-    cold_tokens, cold_rounds, cold_hits = runs[False]
-    warm_tokens, warm_rounds, warm_hits = runs[True]
-    assert warm_tokens == cold_tokens
-    assert warm_rounds == cold_rounds
+    warm_rounds, extra_hits = cold_and_warm(lambda c, p, cached: glide_generate(target, glide, c, p, cached))
     assert all(tree.num_nodes > 1 for tree, _ in warm_rounds)
-    assert warm_hits - cold_hits == 32
+    assert extra_hits == 32
