@@ -60,6 +60,18 @@ class QuantizedWeight:
         values = (codes - 8.0) * self.scales[..., None] + self.zeros[..., None]  # [P, N, G, group]
         return values.sum(axis=0).reshape(n, k)
 
+    def signed(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """A signed integer format's own integers q int8 [N, K] and scales [N, K // group] (the weight is
+        q * scale), recovered from its two parts; None for the 4-bit formats."""
+        if self.source not in SIGNED_FORMATS or self.codes.shape[0] != 2:
+            return None
+        (high_scale, scale), (high_zero, zero) = self.scales, self.zeros
+        split = np.array_equal(high_scale, 16 * scale) and np.array_equal(zero, 8 * scale)
+        if not split or high_zero.any():
+            return None  # not two parts as `_split_signed` makes them
+        hi, lo = self.codes.astype(np.int16)
+        return (16 * (hi - 8) + lo).astype(np.int8), self.scales[1]
+
     def rows(self, order: np.ndarray) -> QuantizedWeight:
         """The same weight with its output rows reordered (a permutation along N)."""
         return QuantizedWeight(
@@ -163,6 +175,7 @@ _FORMATS = {
     "Q6_K": (210, _QK_K, _q6_k),
 }
 SUPPORTED_FORMATS = frozenset(_FORMATS)
+SIGNED_FORMATS = frozenset({"Q8_0", "Q5_0", "Q6_K"})  # split into two parts by `_split_signed`
 
 
 def decode(type_name: str, data: np.ndarray, n: int, k: int) -> QuantizedWeight:

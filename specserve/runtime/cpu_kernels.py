@@ -8,6 +8,9 @@ decoded one at a time, bit for bit:
   weights again for every 4 rows, so a forward over 8 or 16 tokens cost 2-4 one-token steps in its
   linear layers, and verification is where speculation pays or not. The integer sums are exact, so the
   portable build (any other CPU) gives the VNNI build's bits.
+- `int8_dot_mm` (same file): the same for 8-bit weights (Q8_0, Q5_0, Q6_K: the file's signed integers
+  in groups of 32 or 16), which would otherwise run as two 4-bit parts over a widened input (Q6_K's
+  groups of 16 padded to 32: four times the file's bytes).
 - `attend` (`csrc/attention.cpp`): float32 attention of each query row over the positions it sees, in
   the order a one-by-one decode would see them. torch's attention kernels round a row differently as
   the number of rows changes; without this the lean forward attends in float64 to make that noise vanish.
@@ -125,6 +128,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.specserve_int4_dot_mm.argtypes = [pointer, size, size, pointer, pointer, pointer, size, pointer]
     lib.specserve_int4_dot_mm.restype = None
     lib.specserve_int4_dot_vnni.restype = ctypes.c_int
+    lib.specserve_int8_dot_mm.argtypes = [pointer, size, size, pointer, pointer, size, size, pointer]
+    lib.specserve_int8_dot_mm.restype = None
     lib.specserve_attend.argtypes = [pointer, *[size] * 5, pointer, pointer, *[size] * 4, pointer]
     lib.specserve_attend.argtypes += [ctypes.c_float, pointer]
     lib.specserve_attend.restype = None
@@ -154,6 +159,39 @@ def pack(
 
     biases = zeros.astype(np.float32) - np.float32(8.0) * scales.astype(np.float32)
     return packed_codes, per_tile(scales), per_tile(biases)
+
+
+def pack8(q: np.ndarray, scales: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """q int8 [N, K] (the file's signed integers), scales float32 [N, K // G] (G = 16 or 32; N a multiple
+    of 16) -> the 8-bit kernel's layout: codes q + 128 [N / 16, K / G, G / 4, 64] uint8 (byte 4i+j of
+    chunk c: output i's input 4c+j of the group), scales [N / 16, K / G, 16] float32."""
+    n, width = q.shape
+    group = width // scales.shape[1]
+    tiles, groups = n // TILE, width // group
+    codes = (q.astype(np.int16) + 128).astype(np.uint8)
+    grid = codes.reshape(tiles, TILE, groups, group // 4, 4).transpose(0, 2, 3, 1, 4)  # [t, g, chunk, 16, 4]
+    packed = torch.from_numpy(np.ascontiguousarray(grid).reshape(tiles, groups, group // 4, 64))
+    laid = scales.astype(np.float32).reshape(tiles, TILE, groups).transpose(0, 2, 1)
+    return packed, torch.from_numpy(np.ascontiguousarray(laid))
+
+
+def int8_dot_mm(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib: ctypes.CDLL | None = None
+) -> torch.Tensor:
+    """[M, K] float32 rows @ the 8-bit packed weight [N, K].T (`pack8`) -> [M, N] float32."""
+    lib = lib or library()
+    assert lib is not None, "int8_dot_mm needs the built library"
+    rows = x.contiguous()
+    m, width = rows.shape
+    tiles, groups, chunks, _ = codes.shape
+    group = chunks * 4
+    if width != groups * group:
+        raise ValueError(f"input of {width} features for a weight of {groups * group}")
+    out = torch.empty((m, tiles * TILE), dtype=torch.float32)
+    lib.specserve_int8_dot_mm(
+        rows.data_ptr(), m, width, codes.data_ptr(), scales.data_ptr(), group, tiles * TILE, out.data_ptr()
+    )
+    return out
 
 
 def int4_dot_mm(

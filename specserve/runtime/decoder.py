@@ -111,10 +111,9 @@ class NativeDecoder:
         # product on the CPU's int8-dot kernel, all layers run in one call (runtime/fused_layers.py).
         self.int4 = int4_layers(self.layers)
         self.fused: FusedLayers | None = None
-        if self.row_attention and FusedLayers.supports(self.int4, inner.norm.weight.dtype):
-            assert self.int4 is not None
+        if self.row_attention and FusedLayers.supports(self.layers, inner.norm.weight.dtype):
             self.fused = FusedLayers(
-                self.layers, self.int4, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling
+                self.layers, self.num_heads, self.num_kv_heads, self.head_dim, self.scaling
             )
 
     @staticmethod

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specserve.runtime import cpu_kernels
+from specserve.runtime.int4 import Int4Projections, int4_projections
 
 if TYPE_CHECKING:
-    from specserve.runtime.int4 import Int4Layer, Int4Step
+    from specserve.runtime.int4 import Int4Step
     from specserve.runtime.segment import ForwardBatch
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
@@ -38,14 +39,19 @@ class _Product(ctypes.Structure):
         ("in_features", _SIZE),
         ("parts", _SIZE),
         ("group", _SIZE),
+        ("bits", _SIZE),
     ]
+
+
+class _Products(ctypes.Structure):
+    _fields_ = [("part", _Product * 3), ("count", _SIZE)]
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [
-        ("qkv", _Product),
+        ("qkv", _Products),
+        ("gate_up", _Products),
         ("o", _Product),
-        ("gate_up", _Product),
         ("down", _Product),
         ("input_norm", _POINTER),
         ("post_norm", _POINTER),
@@ -80,6 +86,10 @@ class _Forward(ctypes.Structure):
     ]
 
 
+def _steps(ops: Sequence[Int4Projections]) -> list[Int4Step]:
+    return [step for layer in ops for step in (*layer.qkv, layer.o, *layer.gate_up, layer.down)]
+
+
 def norm_eps(norm: Any) -> float:
     """An RMSNorm module's epsilon, under either name transformers' models give it."""
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
@@ -90,8 +100,7 @@ class FusedLayers:
 
     def __init__(
         self,
-        layers: Sequence[Any],  # the model's decoder layers (their norms)
-        ops: Sequence[Int4Layer],  # their four products each
+        layers: Sequence[Any],  # the model's decoder layers (their norms and products)
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
@@ -110,12 +119,14 @@ class FusedLayers:
         )
         self.intermediate = int(layers[0].mlp.gate_proj.out_features)
         self._alive: list[torch.Tensor] = []  # every tensor a struct points into
+        ops = int4_projections(layers)
+        assert ops is not None, "every projection must run on int4 codes"
         self.layers = (_Layer * len(layers))()
         for index, (layer, layer_ops) in enumerate(zip(layers, ops, strict=True)):
             self.layers[index] = _Layer(
-                self._product(layer_ops.qkv),
+                self._products(layer_ops.qkv),
+                self._products(layer_ops.gate_up),
                 self._product(layer_ops.o),
-                self._product(layer_ops.gate_up),
                 self._product(layer_ops.down),
                 self._pointer(layer.input_layernorm.weight),
                 self._pointer(layer.post_attention_layernorm.weight),
@@ -124,12 +135,12 @@ class FusedLayers:
             )
 
     @staticmethod
-    def supports(ops: Sequence[Int4Layer] | None, dtype: torch.dtype) -> bool:
-        """Whether a decoder with these products and this dtype can run here."""
-        if ops is None or dtype != torch.float32 or cpu_kernels.library() is None:
+    def supports(layers: Sequence[Any], dtype: torch.dtype) -> bool:
+        """Whether a decoder with these layers and this dtype can run here."""
+        if dtype != torch.float32 or cpu_kernels.library() is None:
             return False
-        steps = [step for layer in ops for step in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return all(step.weight.kernel == "int8-dot" for step in steps)
+        ops = int4_projections(layers)
+        return ops is not None and all(step.weight.kernel == "int8-dot" for step in _steps(ops))
 
     def _pointer(self, tensor: torch.Tensor) -> int:
         kept = tensor.detach().to(torch.float32).contiguous()
@@ -138,18 +149,24 @@ class FusedLayers:
 
     def _product(self, step: Int4Step) -> _Product:
         weight = step.weight
-        codes, scales, biases = weight.dot_layout
+        codes, scales = weight.dot_layout[:2]
+        biases = weight.dot_layout[2] if weight.bits == 4 else None  # 8 bits: -128 * scale, in the kernel
         return _Product(
             codes.data_ptr(),
             scales.data_ptr(),
-            biases.data_ptr(),
+            None if biases is None else biases.data_ptr(),
             None if step.bias is None else self._pointer(step.bias),
             codes.shape[0] * cpu_kernels.TILE,
             weight.out_features,
             weight.in_features,
             weight.parts,
             weight.group,
+            weight.bits,
         )
+
+    def _products(self, steps: Sequence[Int4Step]) -> _Products:
+        parts = (_Product * 3)(*(self._product(step) for step in steps))
+        return _Products(parts, len(steps))
 
     def forward(
         self,

@@ -5,16 +5,17 @@ the model shipped in. Here each weight stays in its file's codes, packed once at
 kernels, both computing `(code - 8) * scale + zero` per group of 32 inputs in a float32 accumulator:
 
 - int8-dot (runtime/cpu_kernels.py, CPU): the rows rounded to int8 per group, integer dot products (VNNI
-  where the CPU has it), one pass over the weights for all rows of a call: the default on a CPU.
+  where the CPU has it), one pass over the weights for all rows of a call: the default on a CPU. The
+  formats of more than 4 bits (Q8_0, Q5_0, Q6_K) run there on their own integers, one byte a weight.
 - torch's int4 kernel (`_weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm` on CUDA): the rows,
   scales and zeros in `compute_dtype` (bfloat16 or float16); on CPU it decodes the weights again for
   every 4 rows.
 
-Formats of more than 4 bits are two 4-bit parts over a widened input (`widen_input`), so one kernel call
-per product still covers them. The output is cast back to the model's dtype, so the residual stream,
-norms and attention stay as they were. On either kernel a row of an M-row product is bit-identical to the
-same row computed alone (the accumulation order per row does not depend on M), so a tree forward and a
-one-token forward agree exactly and speculative output equals the target alone's
+On torch's kernel, formats of more than 4 bits are two 4-bit parts over a widened input (`widen_input`),
+so one kernel call per product still covers them. The output is cast back to the model's dtype, so the
+residual stream, norms and attention stay as they were. On either kernel a row of an M-row product is
+bit-identical to the same row computed alone (the accumulation order per row does not depend on M), so a
+tree forward and a one-token forward agree exactly and speculative output equals the target alone's
 (tests/specserve/runtime/test_int4.py, test_cpu_kernels.py).
 """
 
@@ -105,10 +106,18 @@ class Int4Weight:
         self.compute_dtype = torch.float32 if kernel == "int8-dot" else compute_dtype
         self.requested_dtype = compute_dtype  # what a copy of this weight (a cut head) asks for
         self.device = torch.device(device)
-        codes, scales, zeros = _kernel_layout(weight)
         # The kernel packs outputs in tiles of 16: a weight with other row counts (a draft head cut to its
         # kept ids) gets rows of value zero, whose outputs are dropped.
         self.padding = -self.out_features % 16
+        signed = weight.signed() if kernel == "int8-dot" else None
+        self.bits = 4 if signed is None else 8
+        if signed is not None:  # the file's own integers on the 8-bit kernel: no parts, no widening
+            q, scale = signed
+            q = np.concatenate([q, np.zeros((self.padding, q.shape[1]), dtype=np.int8)])
+            scale = np.concatenate([scale, np.zeros((self.padding, scale.shape[1]), dtype=np.float32)])
+            self.dot_layout: tuple[torch.Tensor, ...] = cpu_kernels.pack8(q, scale)
+            return
+        codes, scales, zeros = _kernel_layout(weight)
         if self.padding:
             codes = np.concatenate([codes, np.full((self.padding, codes.shape[1]), 8, dtype=np.uint8)])
             scales = np.concatenate([scales, np.zeros((self.padding, scales.shape[1]), dtype=np.float32)])
@@ -135,9 +144,14 @@ class Int4Weight:
     def product(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] in compute dtype -> [M, N] in compute dtype (the kernel's own output, not cast back:
         the lean forward casts it where it is read, often for free inside the op that reads it)."""
+        if self.bits == 8:
+            codes, scales = self.dot_layout
+            y = cpu_kernels.int8_dot_mm(rows, codes, scales)
+            return y[:, : self.out_features] if self.padding else y
         wide = widen_input(rows, self.parts, self.group)
         if self.kernel == "int8-dot":
-            y = cpu_kernels.int4_dot_mm(wide, *self.dot_layout)
+            codes, scales, biases = self.dot_layout
+            y = cpu_kernels.int4_dot_mm(wide, codes, scales, biases)
         else:
             y = int4_mm(wide, self.packed, self.scales_zeros)
         return y[:, : self.out_features] if self.padding else y  # [M, N + padding] -> [M, N]
@@ -382,6 +396,44 @@ def _int4_step(modules: Sequence[nn.Module]) -> Int4Step | None:
         isinstance(m, FusedPart) and m.product is product and m.index == i for i, m in enumerate(modules)
     )
     return Int4Step(product.weight, product.bias) if in_order else None
+
+
+@dataclass(frozen=True)
+class Int4Projections:
+    """A decoder layer's products for the compiled layers: q/k/v and gate/up each as one fused product,
+    or one product per projection where their formats differ (a Q6_K v beside Q4_K q and k)."""
+
+    qkv: tuple[Int4Step, ...]
+    o: Int4Step
+    gate_up: tuple[Int4Step, ...]
+    down: Int4Step
+
+
+def _int4_steps(modules: Sequence[nn.Module]) -> tuple[Int4Step, ...] | None:
+    """The products behind `modules` in order: their one fused product, or one each; None if any is not
+    on int4 codes."""
+    fused = _int4_step(modules)
+    if fused is not None:
+        return (fused,)
+    alone = [_int4_step([module]) for module in modules]
+    return None if any(step is None for step in alone) else tuple(s for s in alone if s is not None)
+
+
+def int4_projections(layers: Sequence[Any]) -> list[Int4Projections] | None:
+    """Every layer's products, fused or apart, when all of them run on int4 codes; else None."""
+    out = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = _int4_steps([attn.q_proj, attn.k_proj, attn.v_proj])
+        o, gate_up, down = (
+            _int4_step([attn.o_proj]),
+            _int4_steps([mlp.gate_proj, mlp.up_proj]),
+            _int4_step([mlp.down_proj]),
+        )
+        if qkv is None or o is None or gate_up is None or down is None:
+            return None
+        out.append(Int4Projections(qkv, o, gate_up, down))
+    return out
 
 
 def int4_layers(layers: Sequence[Any]) -> list[Int4Layer] | None:

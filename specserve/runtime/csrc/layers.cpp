@@ -16,6 +16,8 @@
 
 extern "C" void specserve_int4_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
                                       const float* scales, const float* biases, int64_t outputs, float* y);
+extern "C" void specserve_int8_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
+                                      const float* scales, int64_t group, int64_t outputs, float* y);
 extern "C" void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, int64_t q_row,
                                  int64_t q_head, const float* keys, const float* values, int64_t kv_heads,
                                  int64_t length, int64_t kv_head, int64_t kv_pos, const uint8_t* visible,
@@ -26,19 +28,28 @@ extern "C" void specserve_exp_shifted(float* values, int64_t count, float shift)
 extern "C" {
 
 struct SpecserveProduct {
-  const uint8_t* codes;   // the int4_dot layout of the widened weight
+  const uint8_t* codes;   // the int4_dot layout of the widened weight, or the 8-bit layout
   const float* scales;
-  const float* biases;    // the layout's per-group biases (zero - 8 * scale)
+  const float* biases;    // the 4-bit layout's per-group biases (zero - 8 * scale); null for 8 bits
   const float* bias;      // [out_features] added to the output, or null
   int64_t outputs;        // the layout's outputs (a multiple of 16)
   int64_t out_features;   // the real ones
   int64_t in_features;    // before widening
   int64_t parts;          // the input repeated once per part
-  int64_t group;          // 32, or 16 (each group padded with 16 zero inputs)
+  int64_t group;          // 32, or 16 (4 bits: each group padded with 16 zero inputs)
+  int64_t bits;           // 4 or 8
+};
+
+// Projections of one input: one product whose outputs are theirs side by side, or one product each
+// (where their formats differ: a Q6_K v beside Q4_K q and k).
+struct SpecserveProducts {
+  SpecserveProduct part[3];
+  int64_t count;
 };
 
 struct SpecserveLayer {
-  SpecserveProduct qkv, o, gate_up, down;
+  SpecserveProducts qkv, gate_up;
+  SpecserveProduct o, down;
   const float* input_norm;      // [hidden]
   const float* post_norm;       // [hidden]
   float input_eps, post_eps;
@@ -88,27 +99,59 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
 
 // x [rows, in_features] -> y [rows, outputs] (the first out_features meaningful), bias added.
 void product(const SpecserveProduct& p, const float* x, int64_t rows, std::vector<float>& wide, float* y) {
-  const float* input = x;
-  int64_t width = p.in_features;
-  if (p.parts != 1 || p.group != 32) {
-    const int64_t groups = p.in_features / p.group;
-    width = p.parts * groups * 32;
-    wide.assign(static_cast<size_t>(rows * width), 0.0f);
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t part = 0; part < p.parts; ++part) {
-        for (int64_t g = 0; g < groups; ++g) {
-          std::memcpy(&wide[i * width + (part * groups + g) * 32], x + i * p.in_features + g * p.group,
-                      p.group * sizeof(float));
+  if (p.bits == 8) {
+    specserve_int8_dot_mm(x, rows, p.in_features, p.codes, p.scales, p.group, p.outputs, y);
+  } else {
+    const float* input = x;
+    int64_t width = p.in_features;
+    if (p.parts != 1 || p.group != 32) {
+      const int64_t groups = p.in_features / p.group;
+      width = p.parts * groups * 32;
+      wide.assign(static_cast<size_t>(rows * width), 0.0f);
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t part = 0; part < p.parts; ++part) {
+          for (int64_t g = 0; g < groups; ++g) {
+            std::memcpy(&wide[i * width + (part * groups + g) * 32], x + i * p.in_features + g * p.group,
+                        p.group * sizeof(float));
+          }
         }
       }
+      input = wide.data();
     }
-    input = wide.data();
+    specserve_int4_dot_mm(input, rows, width, p.codes, p.scales, p.biases, p.outputs, y);
   }
-  specserve_int4_dot_mm(input, rows, width, p.codes, p.scales, p.biases, p.outputs, y);
   if (p.bias != nullptr) {
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t n = 0; n < p.out_features; ++n) y[i * p.outputs + n] += p.bias[n];
     }
+  }
+}
+
+// The row stride of `products`' output: the one product's, or their real outputs side by side.
+int64_t stride_of(const SpecserveProducts& ps) {
+  if (ps.count == 1) return ps.part[0].outputs;
+  int64_t stride = 0;
+  for (int64_t j = 0; j < ps.count; ++j) stride += ps.part[j].out_features;
+  return stride;
+}
+
+// x [rows, in] -> y [rows, stride_of(ps)]: each projection's outputs after the ones before it.
+void products(const SpecserveProducts& ps, const float* x, int64_t rows, std::vector<float>& wide,
+              std::vector<float>& apart, float* y) {
+  if (ps.count == 1) {
+    product(ps.part[0], x, rows, wide, y);
+    return;
+  }
+  const int64_t stride = stride_of(ps);
+  int64_t column = 0;
+  for (int64_t j = 0; j < ps.count; ++j) {
+    const SpecserveProduct& p = ps.part[j];
+    apart.resize(static_cast<size_t>(rows * p.outputs));
+    product(p, x, rows, wide, apart.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(y + i * stride + column, &apart[i * p.outputs], p.out_features * sizeof(float));
+    }
+    column += p.out_features;
   }
 }
 
@@ -125,15 +168,15 @@ extern "C" void specserve_forward_layers(const SpecserveLayer* layers, int64_t c
   const int64_t rows = f->rows, size = f->hidden_size, d = f->head_dim;
   const int64_t q_width = f->heads * d, kv_width = f->kv_heads * d;
   std::vector<float> x(static_cast<size_t>(rows * std::max(size, f->intermediate)));
-  std::vector<float> wide, swapped(static_cast<size_t>(d));
+  std::vector<float> wide, apart, swapped(static_cast<size_t>(d));
   std::vector<float> attended(static_cast<size_t>(rows * q_width));
   std::vector<float> out;
   for (int64_t l = 0; l < count; ++l) {
     const SpecserveLayer& layer = layers[l];
     rms_norm(f->hidden, layer.input_norm, layer.input_eps, rows, size, x.data());
-    out.resize(static_cast<size_t>(rows * layer.qkv.outputs));
-    product(layer.qkv, x.data(), rows, wide, out.data());
-    const int64_t stride = layer.qkv.outputs;  // q, k, v side by side in each row
+    const int64_t stride = stride_of(layer.qkv);  // q, k, v side by side in each row
+    out.resize(static_cast<size_t>(rows * stride));
+    products(layer.qkv, x.data(), rows, wide, apart, out.data());
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t h = 0; h < f->heads + f->kv_heads; ++h) {
         rotate(&out[i * stride + h * d], f->cos + i * d, f->sin_signed + i * d, d, swapped.data());
@@ -164,11 +207,12 @@ extern "C" void specserve_forward_layers(const SpecserveLayer* layers, int64_t c
       for (int64_t k = 0; k < size; ++k) f->hidden[i * size + k] += out[i * layer.o.outputs + k];
     }
     rms_norm(f->hidden, layer.post_norm, layer.post_eps, rows, size, x.data());
-    out.resize(static_cast<size_t>(rows * layer.gate_up.outputs));
-    product(layer.gate_up, x.data(), rows, wide, out.data());
+    const int64_t gate_up_stride = stride_of(layer.gate_up);
+    out.resize(static_cast<size_t>(rows * gate_up_stride));
+    products(layer.gate_up, x.data(), rows, wide, apart, out.data());
     const int64_t inner = f->intermediate;
     for (int64_t i = 0; i < rows; ++i) {  // SiLU(gate) * up = gate / (1 + exp(-gate)) * up
-      const float* gate = &out[i * layer.gate_up.outputs];
+      const float* gate = &out[i * gate_up_stride];
       float* act = &x[i * inner];
       for (int64_t k = 0; k < inner; ++k) act[k] = -gate[k];
       specserve_exp_shifted(act, inner, 0.0f);

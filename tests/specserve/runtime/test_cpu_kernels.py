@@ -52,6 +52,25 @@ def test_the_product_is_the_files_weights_times_the_rows_rounded_to_int8():
     assert np.abs(y - unrounded).max() > 1e-5 * np.abs(unrounded).max()  # the rows were rounded
 
 
+def signed_random(n: int, width: int, group: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A signed integer weight as the 8-bit formats ship it: q [N, K] int8, a scale per group."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-128, 128, (n, width), dtype=np.int16).astype(np.int8)
+    return q, rng.uniform(0.0005, 0.002, (n, width // group)).astype(np.float32)
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_an_8_bit_product_is_the_files_integers_times_the_rows_rounded_to_int8(group):
+    q, scale = signed_random(48, 256, group)
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(1))
+    y = cpu_kernels.int8_dot_mm(x, *cpu_kernels.pack8(q, scale)).numpy()
+    weights = q.astype(np.float64) * np.repeat(scale, group, axis=1)
+    exact_rows = int8_rows(x.numpy()) @ weights.T
+    np.testing.assert_allclose(y, exact_rows, rtol=0, atol=1e-5 * np.abs(exact_rows).max())
+    unrounded = x.numpy().astype(np.float64) @ weights.T
+    assert np.abs(y - unrounded).max() <= 0.02 * np.abs(unrounded).max()
+
+
 def test_a_zero_row_and_a_zero_group_give_exact_zeros_and_no_nan():
     codes, scales, zeros = packed_random(16, 64)
     x = torch.zeros(2, 64)
@@ -61,18 +80,27 @@ def test_a_zero_row_and_a_zero_group_give_exact_zeros_and_no_nan():
     assert torch.isfinite(y).all()
 
 
+def product_of(bits: int, n: int, width: int, seed: int, lib=None):
+    """x -> x @ W.T for a random weight on the 4-bit kernel, or the 8-bit one in groups of 16."""
+    if bits == 4:
+        layout = cpu_kernels.pack(*packed_random(n, width, seed))
+        return lambda x: cpu_kernels.int4_dot_mm(x, *layout, lib=lib)
+    layout8 = cpu_kernels.pack8(*signed_random(n, width, 16, seed))
+    return lambda x: cpu_kernels.int8_dot_mm(x, *layout8, lib=lib)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads):
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, bits):
     """1 to 21 rows (blocks of 8 and their remainders), against each row computed alone."""
-    codes, scales, zeros = packed_random(64, 512, seed=2)
-    layout = cpu_kernels.pack(codes, scales, zeros)
+    product = product_of(bits, 64, 512, seed=2)
     x = torch.randn(21, 512, generator=torch.Generator().manual_seed(3))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        alone = [cpu_kernels.int4_dot_mm(x[i : i + 1], *layout) for i in range(21)]
+        alone = [product(x[i : i + 1]) for i in range(21)]
         for m in (1, 2, 7, 8, 9, 16, 21):
-            together = cpu_kernels.int4_dot_mm(x[:m], *layout)
+            together = product(x[:m])
             for i in range(m):
                 assert torch.equal(together[i], alone[i][0]), (m, i)
     finally:
@@ -90,10 +118,9 @@ def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
     assert compiler is not None
     portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march="x86-64-v3"))
     assert portable.specserve_int4_dot_vnni() == 0
-    codes, scales, zeros = packed_random(32, 320, seed=4)
-    layout = cpu_kernels.pack(codes, scales, zeros)
     x = torch.randn(11, 320, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(cpu_kernels.int4_dot_mm(x, *layout, lib=portable), cpu_kernels.int4_dot_mm(x, *layout))
+    for bits in (4, 8):
+        assert torch.equal(product_of(bits, 32, 320, 4, portable)(x), product_of(bits, 32, 320, 4)(x)), bits
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
@@ -107,6 +134,32 @@ def test_a_weight_on_int8_dot_matches_torchs_kernel_within_the_rounding_of_its_r
     y_dot, y_torch = dot.matmul(x), torch_kernel.matmul(x)
     assert y_dot.shape == y_torch.shape == (5, 40)
     assert (y_dot - y_torch).abs().max() <= 0.02 * y_torch.abs().max()
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q6_K"])
+def test_the_signed_formats_run_on_their_own_integers_in_fewer_bytes(type_name):
+    """Q8_0, Q5_0 and Q6_K on the 8-bit kernel: the values of their two-part form (the torch kernel's),
+    in fewer bytes (Q6_K: under half, its groups of 16 no longer padded to 32)."""
+    from specserve.models.gguf_quant import _split_signed
+
+    if type_name == "Q6_K":  # the gguf package does not write Q6_K: its integers and scales, random
+        q, scale = signed_random(40, 256, 16, seed=7)
+        weight = _split_signed((q.astype(np.int16) // 4).astype(np.int8), scale, 16, "Q6_K")
+    else:
+        weight = random_weight(type_name, n=40, k=256)
+    eight, parts = Int4Weight(weight, kernel="int8-dot"), Int4Weight(weight, kernel="torch")
+    assert eight.bits == 8 and parts.bits == 4
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(8))
+    expected = torch.from_numpy(int8_rows(x.numpy()) @ weight.dequantize().astype(np.float64).T).float()
+    y = eight.matmul(x)
+    assert y.shape == (5, 40)
+    torch.testing.assert_close(y, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    # the two-part layout on 48 rows (tiles of 16): 4-bit codes, a float32 scale and bias per 32 inputs
+    two_parts = 2 * 48 * (256 * 32 // weight.group) * (1 / 2 + 2 * 4 / 32)
+    assert eight.nbytes <= (0.5 if weight.group == 16 else 0.75) * two_parts
+    # a weight that merely says Q6_K but is not two parts of one signed integer stays on the 4-bit kernel
+    odd = type(weight)(weight.codes, weight.scales * 1.5, weight.zeros, weight.group, weight.source)
+    assert Int4Weight(odd, kernel="int8-dot").bits == 4
 
 
 def test_the_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(monkeypatch):

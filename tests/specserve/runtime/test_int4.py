@@ -233,12 +233,13 @@ def test_the_lean_int4_layer_gives_the_module_paths_logits_bit_for_bit(make):
         assert torch.equal(want, have)
 
 
-@pytest.mark.parametrize("make", ["llama", "qwen2"])
+@pytest.mark.parametrize("make", ["llama", "qwen2", "qwen2, v and down in Q8_0"])
 def test_the_compiled_layers_compute_the_torch_layers_values_and_fill_layer_outputs(make):
     """All layers in one call into the library (runtime/fused_layers.py) against the as-shipped layer in
     torch ops, on a prefill, a tree and a ragged batch: the same values to float32 rounding (norms and
     SiLU are computed in another order), each segment's cache advanced alike, and a layer's output kept
-    where a fused hidden-state draft asks for it."""
+    where a fused hidden-state draft asks for it. With v and down in another format than q and k (as
+    Q4_K_M files ship them), q, k and v run as three products and v and down on the 8-bit kernel."""
     from tiny_llama import tiny_qwen2
 
     from specserve.runtime import cpu_kernels
@@ -247,9 +248,16 @@ def test_the_compiled_layers_compute_the_torch_layers_values_and_fill_layer_outp
     if cpu_kernels.library() is None:
         pytest.skip("no C++ compiler on this host")
     model = tiny_llama(vocab_size=64, hidden=32) if make == "llama" else tiny_qwen2(vocab_size=64, hidden=32)
-    apply_as_shipped(model, quantize_model(model), kernel="int8-dot")
+    weights = quantize_model(model)
+    if "Q8_0" in make:
+        for name, param in model.named_parameters():
+            if name.endswith(("v_proj.weight", "down_proj.weight")):
+                weights[name] = quantize(param, "Q8_0")
+    apply_as_shipped(model, weights, kernel="int8-dot")
     compiled = ModelRunner(model)
     assert compiled.native is not None and compiled.native.fused is not None
+    layer = compiled.native.fused.layers[0]
+    assert (layer.qkv.count, layer.down.bits) == ((3, 8) if "Q8_0" in make else (1, 4))
     torch_ops = ModelRunner(model)
     assert torch_ops.native is not None
     torch_ops.native.fused = None
