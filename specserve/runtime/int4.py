@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.errors import FailedPrecondition, InvalidArgument
-from specserve.models.gguf_quant import GROUP, QuantizedWeight
+from specserve.models.gguf_quant import GROUP, BlockScales, QuantizedWeight
 from specserve.runtime import cpu_kernels
 from specserve.runtime.kernels import FUSED_GROUPS, FusedPart, SplitProduct
 from specserve.settings import INT4_KERNELS
@@ -111,11 +111,14 @@ class Int4Weight:
         self.padding = -self.out_features % 16
         signed = weight.signed() if kernel == "int8-dot" else None
         self.bits = 4 if signed is None else 8
+        block = weight.block
         if signed is not None:  # the file's own integers on the 8-bit kernel: no parts, no widening
             q, scale = signed
             q = np.concatenate([q, np.zeros((self.padding, q.shape[1]), dtype=np.int8)])
             scale = np.concatenate([scale, np.zeros((self.padding, scale.shape[1]), dtype=np.float32)])
-            self.dot_layout: tuple[torch.Tensor, ...] = cpu_kernels.pack8(q, scale)
+            self.dot_layout = cpu_kernels.pack8(
+                q, scale, block if block is not None and block.m is None else None
+            )
             return
         codes, scales, zeros = _kernel_layout(weight)
         if self.padding:
@@ -123,7 +126,8 @@ class Int4Weight:
             scales = np.concatenate([scales, np.zeros((self.padding, scales.shape[1]), dtype=np.float32)])
             zeros = np.concatenate([zeros, np.zeros((self.padding, zeros.shape[1]), dtype=np.float32)])
         if kernel == "int8-dot":
-            self.dot_layout = cpu_kernels.pack(codes, scales, zeros)
+            one_part = self.parts == 1 and self.group == GROUP and block is not None and block.m is not None
+            self.dot_layout = cpu_kernels.pack(codes, scales, zeros, block if one_part else None)
             return
         self.packed = pack_int4(torch.from_numpy(codes), self.device)
         # [W // 32, N, 2]: the kernel's scale-and-zero layout.
@@ -133,8 +137,9 @@ class Int4Weight:
     @property
     def nbytes(self) -> int:
         """Bytes a product reads of this weight: its packed codes, scales and zeros (or biases)."""
-        tensors = self.dot_layout if self.kernel == "int8-dot" else (self.packed, self.scales_zeros)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        if self.kernel == "int8-dot":
+            return self.dot_layout.nbytes
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_zeros))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> x @ W.T [..., N], in x's dtype."""
@@ -145,14 +150,11 @@ class Int4Weight:
         """[M, K] in compute dtype -> [M, N] in compute dtype (the kernel's own output, not cast back:
         the lean forward casts it where it is read, often for free inside the op that reads it)."""
         if self.bits == 8:
-            codes, scales = self.dot_layout
-            y = cpu_kernels.int8_dot_mm(rows, codes, scales)
-            return y[:, : self.out_features] if self.padding else y
-        wide = widen_input(rows, self.parts, self.group)
-        if self.kernel == "int8-dot":
-            codes, scales, biases = self.dot_layout
-            y = cpu_kernels.int4_dot_mm(wide, codes, scales, biases)
+            y = cpu_kernels.dot_mm(rows, self.dot_layout)
+        elif self.kernel == "int8-dot":
+            y = cpu_kernels.dot_mm(widen_input(rows, self.parts, self.group), self.dot_layout)
         else:
+            wide = widen_input(rows, self.parts, self.group)
             y = int4_mm(wide, self.packed, self.scales_zeros)
         return y[:, : self.out_features] if self.padding else y  # [M, N + padding] -> [M, N]
 
@@ -190,7 +192,17 @@ def _concat(weights: Sequence[QuantizedWeight]) -> QuantizedWeight:
         zeros=np.concatenate([w.zeros for w in weights], axis=1),
         group=weights[0].group,
         source=weights[0].source,
+        block=_concat_blocks([w.block for w in weights]),
     )
+
+
+def _concat_blocks(blocks: Sequence[BlockScales | None]) -> BlockScales | None:
+    """The members' block scales stacked along the outputs, where every member has the same kind."""
+    present = [b for b in blocks if b is not None]
+    if len(present) != len(blocks) or len({tuple(b.arrays()) for b in present}) != 1:
+        return None
+    names = present[0].arrays()
+    return BlockScales(**{name: np.concatenate([b.arrays()[name] for b in present]) for name in names})
 
 
 class Int4Linear(nn.Module):

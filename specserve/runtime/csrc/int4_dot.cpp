@@ -1,10 +1,11 @@
 // Products of float32 rows with a GGUF file's weights, one pass over the weights for all rows: 4-bit
-// codes in groups of 32 (Q4_0, Q4_1, Q4_K) and 8-bit codes in groups of 16 or 32 (Q8_0, Q5_0, Q6_K;
-// `specserve_int8_dot_mm` below).
+// codes in groups of 32 (Q4_0, Q4_1, Q4_K) and 8-bit codes in groups of 16 or 32 (Q8_0, Q5_0, Q6_K).
 //
-// A weight is w[n, k] = (code - 8) * scale[n, g] + zero[n, g] = code * scale + bias, bias = zero - 8 * scale
-// (g = k / 32). A row is quantized per group of 32 inputs: d = amax / 127, q = nearbyint(x * 127 / amax),
-// e = d * sum(q). Then, per output lane, over the groups in order:
+// A weight is w[n, k] = code * scale[n, g] + bias[n, g] over its groups g of inputs:
+// - 4 bits: code 0..15; bias = zero - 8 * scale (the file's `(code - 8) * scale + zero`);
+// - 8 bits: code = q + 128 for the file's signed q, bias = -128 * scale (exact: a power of two).
+// A row is quantized per group of 32 inputs: d = amax / 127, q = nearbyint(x * 127 / amax), and per
+// weight group e = d * sum(q). Then, per output lane, over the groups in order:
 //   acc = fma(d, scale * dot, acc);  acc = fma(e, bias, acc);   dot = sum_k code[n, k] * q[k] (integers).
 //
 // Every integer sum is exact, so any order or vector width gives the same value; the float terms of a
@@ -14,9 +15,17 @@
 // Build with -ffp-contract=off: the compiler must not fuse the product `scale * dot` into the add that
 // follows on one path and not on the other.
 //
-// Weight layout (specserve/runtime/int4_dot.py packs it): tiles of 16 outputs; per tile and group,
-// 4 chunks of 64 bytes; byte 4i+j of chunk c holds the codes of output i at inputs 8c+j (low nibble)
-// and 8c+4+j (high nibble). Scales and biases: [tiles][groups][16] float32.
+// Layouts (runtime/cpu_kernels.py packs them), in tiles of 16 outputs:
+// - codes, 4 bits: per tile and group of 32, 4 chunks of 64 bytes; byte 4i+j of chunk c holds output i's
+//   codes at inputs 8c+j (low nibble) and 8c+4+j (high nibble).
+// - codes, 8 bits: per tile and group of G (16 or 32), G / 4 chunks of 64 bytes; byte 4i+j of chunk c
+//   holds output i's code at input 4c+j.
+// - scales, kind kFloat: float32 [tiles][groups][16], and (4 bits) biases in the same layout.
+// - scales, kind kBlock (the K-quants, as the file holds them: a float per superblock of 256 inputs
+//   times a small integer per group): int8 [tiles][groups][F][16] with supers float32
+//   [tiles][superblocks][F][16]; F = 2 for 4 bits (scale = d * sc, bias = -dmin * m) and 1 for 8 bits
+//   (scale = d * sc). Each product is exact in float32 (an fp16 times an integer of at most 8 bits),
+//   so every path forms the same scale, and the weights stream at about the file's own bytes.
 
 #include <algorithm>
 #include <cmath>
@@ -33,14 +42,48 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;
-constexpr int64_t kTile = 16;
-constexpr int64_t kTileBytes = kTile * kGroup / 2;  // 256 bytes of codes per tile and group
+constexpr int64_t kGroup = 32;     // inputs per quantized group of a row
+constexpr int64_t kTile = 16;      // outputs per tile
+constexpr int64_t kSuper = 256;    // inputs per superblock of the kBlock scales
+constexpr int kRowBlock = 8;       // rows whose sums stay in registers over a tile
+constexpr float kOffset = 128.0f;  // an 8-bit code's offset
 // Bytes ahead of the weights being read that the VNNI loops ask the memory for: with several rows a
 // tile's arithmetic hides the hardware prefetcher's latency poorly (measured: 8 rows of a 4-bit product
 // out of cache 0.65-0.7x the time without it, one row unchanged).
 constexpr int64_t kPrefetch = 2048;
-constexpr int kRowBlock = 8;                        // rows whose sums stay in registers over a tile
+
+enum ScaleKind { kFloat = 0, kBlock = 1 };
+
+// One tile's scales, as its kind lays them out (see above).
+struct TileScales {
+  const void* scales;
+  const float* biases;  // 4 bits, kFloat
+  const float* supers;  // kBlock
+};
+
+// Factors per group in the kBlock layout: (sc, m) for 4 bits, sc for 8.
+template <int Bits>
+constexpr int64_t kFactors = Bits == 4 ? 2 : 1;
+
+// Group g's 16 scales and biases, lane by lane (the portable path; the VNNI path forms the same values).
+template <int Bits, int SK, int G>
+inline void group_scales(const TileScales& t, int64_t g, float* scale, float* bias) {
+  constexpr int64_t f = kFactors<Bits>;
+  if constexpr (SK == kFloat) {
+    const float* s = static_cast<const float*>(t.scales) + g * kTile;
+    for (int64_t i = 0; i < kTile; ++i) {
+      scale[i] = s[i];
+      bias[i] = Bits == 4 ? t.biases[g * kTile + i] : s[i] * -kOffset;
+    }
+  } else {
+    const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
+    const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
+    for (int64_t i = 0; i < kTile; ++i) {
+      scale[i] = super[i] * static_cast<float>(factor[i]);
+      bias[i] = Bits == 4 ? super[kTile + i] * static_cast<float>(factor[kTile + i]) : scale[i] * -kOffset;
+    }
+  }
+}
 
 // One row's quantization: q [W] int8, per group of 32 the scale d, and per group of `egroup` (the
 // weight's group: 16 or 32) e = d * sum(q) over it.
@@ -77,101 +120,51 @@ void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, 
   }
 }
 
-// Per group, for each output lane:  acc = fma(d, scale * dot, acc);  acc = fma(e, bias, acc)
-// with bias = zero - 8 * scale (the code's offset folded into the zero), on both paths alike.
+// R rows (q, d, e: their quantization) times one tile of a weight with `groups` groups of G inputs.
 #if SPECSERVE_VNNI
-template <int R>
-void tile_rows(const uint8_t* codes, const float* scales, const float* biases, int64_t groups,
-               const int8_t* q, const float* d, const float* e, int64_t width, float* y, int64_t y_stride) {
+template <int Bits, int SK, int G>
+inline void group_scales(const TileScales& t, int64_t g, __m512* scale, __m512* bias) {
+  constexpr int64_t f = kFactors<Bits>;
+  if constexpr (SK == kFloat) {
+    *scale = _mm512_loadu_ps(static_cast<const float*>(t.scales) + g * kTile);
+    *bias = Bits == 4 ? _mm512_loadu_ps(t.biases + g * kTile) : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+  } else {
+    const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
+    const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
+    const auto as_float = [](const int8_t* p) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    };
+    *scale = _mm512_mul_ps(_mm512_loadu_ps(super), as_float(factor));
+    *bias = Bits == 4 ? _mm512_mul_ps(_mm512_loadu_ps(super + kTile), as_float(factor + kTile))
+                      : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+  }
+}
+
+template <int Bits, int SK, int G, int R>
+void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
+               const float* e, int64_t width, float* y, int64_t y_stride) {
+  constexpr int kChunks = G / 4;                     // 64-byte code vectors per group (after unpacking)
+  constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* chunk = codes + g * kTileBytes;
-    for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch + 64 * j), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(scales + g * kTile + kPrefetch / 4), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(biases + g * kTile + kPrefetch / 4), _MM_HINT_T0);
-    __m512i c[8];
-    for (int j = 0; j < 4; ++j) {
-      const __m512i packed = _mm512_loadu_si512(chunk + 64 * j);
-      c[2 * j] = _mm512_and_si512(packed, low);
-      c[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+    const uint8_t* chunk = codes + g * kGroupBytes;
+    for (int64_t j = 0; j < kGroupBytes; j += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch + j), _MM_HINT_T0);
     }
-    const __m512 scale = _mm512_loadu_ps(scales + g * kTile);
-    const __m512 bias = _mm512_loadu_ps(biases + g * kTile);
-    for (int r = 0; r < R; ++r) {
-      const int32_t* words = reinterpret_cast<const int32_t*>(q + r * width + g * kGroup);
-      __m512i dot = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, c[j], _mm512_set1_epi32(words[j]));
-      const __m512 scaled = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot));
-      const int64_t at = r * (width / kGroup) + g;
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d[at]), scaled, acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[at]), bias, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * y_stride, acc[r]);
-}
-#else
-template <int R>
-void tile_rows(const uint8_t* codes, const float* scales, const float* biases, int64_t groups,
-               const int8_t* q, const float* d, const float* e, int64_t width, float* y, int64_t y_stride) {
-  float acc[R][kTile] = {};
-  uint8_t c[8][64];  // c[2j] = low nibbles of chunk j (inputs 8j..8j+3), c[2j+1] = high (8j+4..8j+7)
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* chunk = codes + g * kTileBytes;
-    for (int j = 0; j < 4; ++j) {
-      for (int b = 0; b < 64; ++b) {
-        c[2 * j][b] = chunk[64 * j + b] & 0x0F;
-        c[2 * j + 1][b] = chunk[64 * j + b] >> 4;
-      }
-    }
-    const float* scale = scales + g * kTile;
-    const float* bias = biases + g * kTile;
-    for (int r = 0; r < R; ++r) {
-      const int8_t* qs = q + r * width + g * kGroup;
-      int32_t dot[kTile] = {0};
-      for (int j = 0; j < 8; ++j) {
-        for (int64_t i = 0; i < kTile; ++i) {
-          for (int b = 0; b < 4; ++b) {
-            dot[i] += static_cast<int32_t>(c[j][4 * i + b]) * static_cast<int32_t>(qs[4 * j + b]);
-          }
-        }
-      }
-      const int64_t at = r * (width / kGroup) + g;
-      for (int64_t i = 0; i < kTile; ++i) {
-        const float scaled = scale[i] * static_cast<float>(dot[i]);
-        acc[r][i] = std::fma(d[at], scaled, acc[r][i]);
-        acc[r][i] = std::fma(e[at], bias[i], acc[r][i]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) std::memcpy(y + r * y_stride, acc[r], sizeof(acc[r]));
-}
-#endif
-
-// 8-bit weights: w[n, k] = (code - 128) * scale[n, g] with code = q + 128 for the file's signed q
-// (Q8_0, Q5_0, Q6_K), groups of G = 16 or 32 inputs. Per group and output lane, as above with
-// bias = -128 * scale (exact: a power of two):  acc = fma(d, scale * dot, acc);  acc = fma(e, bias, acc).
-// Layout: tiles of 16 outputs; per tile and group, G / 4 chunks of 64 bytes; byte 4i+j of chunk c holds
-// output i's code at input 4c+j of the group. Scales: [tiles][groups][16] float32.
-constexpr float kOffset = 128.0f;
-
-#if SPECSERVE_VNNI
-template <int G, int R>
-void tile_rows8(const uint8_t* codes, const float* scales, int64_t groups, const int8_t* q, const float* d,
-                const float* e, int64_t width, float* y, int64_t y_stride) {
-  constexpr int kChunks = G / 4;
-  const __m512 minus_offset = _mm512_set1_ps(-kOffset);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* chunk = codes + g * kTile * G;
-    for (int j = 0; j < kChunks; ++j) _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch + 64 * j), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(scales + g * kTile + kPrefetch / 4), _MM_HINT_T0);
     __m512i c[kChunks];
-    for (int j = 0; j < kChunks; ++j) c[j] = _mm512_loadu_si512(chunk + 64 * j);
-    const __m512 scale = _mm512_loadu_ps(scales + g * kTile);
-    const __m512 bias = _mm512_mul_ps(scale, minus_offset);
+    if constexpr (Bits == 4) {
+      for (int j = 0; j < kChunks / 2; ++j) {
+        const __m512i packed = _mm512_loadu_si512(chunk + 64 * j);
+        c[2 * j] = _mm512_and_si512(packed, low);
+        c[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      }
+    } else {
+      for (int j = 0; j < kChunks; ++j) c[j] = _mm512_loadu_si512(chunk + 64 * j);
+    }
+    __m512 scale, bias;
+    group_scales<Bits, SK, G>(t, g, &scale, &bias);
     for (int r = 0; r < R; ++r) {
       const int32_t* words = reinterpret_cast<const int32_t*>(q + r * width + g * G);
       __m512i dot = _mm512_setzero_si512();
@@ -184,20 +177,32 @@ void tile_rows8(const uint8_t* codes, const float* scales, int64_t groups, const
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * y_stride, acc[r]);
 }
 #else
-template <int G, int R>
-void tile_rows8(const uint8_t* codes, const float* scales, int64_t groups, const int8_t* q, const float* d,
-                const float* e, int64_t width, float* y, int64_t y_stride) {
+template <int Bits, int SK, int G, int R>
+void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
+               const float* e, int64_t width, float* y, int64_t y_stride) {
+  constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
   float acc[R][kTile] = {};
+  uint8_t c[G / 4][64];  // 4 bits: c[2j] = low nibbles of chunk j (inputs 8j..8j+3), c[2j+1] = high
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* chunk = codes + g * kTile * G;
-    const float* scale = scales + g * kTile;
+    const uint8_t* chunk = codes + g * kGroupBytes;
+    for (int j = 0; j < G / 4; ++j) {
+      for (int b = 0; b < 64; ++b) {
+        if constexpr (Bits == 4) {
+          c[j][b] = j % 2 == 0 ? chunk[64 * (j / 2) + b] & 0x0F : chunk[64 * (j / 2) + b] >> 4;
+        } else {
+          c[j][b] = chunk[64 * j + b];
+        }
+      }
+    }
+    float scale[kTile], bias[kTile];
+    group_scales<Bits, SK, G>(t, g, scale, bias);
     for (int r = 0; r < R; ++r) {
       const int8_t* qs = q + r * width + g * G;
       int32_t dot[kTile] = {0};
       for (int j = 0; j < G / 4; ++j) {
         for (int64_t i = 0; i < kTile; ++i) {
           for (int b = 0; b < 4; ++b) {
-            dot[i] += static_cast<int32_t>(chunk[64 * j + 4 * i + b]) * static_cast<int32_t>(qs[4 * j + b]);
+            dot[i] += static_cast<int32_t>(c[j][4 * i + b]) * static_cast<int32_t>(qs[4 * j + b]);
           }
         }
       }
@@ -205,7 +210,7 @@ void tile_rows8(const uint8_t* codes, const float* scales, int64_t groups, const
       for (int64_t i = 0; i < kTile; ++i) {
         const float scaled = scale[i] * static_cast<float>(dot[i]);
         acc[r][i] = std::fma(dr, scaled, acc[r][i]);
-        acc[r][i] = std::fma(er, scale[i] * -kOffset, acc[r][i]);
+        acc[r][i] = std::fma(er, bias[i], acc[r][i]);
       }
     }
   }
@@ -213,17 +218,40 @@ void tile_rows8(const uint8_t* codes, const float* scales, int64_t groups, const
 }
 #endif
 
-using TileRows8 = void (*)(const uint8_t*, const float*, int64_t, const int8_t*, const float*, const float*,
-                           int64_t, float*, int64_t);
-template <int G>
-constexpr TileRows8 kTileRows8[kRowBlock] = {tile_rows8<G, 1>, tile_rows8<G, 2>, tile_rows8<G, 3>,
-                                             tile_rows8<G, 4>, tile_rows8<G, 5>, tile_rows8<G, 6>,
-                                             tile_rows8<G, 7>, tile_rows8<G, 8>};
-
-using TileRows = void (*)(const uint8_t*, const float*, const float*, int64_t, const int8_t*, const float*,
-                          const float*, int64_t, float*, int64_t);
-constexpr TileRows kTileRows[kRowBlock] = {tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-                                           tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+// x [rows, width] -> y [rows, outputs] for one layout: tiles in parallel, rows in blocks of 8.
+template <int Bits, int SK, int G>
+void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, const void* scales,
+             const float* biases, const float* supers, int64_t outputs, float* y) {
+  using TileRows = void (*)(const uint8_t*, const TileScales&, int64_t, const int8_t*, const float*,
+                            const float*, int64_t, float*, int64_t);
+  static constexpr TileRows kernels[kRowBlock] = {
+      tile_rows<Bits, SK, G, 1>, tile_rows<Bits, SK, G, 2>, tile_rows<Bits, SK, G, 3>,
+      tile_rows<Bits, SK, G, 4>, tile_rows<Bits, SK, G, 5>, tile_rows<Bits, SK, G, 6>,
+      tile_rows<Bits, SK, G, 7>, tile_rows<Bits, SK, G, 8>};
+  const int64_t groups = width / G;
+  const int64_t tiles = outputs / kTile;
+  constexpr int64_t f = kFactors<Bits>;
+  // per tile: bytes of codes, of scales, floats of biases and of supers
+  const int64_t code_bytes = groups * kTile * G * Bits / 8;
+  const int64_t scale_bytes = SK == kFloat ? groups * kTile * 4 : groups * f * kTile;
+  const int64_t bias_floats = SK == kFloat && Bits == 4 ? groups * kTile : 0;
+  const int64_t super_floats = SK == kBlock ? (width / kSuper) * f * kTile : 0;
+  std::vector<int8_t> q;
+  std::vector<float> d, e;
+  quantize_rows(x, rows, width, G, q, d, e);
+#pragma omp parallel for schedule(static)
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const TileScales t{static_cast<const uint8_t*>(scales) + tile * scale_bytes,
+                       biases == nullptr ? nullptr : biases + tile * bias_floats,
+                       supers == nullptr ? nullptr : supers + tile * super_floats};
+    for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
+      const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
+      kernels[block - 1](codes + tile * code_bytes, t, groups, q.data() + m0 * width,
+                         d.data() + m0 * (width / kGroup), e.data() + m0 * groups, width,
+                         y + m0 * outputs + tile * kTile, outputs);
+    }
+  }
+}
 
 }  // namespace
 
@@ -232,49 +260,21 @@ extern "C" {
 // 1 when this build took the AVX512-VNNI path, 0 for the portable one.
 int specserve_int4_dot_vnni() { return SPECSERVE_VNNI; }
 
-// x [rows, width] float32 -> y [rows, outputs] float32; outputs a multiple of 16, width of 32.
-// biases = zero - 8 * scale per output and group, in the scales' layout.
-void specserve_int4_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
-                           const float* scales, const float* biases, int64_t outputs, float* y) {
-  const int64_t groups = width / kGroup;
-  const int64_t tiles = outputs / kTile;
-  std::vector<int8_t> q;
-  std::vector<float> d, e;
-  quantize_rows(x, rows, width, kGroup, q, d, e);
-#pragma omp parallel for schedule(static)
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const uint8_t* tile_codes = codes + tile * groups * kTileBytes;
-    const float* tile_scales = scales + tile * groups * kTile;
-    const float* tile_biases = biases + tile * groups * kTile;
-    for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
-      const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
-      kTileRows[block - 1](tile_codes, tile_scales, tile_biases, groups, q.data() + m0 * width,
-                           d.data() + m0 * groups, e.data() + m0 * groups, width, y + m0 * outputs + tile * kTile,
-                           outputs);
-    }
-  }
-}
-
-// x [rows, width] float32 -> y [rows, outputs] float32 on 8-bit weights in groups of `group` (16 or 32);
-// outputs a multiple of 16, width of 32.
-void specserve_int8_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
-                           const float* scales, int64_t group, int64_t outputs, float* y) {
-  const int64_t groups = width / group;
-  const int64_t tiles = outputs / kTile;
-  std::vector<int8_t> q;
-  std::vector<float> d, e;
-  quantize_rows(x, rows, width, group, q, d, e);
-  const TileRows8* kernels = group == 16 ? kTileRows8<16> : kTileRows8<32>;
-#pragma omp parallel for schedule(static)
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const uint8_t* tile_codes = codes + tile * groups * kTile * group;
-    const float* tile_scales = scales + tile * groups * kTile;
-    for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
-      const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
-      kernels[block - 1](tile_codes, tile_scales, groups, q.data() + m0 * width, d.data() + m0 * (width / kGroup),
-                         e.data() + m0 * groups, width, y + m0 * outputs + tile * kTile, outputs);
-    }
-  }
+// x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4 or 8, `group` its
+// inputs per group (4 bits: 32; 8 bits: 16 or 32), `kind` 0 (kFloat) or 1 (kBlock; width a multiple of
+// 256); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or -1 for a
+// combination no kernel takes.
+int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group, int64_t kind,
+                     const uint8_t* codes, const void* scales, const float* biases, const float* supers,
+                     int64_t outputs, float* y) {
+  const auto run = [&](auto kernel) { kernel(x, rows, width, codes, scales, biases, supers, outputs, y); };
+  if (bits == 4 && group == 32 && kind == kFloat) return run(product<4, kFloat, 32>), 0;
+  if (bits == 4 && group == 32 && kind == kBlock) return run(product<4, kBlock, 32>), 0;
+  if (bits == 8 && group == 32 && kind == kFloat) return run(product<8, kFloat, 32>), 0;
+  if (bits == 8 && group == 16 && kind == kFloat) return run(product<8, kFloat, 16>), 0;
+  if (bits == 8 && group == 32 && kind == kBlock) return run(product<8, kBlock, 32>), 0;
+  if (bits == 8 && group == 16 && kind == kBlock) return run(product<8, kBlock, 16>), 0;
+  return -1;
 }
 
 }  // extern "C"

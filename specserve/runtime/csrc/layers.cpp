@@ -14,10 +14,9 @@
 #include <cstring>
 #include <vector>
 
-extern "C" void specserve_int4_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
-                                      const float* scales, const float* biases, int64_t outputs, float* y);
-extern "C" void specserve_int8_dot_mm(const float* x, int64_t rows, int64_t width, const uint8_t* codes,
-                                      const float* scales, int64_t group, int64_t outputs, float* y);
+extern "C" int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group,
+                                int64_t kind, const uint8_t* codes, const void* scales, const float* biases,
+                                const float* supers, int64_t outputs, float* y);
 extern "C" void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, int64_t q_row,
                                  int64_t q_head, const float* keys, const float* values, int64_t kv_heads,
                                  int64_t length, int64_t kv_head, int64_t kv_pos, const uint8_t* visible,
@@ -28,9 +27,10 @@ extern "C" void specserve_exp_shifted(float* values, int64_t count, float shift)
 extern "C" {
 
 struct SpecserveProduct {
-  const uint8_t* codes;   // the int4_dot layout of the widened weight, or the 8-bit layout
-  const float* scales;
-  const float* biases;    // the 4-bit layout's per-group biases (zero - 8 * scale); null for 8 bits
+  const uint8_t* codes;   // int4_dot.cpp's layouts: 4 bits (of the widened weight) or 8
+  const void* scales;
+  const float* biases;    // 4 bits, float scales: per-group biases (zero - 8 * scale); else null
+  const float* supers;    // block scales: the superblocks' factors; else null
   const float* bias;      // [out_features] added to the output, or null
   int64_t outputs;        // the layout's outputs (a multiple of 16)
   int64_t out_features;   // the real ones
@@ -38,6 +38,7 @@ struct SpecserveProduct {
   int64_t parts;          // the input repeated once per part
   int64_t group;          // 32, or 16 (4 bits: each group padded with 16 zero inputs)
   int64_t bits;           // 4 or 8
+  int64_t kind;           // the scales' layout: 0 float per group, 1 block (int8 per group, float per 256)
 };
 
 // Projections of one input: one product whose outputs are theirs side by side, or one product each
@@ -100,7 +101,7 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
 // x [rows, in_features] -> y [rows, outputs] (the first out_features meaningful), bias added.
 void product(const SpecserveProduct& p, const float* x, int64_t rows, std::vector<float>& wide, float* y) {
   if (p.bits == 8) {
-    specserve_int8_dot_mm(x, rows, p.in_features, p.codes, p.scales, p.group, p.outputs, y);
+    specserve_dot_mm(x, rows, p.in_features, 8, p.group, p.kind, p.codes, p.scales, nullptr, p.supers, p.outputs, y);
   } else {
     const float* input = x;
     int64_t width = p.in_features;
@@ -118,7 +119,7 @@ void product(const SpecserveProduct& p, const float* x, int64_t rows, std::vecto
       }
       input = wide.data();
     }
-    specserve_int4_dot_mm(input, rows, width, p.codes, p.scales, p.biases, p.outputs, y);
+    specserve_dot_mm(input, rows, width, 4, 32, p.kind, p.codes, p.scales, p.biases, p.supers, p.outputs, y);
   }
   if (p.bias != nullptr) {
     for (int64_t i = 0; i < rows; ++i) {

@@ -10,12 +10,14 @@ from gguf import GGMLQuantizationType, quants
 
 from specserve.models import gguf_quant
 from specserve.models.gguf_quant import (
+    STORE_VERSION,
     SUPPORTED_FORMATS,
     decode,
     hf_name,
     pack_nibbles,
     read_store,
     rotary_row_order,
+    store_version,
     unpack_nibbles,
     write_store,
 )
@@ -60,6 +62,25 @@ def test_formats_of_more_than_four_bits_split_into_two_parts_and_k_quants_of_16_
     assert six.codes.shape[0] == 2 and six.group == 16 and six.scales.shape == (2, 16, 16)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_k_quants_keep_their_block_scales_which_give_the_float_scales_bit_for_bit(type_name):
+    weight = decode(type_name, random_blocks(type_name, 16, 512), 16, 512)
+    block = weight.block
+    assert block is not None and block.d.shape == (16, 2) and block.sc.dtype == np.int8
+    per_group = 256 // weight.group
+    scale = np.repeat(block.d, per_group, axis=1) * block.sc.astype(np.float32)
+    np.testing.assert_array_equal(scale, weight.scales[-1])  # the one part's, or the low part's (Q6_K)
+    if type_name == "Q4_K":
+        assert block.dmin is not None and block.m is not None
+        minimum = np.repeat(block.dmin, per_group, axis=1) * block.m.astype(np.float32)
+        np.testing.assert_array_equal(8 * scale - minimum, weight.zeros[0])
+    else:
+        assert block.dmin is None and block.m is None
+    order = np.random.default_rng(2).permutation(16)
+    np.testing.assert_array_equal(weight.rows(order).block.sc, block.sc[order])  # type: ignore[union-attr]
+    assert decode("Q4_1", random_blocks("Q4_1", 16, 64), 16, 64).block is None
+
+
 def test_a_row_of_partial_blocks_is_refused():
     with pytest.raises(ValueError, match="whole blocks"):
         decode("Q4_K", np.zeros((2, 144), dtype=np.uint8), 2, 128)
@@ -85,6 +106,13 @@ def test_the_store_round_trips(tmp_path):
         np.testing.assert_array_equal(loaded[name].scales, weight.scales)
         np.testing.assert_array_equal(loaded[name].zeros, weight.zeros)
         assert (loaded[name].group, loaded[name].source) == (weight.group, weight.source)
+        assert (loaded[name].block is None) == (weight.block is None)
+        if weight.block is not None:
+            assert loaded[name].block is not None
+            for part, array in weight.block.arrays().items():
+                np.testing.assert_array_equal(loaded[name].block.arrays()[part], array)
+    assert store_version(path) == STORE_VERSION
+    assert store_version(tmp_path / "missing.safetensors") == 0
 
 
 @pytest.mark.parametrize(("rows", "heads"), [(576, 9), (192, 3), (32, 4)])

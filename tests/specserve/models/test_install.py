@@ -207,8 +207,12 @@ def test_weights_as_shipped_are_built_once_from_the_installed_parts(
     wheelhouse, site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A profile installed without its quantized weights gets them from its part wheels, reassembled and
-    checked again; a second call returns the same directory without rebuilding."""
+    checked again; a second call returns the same directory without rebuilding, unless the store there
+    is of an older format (then it is built again, once)."""
+    from safetensors.numpy import save_file
+
     from specserve.models import install
+    from specserve.models.gguf_quant import write_store
 
     house, wheels, parts = wheelhouse
     profile, cache = make_profile(wheels, parts), tmp_path / "cache"
@@ -219,13 +223,17 @@ def test_weights_as_shipped_are_built_once_from_the_installed_parts(
 
     def convert_store(gguf: Path, out_dir: Path) -> None:
         seen.append(sha256_of(gguf.read_bytes()))
-        (out_dir / "as-shipped.safetensors").write_bytes(b"")
+        write_store({}, {"architecture": "llama"}, out_dir)
 
     monkeypatch.setattr(install, "convert_store", convert_store)
     shipped = install.as_shipped_dir(profile, cache)
     assert shipped == cache / "models" / "Test-Model.as-shipped" and (shipped / COMPLETE_MARKER).is_file()
     assert install.as_shipped_dir(profile, cache) == shipped
     assert seen == [profile.gguf_sha256]  # the checked file, once
+    save_file({}, str(shipped / "as-shipped.safetensors"), metadata={"layout": "{}"})  # no version: the first
+    assert install.as_shipped_dir(profile, cache) == shipped
+    assert install.as_shipped_dir(profile, cache) == shipped
+    assert seen == [profile.gguf_sha256] * 2  # rebuilt once
     assert _debris(shipped.parent) == []
 
 

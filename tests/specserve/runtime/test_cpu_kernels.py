@@ -4,13 +4,17 @@ choice of kernel."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from specserve.errors import FailedPrecondition, InvalidArgument
+from specserve.models.gguf_quant import QuantizedWeight, decode
 from specserve.runtime import cpu_kernels
 from specserve.runtime.int4 import Int4Weight, resolve_int4_kernel
+from tests.specserve.models.test_gguf_quant import random_blocks
 from tests.specserve.runtime.test_int4 import random_weight
 
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler on this host")
@@ -42,7 +46,7 @@ def int8_rows(x: np.ndarray) -> np.ndarray:
 def test_the_product_is_the_files_weights_times_the_rows_rounded_to_int8():
     codes, scales, zeros = packed_random(48, 256)
     x = torch.randn(7, 256, generator=torch.Generator().manual_seed(1))
-    y = cpu_kernels.int4_dot_mm(x, *cpu_kernels.pack(codes, scales, zeros)).numpy()
+    y = cpu_kernels.dot_mm(x, cpu_kernels.pack(codes, scales, zeros)).numpy()
     weights = dense(codes, scales, zeros)
     exact_rows = int8_rows(x.numpy()) @ weights.T
     # float32 accumulation of 8 group terms: far below the int8 rounding the next check allows for
@@ -63,7 +67,7 @@ def signed_random(n: int, width: int, group: int, seed: int = 0) -> tuple[np.nda
 def test_an_8_bit_product_is_the_files_integers_times_the_rows_rounded_to_int8(group):
     q, scale = signed_random(48, 256, group)
     x = torch.randn(7, 256, generator=torch.Generator().manual_seed(1))
-    y = cpu_kernels.int8_dot_mm(x, *cpu_kernels.pack8(q, scale)).numpy()
+    y = cpu_kernels.dot_mm(x, cpu_kernels.pack8(q, scale)).numpy()
     weights = q.astype(np.float64) * np.repeat(scale, group, axis=1)
     exact_rows = int8_rows(x.numpy()) @ weights.T
     np.testing.assert_allclose(y, exact_rows, rtol=0, atol=1e-5 * np.abs(exact_rows).max())
@@ -75,25 +79,38 @@ def test_a_zero_row_and_a_zero_group_give_exact_zeros_and_no_nan():
     codes, scales, zeros = packed_random(16, 64)
     x = torch.zeros(2, 64)
     x[1, 32:] = torch.randn(32)  # row 1's first group is all zeros
-    y = cpu_kernels.int4_dot_mm(x, *cpu_kernels.pack(codes, scales, zeros))
+    y = cpu_kernels.dot_mm(x, cpu_kernels.pack(codes, scales, zeros))
     assert torch.equal(y[0], torch.zeros(16))
     assert torch.isfinite(y).all()
 
 
-def product_of(bits: int, n: int, width: int, seed: int, lib=None):
-    """x -> x @ W.T for a random weight on the 4-bit kernel, or the 8-bit one in groups of 16."""
-    if bits == 4:
-        layout = cpu_kernels.pack(*packed_random(n, width, seed))
-        return lambda x: cpu_kernels.int4_dot_mm(x, *layout, lib=lib)
-    layout8 = cpu_kernels.pack8(*signed_random(n, width, 16, seed))
-    return lambda x: cpu_kernels.int8_dot_mm(x, *layout8, lib=lib)
+def k_quant(type_name: str, n: int, width: int, seed: int) -> QuantizedWeight:
+    return decode(type_name, random_blocks(type_name, n, width, seed), n, width)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+def product_of(layout: str, n: int, width: int, seed: int, lib=None):
+    """x -> x @ W.T for a random weight on one of the kernel's layouts: 4 or 8 bits with float scales,
+    or a K-quant's block scales (Q4_K: 4 bits, Q6_K: 8 bits in groups of 16)."""
+    if layout == "4":
+        packed = cpu_kernels.pack(*packed_random(n, width, seed))
+    elif layout == "8":
+        packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed))
+    elif layout == "Q4_K":
+        w = k_quant("Q4_K", n, width, seed)
+        packed = cpu_kernels.pack(w.codes[0], w.scales[0], w.zeros[0], w.block)
+    else:
+        w = k_quant("Q6_K", n, width, seed)
+        signed = w.signed()
+        assert signed is not None
+        packed = cpu_kernels.pack8(*signed, w.block)
+    return lambda x: cpu_kernels.dot_mm(x, packed, lib=lib)
+
+
+@pytest.mark.parametrize("layout", ["4", "8", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, bits):
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, layout):
     """1 to 21 rows (blocks of 8 and their remainders), against each row computed alone."""
-    product = product_of(bits, 64, 512, seed=2)
+    product = product_of(layout, 64, 512, seed=2)
     x = torch.randn(21, 512, generator=torch.Generator().manual_seed(3))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -118,9 +135,11 @@ def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
     assert compiler is not None
     portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march="x86-64-v3"))
     assert portable.specserve_int4_dot_vnni() == 0
-    x = torch.randn(11, 320, generator=torch.Generator().manual_seed(5))
-    for bits in (4, 8):
-        assert torch.equal(product_of(bits, 32, 320, 4, portable)(x), product_of(bits, 32, 320, 4)(x)), bits
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(5))
+    for layout in ("4", "8", "Q4_K", "Q6_K"):
+        assert torch.equal(product_of(layout, 32, 512, 4, portable)(x), product_of(layout, 32, 512, 4)(x)), (
+            layout
+        )
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
@@ -160,6 +179,26 @@ def test_the_signed_formats_run_on_their_own_integers_in_fewer_bytes(type_name):
     # a weight that merely says Q6_K but is not two parts of one signed integer stays on the 4-bit kernel
     odd = type(weight)(weight.codes, weight.scales * 1.5, weight.zeros, weight.group, weight.source)
     assert Int4Weight(odd, kernel="int8-dot").bits == 4
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_k_quants_run_on_their_files_block_scales_in_fewer_bytes(type_name):
+    """A K-quant's scales as the file holds them (an integer per group, a float per 256 inputs): the same
+    products as from the float scales they give (Q6_K: bit for bit, its bias being -128 * scale; Q4_K:
+    its bias -dmin * m is the file's exactly, where the float layout's is a rounded difference), and
+    fewer bytes; a cut head's rows (40, padded to 48) keep theirs."""
+    weight = k_quant(type_name, 40, 512, seed=9)
+    blocked = Int4Weight(weight, kernel="int8-dot")
+    floats = Int4Weight(dataclasses.replace(weight, block=None), kernel="int8-dot")
+    assert blocked.dot_layout.kind == cpu_kernels.BLOCK_SCALES
+    assert floats.dot_layout.kind == cpu_kernels.FLOAT_SCALES
+    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(10))
+    y = blocked.matmul(x)
+    if type_name == "Q6_K":
+        assert torch.equal(y, floats.matmul(x))
+    expected = torch.from_numpy(int8_rows(x.numpy()) @ weight.dequantize().astype(np.float64).T).float()
+    torch.testing.assert_close(y, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    assert blocked.nbytes <= 0.87 * floats.nbytes
 
 
 def test_the_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(monkeypatch):
