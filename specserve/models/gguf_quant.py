@@ -93,7 +93,7 @@ class QuantizedWeight:
         (high_scale, scale), (high_zero, zero) = self.scales, self.zeros
         split = np.array_equal(high_scale, 16 * scale) and np.array_equal(zero, 8 * scale)
         if not split or high_zero.any():
-            return None  # not two parts as `_split_signed` makes them
+            return None  # not two parts as `split_signed` makes them
         hi, lo = self.codes.astype(np.int16)
         return (16 * (hi - 8) + lo).astype(np.int8), self.scales[1]
 
@@ -115,7 +115,7 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
-def _split_signed(
+def split_signed(
     q: np.ndarray, scale: np.ndarray, group: int, source: str, block: BlockScales | None = None
 ) -> QuantizedWeight:
     """A signed integer weight q [N, K] in [-128, 127] with per-group scale [N, K // group] -> two parts."""
@@ -147,7 +147,7 @@ def _q4_1(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
 def _q8_0(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
     d = _f16(blocks[..., 0:2])
     q = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).reshape(n, k).astype(np.int16)
-    return _split_signed(q, d, GROUP, "Q8_0")
+    return split_signed(q, d, GROUP, "Q8_0")
 
 
 def _q5_0(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
@@ -155,7 +155,7 @@ def _q5_0(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
     qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")  # [N, B, 1]: bit j = high bit of value j
     high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)  # [N, B, 32]
     q = _nibbles(blocks[..., 6:22]).astype(np.int16) | (high << 4)
-    return _split_signed((q - 16).reshape(n, k), d, GROUP, "Q5_0")
+    return split_signed((q - 16).reshape(n, k), d, GROUP, "Q5_0")
 
 
 def _q4_k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,7 +193,7 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> QuantizedWeight:
     q = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
     scale = (d[..., None] * sc).reshape(n, -1)  # [N, K // 16]
     block = BlockScales(d, sc.reshape(n, -1).astype(np.int8))
-    return _split_signed(q.reshape(n, k), scale, 16, "Q6_K", block)
+    return split_signed(q.reshape(n, k), scale, 16, "Q6_K", block)
 
 
 # GGUF type name -> (bytes per block, values per block, decoder)
@@ -206,7 +206,7 @@ _FORMATS = {
     "Q6_K": (210, _QK_K, _q6_k),
 }
 SUPPORTED_FORMATS = frozenset(_FORMATS)
-SIGNED_FORMATS = frozenset({"Q8_0", "Q5_0", "Q6_K"})  # split into two parts by `_split_signed`
+SIGNED_FORMATS = frozenset({"Q8_0", "Q5_0", "Q6_K"})  # split into two parts by `split_signed`
 
 
 def decode(type_name: str, data: np.ndarray, n: int, k: int) -> QuantizedWeight:

@@ -159,11 +159,11 @@ def test_a_weight_on_int8_dot_matches_torchs_kernel_within_the_rounding_of_its_r
 def test_the_signed_formats_run_on_their_own_integers_in_fewer_bytes(type_name):
     """Q8_0, Q5_0 and Q6_K on the 8-bit kernel: the values of their two-part form (the torch kernel's),
     in fewer bytes (Q6_K: under half, its groups of 16 no longer padded to 32)."""
-    from specserve.models.gguf_quant import _split_signed
+    from specserve.models.gguf_quant import split_signed
 
     if type_name == "Q6_K":  # the gguf package does not write Q6_K: its integers and scales, random
         q, scale = signed_random(40, 256, 16, seed=7)
-        weight = _split_signed((q.astype(np.int16) // 4).astype(np.int8), scale, 16, "Q6_K")
+        weight = split_signed((q.astype(np.int16) // 4).astype(np.int8), scale, 16, "Q6_K")
     else:
         weight = random_weight(type_name, n=40, k=256)
     eight, parts = Int4Weight(weight, kernel="int8-dot"), Int4Weight(weight, kernel="torch")
