@@ -170,6 +170,9 @@ def run_serve(args: argparse.Namespace) -> int:
                 from services.draft.main import start_draft
 
                 running = start_draft(DraftServiceSettings.from_env(**common), engine_settings)
+            from specserve.runtime.target_runtime import settle_heap
+
+            settle_heap()  # loaded and warmed up: what is alive now lives as long as the process
         serve_until_signal(running)
     finally:
         shutdown_tracing()

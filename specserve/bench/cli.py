@@ -182,6 +182,7 @@ def _run_measurements(
         prompts_file=prompts_path,
         limit=args.limit,
         constrain=not args.no_constraints,
+        settle=True,
     )
     if remote is not None:
         result["remote_breakdown"] = remote.breakdown()

@@ -21,6 +21,7 @@ from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 from specserve.models.profiles import DEFAULT_PROFILE, model_profile
 from specserve.results import GenerationResult, OnTokens
+from specserve.runtime.target_runtime import settle_heap
 from specserve.settings import EngineSettings
 
 TARGET = "target"  # plain decoding with the target model: the baseline every speedup is against
@@ -126,12 +127,15 @@ def run_bench(
     prompts_file: Path | str | None = None,
     limit: int | None = None,
     constrain: bool = True,
+    settle: bool = False,
 ) -> dict[str, Any]:
     """Benchmark `methods` (plus the `target` baseline) on `prompts`; returns the JSON-able result.
     Every method runs `request` with its own name in `request.method`, and with the prompt's schema as
     its constraint when the workload gives one and `constrain` is on.
 
-    `settings`, `prompts_file` and `limit` are only recorded in the result's config/machine.
+    `settings`, `prompts_file` and `limit` are only recorded in the result's config/machine. settle: after
+    the warm-up, move the process's objects out of the garbage collector's reach, as a serving process
+    does (`settle_heap`; for a process whose models stay, as the CLI's).
     """
     if not prompts:
         raise InvalidArgument("no prompts to benchmark")
@@ -146,6 +150,8 @@ def run_bench(
         warmup = replace(warmup, constraint=prompts[0].constraint)
     for method in run_methods:
         engine.generate(prompts[0].text, replace(warmup, method=method))
+    if settle:
+        settle_heap()
     machine = machine_info(settings)  # after warm-up, so torch's thread count is the one used
     runtime = getattr(engine, "runtime_info", None)
     if callable(runtime):  # which kernel and forward the specserve methods ran on (`hf` runs transformers')

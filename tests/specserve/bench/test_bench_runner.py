@@ -183,3 +183,19 @@ def test_result_files_record_paths_without_one_machines_layout():
     from specserve.bench.workloads import GROUNDED_PATH
 
     assert portable_path(GROUNDED_PATH) == "specserve/bench/data/grounded.jsonl"
+
+
+def test_a_settled_run_leaves_its_engine_out_of_the_collectors_reach(tiny_target_dir, tmp_path) -> None:
+    """`settle` (the CLI's): after the warm-up the engine's objects are frozen, as in a serving process,
+    so no full collection walks them in a timed step; unfrozen after, for the rest of this test process."""
+    import gc
+
+    from specserve.engine import Engine
+
+    engine = Engine(EngineSettings.from_env(environ={}, model_dir=tiny_target_dir, cache_dir=tmp_path))
+    try:
+        run_bench(engine, PROMPTS[:1], ["target"], PARAMS, progress=False, settle=True)
+        assert id(engine.target_model) not in {id(obj) for obj in gc.get_objects()}
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
