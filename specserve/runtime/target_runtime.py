@@ -8,8 +8,8 @@ the target that verifies them, wherever they run.
 
 from __future__ import annotations
 
-import gc
 import functools
+import gc
 import json
 import logging
 from pathlib import Path
