@@ -40,11 +40,10 @@ from specserve.models.profiles import model_profile
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
-from specserve.runtime.int4 import int8_linears
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.target_runtime import RoleRuntime, calibration_file, draft_weights, shipped_for
+from specserve.runtime.target_runtime import RoleRuntime, calibration_file, shipped_for
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -238,12 +237,8 @@ class DraftRuntime(RoleRuntime):
         return self._for_serving(build_eagle(self.target, seed=0))
 
     def _for_serving(self, draft: DraftT) -> DraftT:
-        """A draft on the target's kind of kernel (it serves; it no longer trains): int8 codes on the
-        int8-dot kernel beside a target on its file's codes there (`draft_weights`), else the target's
-        linear kernel."""
+        """A draft on the same linear kernel as the target (it serves; it no longer trains)."""
         draft.requires_grad_(False)
-        if draft_weights(self.settings) == "int8":
-            int8_linears(draft)
         apply_linear_kernel(draft, self.settings.linear_kernel)
         return draft
 
@@ -265,14 +260,10 @@ class DraftRuntime(RoleRuntime):
         from specserve.runtime.calibrate import load_record
 
         for path in (calibration_file(self.settings, self.model_dir), self.draft_costs_path):
-            if not path.is_file():
-                continue
-            record = load_record(path)
-            if record.get("draft_weights", self.settings.dtype) != draft_weights(self.settings):
-                continue  # measured on drafts of another precision
-            cost = draft_costs_from_json(record).get(kind)
-            if cost is not None:
-                return cost
+            if path.is_file():
+                cost = draft_costs_from_json(load_record(path)).get(kind)
+                if cost is not None:
+                    return cost
         return None
 
     def _measure_and_record(self, kind: str) -> DraftCost:
@@ -281,14 +272,11 @@ class DraftRuntime(RoleRuntime):
         logger.warning("no %s draft cost recorded at %s: measuring it once", kind, self.draft_costs_path)
         cost = self.measure_draft_cost(kind)
         path = self.draft_costs_path
-        record = load_record(path) if path.is_file() else {}
-        same = record.get("draft_weights", self.settings.dtype) == draft_weights(self.settings)
-        recorded = draft_costs_from_json(record) if same else {}
+        recorded = draft_costs_from_json(load_record(path)) if path.is_file() else {}
         about = {
             "model": Path(self.model_dir).name,
             "device": self.settings.device,
             "dtype": self.settings.dtype,
-            "draft_weights": draft_weights(self.settings),
         }
         save_record(draft_costs_to_json({**recorded, kind: cost}), path, about)
         return cost

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.errors import FailedPrecondition, InvalidArgument
-from specserve.models.gguf_quant import GROUP, BlockScales, QuantizedWeight, split_signed
+from specserve.models.gguf_quant import GROUP, BlockScales, QuantizedWeight
 from specserve.runtime import cpu_kernels
 from specserve.runtime.kernels import FUSED_GROUPS, FusedPart, SplitProduct
 from specserve.settings import INT4_KERNELS
@@ -289,31 +289,6 @@ class Int4Embedding(nn.Module):
         grouped = codes.reshape(n, parts, k // self.group, self.group) - 8.0
         values = grouped * self.scales[flat][..., None] + self.zeros[flat][..., None]  # [n, P, G, group]
         return values.sum(1).reshape(*input_ids.shape, k).to(self.dtype)
-
-
-def int8_weight(weight: torch.Tensor) -> QuantizedWeight:
-    """A float weight [N, K] (K a multiple of 32) rounded to int8 per group of 32 (amax / 127, as Q8_0
-    stores it): a draft's weights on the 8-bit kernel (a draft's precision: never the output's)."""
-    w = weight.detach().float().cpu().numpy()
-    n, k = w.shape
-    groups = w.reshape(n, k // GROUP, GROUP)
-    scale = np.abs(groups).max(-1) / 127.0  # [N, K // 32]
-    safe = np.where(scale > 0, scale, 1.0)[..., None]
-    q = np.clip(np.rint(groups / safe), -127, 127).astype(np.int8).reshape(n, k)
-    return split_signed(q, scale.astype(np.float32), GROUP, "Q8_0")
-
-
-def int8_linears(model: nn.Module) -> int:
-    """Replaces every frozen float `nn.Linear` of `model` whose inputs come in groups of 32 by its int8
-    rounding on the int8-dot kernel (CPU); returns how many."""
-    replaced = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and not child.weight.requires_grad and child.in_features % GROUP == 0:
-                weight = Int4Weight(int8_weight(child.weight), child.weight.device, torch.float32, "int8-dot")
-                setattr(module, name, Int4Linear(weight, child.bias))
-                replaced += 1
-    return replaced
 
 
 def runs_on_int4(model: nn.Module) -> bool:

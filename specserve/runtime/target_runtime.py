@@ -72,14 +72,6 @@ def weights_label(settings: EngineSettings) -> str:
     return resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
 
 
-def draft_weights(settings: EngineSettings) -> str:
-    """What the trained drafts' products run on: "int8" (their weights rounded to int8 per group of 32, on
-    the int8-dot kernel) where the target runs on that kernel in float32, else the target's dtype. A
-    draft's precision moves its acceptance and its cost, never the output: the target verifies every
-    token."""
-    return "int8" if int4_kernel(settings) == "int8-dot" and settings.dtype == "float32" else settings.dtype
-
-
 def calibration_file(settings: EngineSettings, model_dir: Path, prefix: str = "calibration") -> Path:
     """The set calibration file, else `<cache_dir>/<prefix>-<model>-<device>-<dtype>-<kernel>.json`."""
     if prefix == "calibration" and settings.calibration_path is not None:
@@ -256,7 +248,6 @@ class TargetRuntime(RoleRuntime):
             "linear_kernel": self.linear_kernel.value,
             "weights": self.settings.resolved_weights,
             "int4_kernel": int4_kernel(self.settings) or "-",
-            "draft_weights": draft_weights(self.settings),
             "forward": "lean" if self.target_runner.native is not None else "transformers",
         }
 

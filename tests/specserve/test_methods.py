@@ -154,13 +154,7 @@ def test_the_calibration_records_the_kernel_and_forward_it_measured(engine):
     record = json.loads(engine.calibration_path.read_text())
     assert record["linear_kernel"] == engine.linear_kernel.value == "onednn"
     assert record["forward"] == "lean"  # the tiny Llama runs the lean forward
-    expected = {
-        "linear_kernel": "onednn",
-        "weights": "dense",
-        "int4_kernel": "-",
-        "draft_weights": "float32",
-        "forward": "lean",
-    }
+    expected = {"linear_kernel": "onednn", "weights": "dense", "int4_kernel": "-", "forward": "lean"}
     assert engine.runtime_info() == expected
     assert record["weights"] == "dense"
 

@@ -97,18 +97,3 @@ def test_a_profiles_draft_replica_loads_its_draft_model_before_serving(
     warm_up(runtime)
     assert "vanilla_draft_runner" in vars(runtime) and set(runtime._draft_costs) == {"vanilla"}
     assert not any(name in vars(runtime) for name in ("glide_draft", "eagle_draft", "target"))
-
-
-def test_recorded_draft_costs_of_drafts_of_another_precision_are_measured_again(
-    settings: EngineSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A record carries the drafts' precision; one measured on float drafts does not size int8 ones."""
-    from specserve.runtime import draft_runtime
-
-    runtime = DraftRuntime(settings)
-    runtime._measure_and_record("eagle")
-    assert runtime._recorded_cost("eagle") is not None  # float32 drafts: the record fits
-    monkeypatch.setattr(draft_runtime, "draft_weights", lambda _settings: "int8")
-    assert runtime._recorded_cost("eagle") is None
-    runtime._measure_and_record("eagle")
-    assert runtime._recorded_cost("eagle") is not None

@@ -20,8 +20,6 @@ from specserve.runtime.int4 import (
     Int4Linear,
     Int4Weight,
     apply_as_shipped,
-    int8_linears,
-    int8_weight,
     pack_int4,
     widen_input,
 )
@@ -92,26 +90,6 @@ def test_a_row_of_a_many_row_product_is_bit_identical_to_the_row_alone(type_name
         assert torch.equal(kernel.matmul(x[:m]), together[:m]), m
     alone = torch.cat([kernel.matmul(x[i : i + 1]) for i in range(24)])
     assert torch.equal(alone, together)
-
-
-def test_a_drafts_float_linears_move_to_int8_codes_on_the_int8_dot_kernel():
-    """A draft's frozen linears, rounded to int8 per group of 32 (its precision): products within the
-    rounding of weights and rows, the bias kept; a layer whose inputs are not groups of 32 stays float."""
-    from specserve.runtime import cpu_kernels
-
-    if cpu_kernels.library() is None:
-        pytest.skip("no C++ compiler on this host")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Linear(48, 20, bias=False))
-    model.requires_grad_(False)
-    x = torch.randn(5, 64)
-    expected = model[0](x)
-    assert int8_linears(model) == 1  # 48 inputs are not groups of 32
-    assert isinstance(model[0], Int4Linear) and model[0].int4.bits == 8 and model[0].bias is not None
-    assert type(model[1]) is torch.nn.Linear
-    torch.testing.assert_close(model[0](x), expected, rtol=0, atol=0.02 * float(expected.abs().max()))
-    q, scale = int8_weight(torch.tensor([[0.5] * 31 + [-1.27]])).signed() or (None, None)
-    assert q is not None and q.max() == 50 and q.min() == -127 and np.allclose(scale, 0.01)
 
 
 def test_the_embedding_decodes_exactly_the_rows_it_looks_up():
