@@ -341,10 +341,6 @@ class CostPolicy:
         self.mean_nodes, self.mean_emitted = 1.0, 1.0
         self.prior_acceptance = 0.5  # before the session's own rounds say otherwise (mean_acceptance)
         self._drafted_evidence = self._accepted_evidence = 0.0  # aged token counts (EVIDENCE_DECAY)
-        # What the per-token predictions promised: the aged sum, over drafting rounds, of the spine's
-        # expected accepted tokens under them (`calibration`); and this round's, as it grows.
-        self._promised_evidence = 0.0
-        self._promised_reach = self._promised = 0.0
         self.num_drafting_rounds = 0  # rounds observed with draft tokens: what mean_acceptance rests on
         self.load = ALONE
         # Sized by the batch only under greedy decoding, where trees never change the output. With
@@ -392,7 +388,7 @@ class CostPolicy:
         if not 0.0 <= rate <= 1.0:
             raise InvalidArgument(f"an acceptance rate must be in [0, 1], got {rate}")
         self.prior_acceptance = rate
-        self._drafted_evidence = self._accepted_evidence = self._promised_evidence = 0.0
+        self._drafted_evidence = self._accepted_evidence = 0.0
 
     def start_round(self, batch_sessions: int) -> int:
         """0 when, beside batch_sessions - 1 other sessions and with the cost of asking the drafter,
@@ -403,7 +399,6 @@ class CostPolicy:
         self.load = self._load_beside(batch_sessions - 1)
         self._drafted_evidence *= EVIDENCE_DECAY  # one round older, whether or not it drafts
         self._accepted_evidence *= EVIDENCE_DECAY
-        self._promised_evidence *= EVIDENCE_DECAY
         self._sizes_counted = False
         self._round_cap = self._max_depth
         if not self._drafts_under(self.load):
@@ -440,27 +435,8 @@ class CostPolicy:
             return ALONE
         return load_like_this(others, self.mean_nodes, self.mean_emitted)
 
-    @property
-    def calibration(self) -> float:
-        """How far the per-token predictions run from what the target accepts: the session's aged
-        accepted spine tokens over the expected ones the predictions promised (the prior's pseudo
-        tokens at 1), in [0, 2]. A stopper trained against one target and used against another
-        (the file's quantized weights where it learned float32's) promises more than it gets: unscaled,
-        the policy drafted 2-3 tokens a round at 20% acceptance and lost to plain decoding."""
-        prior = PRIOR_TOKENS * self.prior_acceptance
-        return min(2.0, (prior + self._accepted_evidence) / (prior + self._promised_evidence))
-
-    def _predicted(self, depth_index: int, logits: torch.Tensor, token: int | None) -> float:
-        """a of the spine token at `depth_index`, calibrated; the raw prediction counts as promised."""
-        raw = self.acceptance(logits, token)
-        if depth_index == 0:
-            self._promised_reach, self._promised = 1.0, 0.0
-        self._promised_reach *= raw
-        self._promised += self._promised_reach
-        return min(1.0, raw * self.calibration)
-
     def acceptance(self, logits: torch.Tensor, token: int | None) -> float:
-        """Predicted a of a drafted token (None = the draft's top token), as the predictor gives it."""
+        """Predicted a of a drafted token (None = the draft's top token)."""
         if self.model is not None:
             return prior_corrected(self.model.acceptance(logits), self.model.positive_rate)
         probs = torch.softmax(logits.double(), dim=-1)  # [V]
@@ -475,7 +451,7 @@ class CostPolicy:
         self.last_acceptance = acceptance
 
     def choose_width(self, depth_index: int, logits: torch.Tensor, width: int) -> int:
-        spine = self._predicted(depth_index, logits, None)
+        spine = self.acceptance(logits, None)
         reach_before = 1.0 if depth_index == 0 else self.reach
         self._add_spine(depth_index, spine)
         self._width_depth = depth_index
@@ -496,7 +472,7 @@ class CostPolicy:
     def should_stop(self, step: DraftStep) -> bool:
         if self._width_depth != step.depth_index:  # no choose_width call (a chain): account for it here
             reach_before = 1.0 if step.depth_index == 0 else self.reach
-            acceptance = self._predicted(step.depth_index, step.logits, step.token)
+            acceptance = self.acceptance(step.logits, step.token)
             self._add_spine(step.depth_index, acceptance)
             self.reach = reach_before * acceptance
         self._width_depth = -1
@@ -520,9 +496,7 @@ class CostPolicy:
         if num_drafted:
             self._drafted_evidence += num_drafted
             self._accepted_evidence += num_accepted
-            self._promised_evidence += self._promised
             self.num_drafting_rounds += 1
-        self._promised = 0.0  # counted once
 
     def _update_sizes(self, num_nodes: int, num_emitted: int) -> None:
         self.mean_nodes = smoothed(self.mean_nodes, num_nodes)

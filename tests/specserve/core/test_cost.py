@@ -306,37 +306,3 @@ def test_the_acceptance_estimate_weighs_recent_rounds_more_and_starts_from_its_p
     assert 0.2 < late_bad < policy.mean_acceptance < 1.0
     with pytest.raises(InvalidArgument):
         policy.mean_acceptance = 1.5
-
-
-def test_predictions_that_promise_more_than_the_target_accepts_are_scaled_down():
-    """A draft 90% sure of every token whose tokens the target rejects: the policy drafts a long chain
-    at first (it trusts the predictions), and, as rounds show what they are worth, scales them by the
-    accepted over the promised tokens and drafts shorter chains. Predictions that undersell (every
-    token accepted) are scaled up, and chains grow."""
-    import torch
-
-    from specserve.core.stopping import DraftStep
-
-    sure = torch.log(torch.tensor([0.9, 0.1 / 7, *[0.1 / 7] * 6]))  # [8]: p(top) = 0.9
-
-    def chain(policy: CostPolicy) -> int:
-        policy.start_round(1)
-        depth = 0
-        while depth < COST_MAX_DEPTH and not policy.should_stop(DraftStep(depth, sure, 0)):
-            depth += 1
-        return depth + 1
-
-    def rounds(accept_all: bool) -> tuple[int, int, float]:
-        policy = CostPolicy(StopSettings(cost_model=LINEAR, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
-        policy.mean_acceptance = 0.9
-        first = chain(policy)
-        length = first
-        for _ in range(12):
-            policy.observe(length, length if accept_all else 0)
-            length = chain(policy)
-        return first, length, policy.calibration
-
-    first, later, scale = rounds(accept_all=False)
-    assert scale < 0.3 and later < first
-    first, later, scale = rounds(accept_all=True)
-    assert scale > 1.0 and later > first
