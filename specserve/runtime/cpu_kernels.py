@@ -11,7 +11,7 @@ decoded one at a time, bit for bit:
   The same for 8-bit weights (Q8_0, Q5_0, Q6_K: the file's signed integers in groups of 32 or 16),
   which would otherwise run as two 4-bit parts over a widened input (Q6_K's groups of 16 padded to 32:
   four times the file's bytes). The K-quants' scales stay in their file's form (an integer per group,
-  a float per 256 inputs) instead of two float32 per group: a quarter of a Q4_K's bytes.
+  a float per 256 inputs) instead of two float32 per group, which were a third of a Q4_K's bytes.
 - `attend` (`csrc/attention.cpp`): float32 attention of each query row over the positions it sees, in
   the order a one-by-one decode would see them. torch's attention kernels round a row differently as
   the number of rows changes; without this the lean forward attends in float64 to make that noise vanish.
