@@ -306,3 +306,21 @@ def test_the_acceptance_estimate_weighs_recent_rounds_more_and_starts_from_its_p
     assert 0.2 < late_bad < policy.mean_acceptance < 1.0
     with pytest.raises(InvalidArgument):
         policy.mean_acceptance = 1.5
+
+
+def test_alone_a_draft_without_fixed_cost_drafts_only_where_its_first_step_pays():
+    """A draft step as dear as a target step (a hidden-state draft beside a 4-bit target on a CPU), no
+    fixed cost measured: even at 90% acceptance the first token's step does not pay, and the round sends
+    the root alone; a draft step a tenth of that pays at 90% and not at 5%. (Letting every zero-overhead
+    draft through when alone drafted every round at a loss: 0.75x plain decoding.)"""
+    curve = ((1, 0.005), (2, 0.0051), (8, 0.009))
+
+    def cap(step_s: float, acceptance: float) -> int:
+        cost = CostModel(curve, draft_step_s=step_s, draft_overhead_s=0.0)
+        policy = CostPolicy(StopSettings(cost_model=cost, cost_acceptance=AcceptanceEstimate.CONFIDENCE))
+        policy.mean_acceptance = acceptance
+        return policy.start_round(1)
+
+    assert cap(0.005, 0.9) == 0
+    assert cap(0.0005, 0.9) == COST_MAX_DEPTH
+    assert cap(0.0005, 0.05) == 0
