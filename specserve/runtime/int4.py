@@ -2,7 +2,8 @@
 
 A step of a small model streams its weights once per token: in float32 that is 5-8x the bytes of the file
 the model shipped in. Here each weight stays in its file's codes, packed once at load for one of two
-kernels, both computing `(code - 8) * scale + zero` per group of 32 inputs in a float32 accumulator:
+kernels, both computing the file's `(code - 8) * scale + zero` per group of inputs in a float32
+accumulator:
 
 - int8-dot (runtime/cpu_kernels.py, CPU): the rows rounded to int8 per group, integer dot products (VNNI
   where the CPU has it), one pass over the weights for all rows of a call: the default on a CPU. The

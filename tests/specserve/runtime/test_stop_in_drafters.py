@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specserve.core.cape import CapeSettings
+from specserve.core.cost import CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import CandidateKind, DraftTree, RoundOutcome, VerifyOutcome
@@ -42,6 +43,9 @@ GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0)
 NEVER_STOPS = StopSettings(svip_h=1e9)  # sqrt(c H) never exceeds it
 ALWAYS_STOPS = StopSettings(svip_h=0.0)  # any entropy above 0 exceeds it
+
+# A flat verify curve and a draft step of no cost: every token with any chance of acceptance pays.
+FREE_DRAFT = CostModel(((1, 1.0), (64, 1.0)), draft_step_s=0.0)
 
 
 # --- small fakes ------------------------------------------------------------------------------------
@@ -300,7 +304,9 @@ def test_svip_stop_keeps_the_cape_leaves(target, glide):
     ids=["model-tree-greedy", "model-chain-sampled", "glide-cape-greedy"],
 )
 def test_observe_gets_what_the_verifier_decided(target, draft, glide, name, kind, params):
-    shape = DraftShape(depth=6, stop=name, stop_settings=StopSettings(max_depth=6))
+    # a draft that costs nothing pays every round: the loop asks the drafter each time, whose policy
+    # observes every round (a cost policy that drafts nothing is asked less: the loop backs off)
+    shape = DraftShape(depth=6, stop=name, stop_settings=StopSettings(max_depth=6, cost_model=FREE_DRAFT))
     recorders: list[RecordingPolicy] = []
 
     def make_recorded(verifier, sampling):
@@ -318,7 +324,7 @@ def test_observe_gets_what_the_verifier_decided(target, draft, glide, name, kind
 def test_a_round_is_sized_once_after_the_policy_learned_from_the_last(target, glide):
     """The loop calls propose alone; the draft service opens the round first (to skip waiting for K/V
     when it drafts nothing). Either way the policy sizes each round once, after `observe`."""
-    shape = DraftShape(depth=4, stop=StopPolicyName.COST)
+    shape = DraftShape(depth=4, stop=StopPolicyName.COST, stop_settings=StopSettings(cost_model=FREE_DRAFT))
     recorders: list[RecordingPolicy] = []
 
     def make_recorded(verifier, sampling):
