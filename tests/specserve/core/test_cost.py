@@ -311,8 +311,7 @@ def test_the_acceptance_estimate_weighs_recent_rounds_more_and_starts_from_its_p
 def test_alone_a_draft_without_fixed_cost_drafts_only_where_its_first_step_pays():
     """A draft step as dear as a target step (a hidden-state draft beside a 4-bit target on a CPU), no
     fixed cost measured: even at 90% acceptance the first token's step does not pay, and the round sends
-    the root alone; a draft step a tenth of that pays at 90% and not at 5%. (Letting every zero-overhead
-    draft through when alone drafted every round at a loss: 0.75x plain decoding.)"""
+    the root alone; a draft step a tenth of that pays at 90% and not at 5%."""
     curve = ((1, 0.005), (2, 0.0051), (8, 0.009))
 
     def cap(step_s: float, acceptance: float) -> int:
