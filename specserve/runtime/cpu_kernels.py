@@ -140,7 +140,6 @@ def load_library(path: Path) -> ctypes.CDLL:
 
 
 FLOAT_SCALES, BLOCK_SCALES = 0, 1  # the scales' layouts (csrc/int4_dot.cpp's ScaleKind)
-SUPER = 256  # inputs per superblock of block scales
 
 
 @dataclass(frozen=True)

@@ -450,19 +450,9 @@ def int4_projections(layers: Sequence[Any]) -> list[Int4Projections] | None:
 
 
 def int4_layers(layers: Sequence[Any]) -> list[Int4Layer] | None:
-    """Every layer's products when all of them run on int4 codes (weights as shipped), else None."""
-    out = []
-    for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        steps = (
-            _int4_step([attn.q_proj, attn.k_proj, attn.v_proj]),
-            _int4_step([attn.o_proj]),
-            _int4_step([mlp.gate_proj, mlp.up_proj]),
-            _int4_step([mlp.down_proj]),
-        )
-        if any(step is None for step in steps):
-            return None
-        qkv, o, gate_up, down = steps
-        assert qkv is not None and o is not None and gate_up is not None and down is not None
-        out.append(Int4Layer(qkv, o, gate_up, down))
-    return out
+    """Every layer's products when all of them run on int4 codes (weights as shipped) with q/k/v and
+    gate/up each one fused product (what the torch-op layer reads), else None."""
+    projections = int4_projections(layers)
+    if projections is None or any(len(p.qkv) != 1 or len(p.gate_up) != 1 for p in projections):
+        return None
+    return [Int4Layer(p.qkv[0], p.o, p.gate_up[0], p.down) for p in projections]

@@ -100,27 +100,24 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
 
 // x [rows, in_features] -> y [rows, outputs] (the first out_features meaningful), bias added.
 void product(const SpecserveProduct& p, const float* x, int64_t rows, std::vector<float>& wide, float* y) {
-  if (p.bits == 8) {
-    specserve_dot_mm(x, rows, p.in_features, 8, p.group, p.kind, p.codes, p.scales, nullptr, p.supers, p.outputs, y);
-  } else {
-    const float* input = x;
-    int64_t width = p.in_features;
-    if (p.parts != 1 || p.group != 32) {
-      const int64_t groups = p.in_features / p.group;
-      width = p.parts * groups * 32;
-      wide.assign(static_cast<size_t>(rows * width), 0.0f);
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t part = 0; part < p.parts; ++part) {
-          for (int64_t g = 0; g < groups; ++g) {
-            std::memcpy(&wide[i * width + (part * groups + g) * 32], x + i * p.in_features + g * p.group,
-                        p.group * sizeof(float));
-          }
+  const float* input = x;
+  int64_t width = p.in_features;
+  if (p.bits == 4 && (p.parts != 1 || p.group != 32)) {  // 4-bit parts over groups of 32: widen the input
+    const int64_t groups = p.in_features / p.group;
+    width = p.parts * groups * 32;
+    wide.assign(static_cast<size_t>(rows * width), 0.0f);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t part = 0; part < p.parts; ++part) {
+        for (int64_t g = 0; g < groups; ++g) {
+          std::memcpy(&wide[i * width + (part * groups + g) * 32], x + i * p.in_features + g * p.group,
+                      p.group * sizeof(float));
         }
       }
-      input = wide.data();
     }
-    specserve_dot_mm(input, rows, width, 4, 32, p.kind, p.codes, p.scales, p.biases, p.supers, p.outputs, y);
+    input = wide.data();
   }
+  const int64_t group = p.bits == 8 ? p.group : 32;
+  specserve_dot_mm(input, rows, width, p.bits, group, p.kind, p.codes, p.scales, p.biases, p.supers, p.outputs, y);
   if (p.bias != nullptr) {
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t n = 0; n < p.out_features; ++n) y[i * p.outputs + n] += p.bias[n];
