@@ -5,7 +5,7 @@
 On a shared machine two separate runs compare two loads, not two forwards: here both models (the
 baseline's code copied from git under the package name `specserve_base`, weights from the same cache)
 run one after the other for every repeat and size, alternating which goes first, after a 200-token
-prefix, and the ratio new / baseline of the medians is printed per size (1 = a one-token step, more = a
+prefix (--prefix), and the ratio new / baseline of the medians is printed per size (1 = a one-token step, more = a
 bushy tree, as `specserve calibrate` times). First, each size's logits are compared bit for bit: a change
 meant to keep the numbers must print True there. Weights as `SPECSERVE_WEIGHTS` says (as-shipped, dense).
 """
@@ -26,7 +26,7 @@ from types import ModuleType
 
 import torch
 
-PREFIX = 200
+PREFIX = 200  # cached positions before each timed forward (--prefix)
 BASE = "specserve_base"
 # an import of the package at a line's start (indented lazy imports too)
 IMPORT = re.compile(r"^(\s*)(from|import) specserve(?=[.\s])", re.MULTILINE)
@@ -59,16 +59,20 @@ def load_runner(package: str) -> tuple[object, ModuleType]:
     return runner_module.ModelRunner(model), importlib.import_module(f"{package}.runtime.calibrate")
 
 
-def tree_step(runner: object, calibrate: ModuleType, tokens: int) -> Callable[[], torch.Tensor]:
-    """One forward of `tokens` tokens (a bushy tree when more than one) after the prefix, undone after."""
-    cache = runner.new_cache(PREFIX + tokens + 1)  # type: ignore[attr-defined]
-    runner.forward(cache, list(range(100, 100 + PREFIX)), last_only=True)  # type: ignore[attr-defined]
+def tree_step(
+    runner: object, calibrate: ModuleType, tokens: int, prefix: int = PREFIX
+) -> Callable[[], torch.Tensor]:
+    """One forward of `tokens` tokens (a bushy tree when more than one) after `prefix` cached positions,
+    undone after."""
+    cache = runner.new_cache(prefix + tokens + 1)  # type: ignore[attr-defined]
+    ids = [100 + i % 1000 for i in range(prefix)]
+    runner.forward(cache, ids, last_only=True)  # type: ignore[attr-defined]
     ids = list(range(5, 5 + tokens))
     parents = calibrate.binary_tree_parents(tokens) if tokens > 1 else None
 
     def step() -> torch.Tensor:
         logits = runner.forward(cache, ids, parents)  # type: ignore[attr-defined]
-        cache.truncate(PREFIX)
+        cache.truncate(prefix)
         return logits
 
     return step
@@ -80,6 +84,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,4,8,16", help="tokens per forward")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--prefix", type=int, default=PREFIX, help="cached positions before each forward")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -88,7 +93,7 @@ def main() -> None:
         baseline_package(args.baseline, Path(tmp))
         sys.path.insert(0, tmp)
         runners = {"base": load_runner(BASE), "new": load_runner("specserve")}
-        steps = {(name, n): tree_step(*runners[name], n) for name in runners for n in sizes}
+        steps = {(name, n): tree_step(*runners[name], n, args.prefix) for name in runners for n in sizes}
         for n in sizes:
             same = torch.equal(steps["base", n](), steps["new", n]())
             print(f"{n:2d} tokens: logits bit-identical to the baseline's: {same}", flush=True)

@@ -3,12 +3,19 @@
 //
 // For one query row and head, over the visible positions j in increasing order:
 //   s_j = scale * dot(q, k_j),  p_j = exp(s_j - max_j s_j),  out = (sum_j p_j v_j) / (sum_j p_j).
-// The positions a row sees are gathered first, so a tree node's sums run over its prefix and its ancestors
-// in the order the same tokens decoded one by one would have, at the same indices of the gathered list:
-// the same operations on the same values, split alike between vector and scalar code. dot() adds 16
-// partial sums lane by lane, then halves them in a fixed order; exp is a polynomial of plain operations
-// (no library call, which could differ between its vector and scalar forms). Build with
-// -ffp-contract=off, no -ffast-math: nothing is reordered.
+// Every term a row sums depends only on that row's query and the positions it sees, and is added in the
+// order the same tokens decoded one by one would add it:
+// - a score depends on one query and one key, nothing else;
+// - the softmax's maximum and sum run over the row's visible scores gathered into a list, so a tree
+//   node's prefix and ancestors sit at the indices its path decoded alone gives them;
+// - the weighted sum of values runs over the positions in order; a position the row does not see adds
+//   a weight of exactly 0, which leaves every partial sum as it was (they start at +0 and stay >= 0 or
+//   nonzero, so not even a zero's sign changes).
+// The AVX-512 loops hold a block of 16 positions' partial products and sum their lanes in one fixed tree,
+// and weigh the values with a few rows' sums in registers; other CPUs run portable loops (whose last
+// bits may differ from the AVX-512 ones, as two hosts' may). exp is a polynomial of plain operations (no
+// library call, which could differ between its vector and scalar forms). Built with -ffp-contract=off,
+// no -ffast-math: nothing is reordered; the fused multiply-adds are written out where they are meant.
 
 #include <algorithm>
 #include <cmath>
@@ -109,6 +116,186 @@ void exp_shifted(float* values, int64_t count, float top) {
 }
 #endif
 
+// One task: the readers [first, last) of one key/value head, a reader being a (row, query head of the
+// group) pair; each writes its own output vector.
+struct Task {
+  const float* q;
+  int64_t q_row, q_head, group, heads, d;
+  const float* k;
+  const float* v;
+  int64_t length, kv_pos;
+  const uint8_t* visible;  // [rows, length] or null
+  float scale;
+  int64_t kv, first, last;
+  float* out;
+
+  const float* query(int64_t r) const { return q + (r / group) * q_row + (kv * group + r % group) * q_head; }
+  bool sees(int64_t r, int64_t j) const { return visible == nullptr || visible[(r / group) * length + j]; }
+  float* output(int64_t r) const { return out + ((r / group) * heads + kv * group + r % group) * d; }
+};
+
+// Any head size, any CPU: one dot product per reader and position.
+void attend_portable(const Task& t) {
+  const int64_t count_readers = t.last - t.first, length = t.length, d = t.d;
+  std::vector<float> weights(static_cast<size_t>(count_readers * length));  // [reader][its u-th position]
+  std::vector<int64_t> count(static_cast<size_t>(count_readers), 0);
+  std::vector<float> acc(static_cast<size_t>(count_readers * d), 0.0f);
+  std::vector<float> total(static_cast<size_t>(count_readers), 0.0f);
+  for (int64_t j = 0; j < length; ++j) {
+    const float* kj = t.k + j * t.kv_pos;
+    for (int64_t r = t.first; r < t.last; ++r) {
+      const int64_t b = r - t.first;
+      if (t.sees(r, j)) weights[b * length + count[b]++] = t.scale * dot(t.query(r), kj, d);
+    }
+  }
+  for (int64_t b = 0; b < count_readers; ++b) {
+    float* w = weights.data() + b * length;
+    float top = -INFINITY;
+    for (int64_t u = 0; u < count[b]; ++u) top = std::max(top, w[u]);
+    exp_shifted(w, count[b], top);
+    for (int64_t u = 0; u < count[b]; ++u) total[b] += w[u];
+  }
+  std::fill(count.begin(), count.end(), 0);
+  for (int64_t j = 0; j < length; ++j) {
+    const float* __restrict vj = t.v + j * t.kv_pos;
+    for (int64_t r = t.first; r < t.last; ++r) {
+      const int64_t b = r - t.first;
+      if (!t.sees(r, j)) continue;
+      const float p = weights[b * length + count[b]++];
+      float* __restrict a = acc.data() + b * d;
+      for (int64_t i = 0; i < d; ++i) a[i] += p * vj[i];
+    }
+  }
+  for (int64_t r = t.first; r < t.last; ++r) {
+    const int64_t b = r - t.first;
+    float* o = t.output(r);
+    for (int64_t i = 0; i < d; ++i) o[i] = acc[b * d + i] / total[b];
+  }
+}
+
+#if defined(__AVX512F__)
+// Sixteen vectors -> one vector whose lane i is the sum of s[i]'s lanes, by one fixed tree of adds (pairs
+// of lanes within 128 bits, then 128-bit blocks), whatever the vectors beside s[i].
+inline __m512 sum_lanes16(const __m512* s) {
+  __m512 t[8], u[4], v[2];
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  for (int i = 0; i < 2; ++i) {
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+}
+
+inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+
+// Which of positions j0.. (n of them) row `row` sees, one bit each.
+inline __mmask16 seen(const Task& t, int64_t r, int64_t j0, int64_t n) {
+  if (t.visible == nullptr) return first_lanes(n);
+  uint8_t bytes[16] = {};
+  std::memcpy(bytes, t.visible + (r / t.group) * t.length + j0, static_cast<size_t>(n));
+  return _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))),
+                                _mm512_set1_epi32(0xFF));
+}
+
+// Head size 16 * NV, up to C readers' sums of values in registers at once.
+template <int NV, int C>
+void attend_avx512(const Task& t) {
+  const int64_t readers = t.last - t.first, length = t.length, stride = (length + 15) / 16 * 16;
+  std::vector<float> scores(static_cast<size_t>(readers * stride));  // [reader][position], then weights
+  std::vector<float> gathered(t.visible == nullptr ? 0 : static_cast<size_t>(stride));
+  // 1. scores: the partial products of 16 positions, then their lanes summed together
+  __m512 partial[16];
+  for (int64_t j0 = 0; j0 < length; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, length - j0);
+    for (int64_t b = 0; b < readers; ++b) {
+      const float* q = t.query(t.first + b);
+      __m512 qv[NV];
+      for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+      for (int64_t jj = 0; jj < 16; ++jj) {
+        if (jj >= n) {
+          partial[jj] = _mm512_setzero_ps();
+          continue;
+        }
+        const float* k = t.k + (j0 + jj) * t.kv_pos;
+        __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+        for (int i = 1; i < NV; ++i) s = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), s);
+        partial[jj] = s;
+      }
+      const __m512 sums = _mm512_mul_ps(sum_lanes16(partial), _mm512_set1_ps(t.scale));
+      _mm512_mask_storeu_ps(scores.data() + b * stride + j0, first_lanes(n), sums);
+    }
+  }
+  // 2. each reader's softmax over the scores it sees, gathered in order; back in place, 0 where unseen
+  std::vector<float> total(static_cast<size_t>(readers));
+  for (int64_t b = 0; b < readers; ++b) {
+    float* row = scores.data() + b * stride;
+    float* w = row;
+    int64_t count = length;
+    if (t.visible != nullptr) {
+      w = gathered.data();
+      count = 0;
+      for (int64_t j0 = 0; j0 < length; j0 += 16) {
+        const __mmask16 mask = seen(t, t.first + b, j0, std::min<int64_t>(16, length - j0));
+        _mm512_mask_compressstoreu_ps(w + count, mask, _mm512_loadu_ps(row + j0));
+        count += __builtin_popcount(mask);
+      }
+    }
+    __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int64_t u = 0; u < count; u += 16) {
+      top = _mm512_mask_max_ps(top, first_lanes(count - u), top, _mm512_loadu_ps(w + u));
+    }
+    exp_shifted(w, count, _mm512_reduce_max_ps(top));
+    for (int64_t u = 0; u < count; u += 16) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(first_lanes(count - u), w + u));
+    total[b] = _mm512_reduce_add_ps(sum);
+    if (t.visible != nullptr) {
+      int64_t u = 0;
+      for (int64_t j0 = 0; j0 < length; j0 += 16) {
+        const __mmask16 mask = seen(t, t.first + b, j0, std::min<int64_t>(16, length - j0));
+        _mm512_storeu_ps(row + j0, _mm512_maskz_expandloadu_ps(mask, w + u));
+        u += __builtin_popcount(mask);
+      }
+    }
+  }
+  // 3. the values, weighed in position order, C readers at a time
+  for (int64_t b0 = 0; b0 < readers; b0 += C) {
+    const int64_t c_count = std::min<int64_t>(C, readers - b0);
+    __m512 acc[C][NV];
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_setzero_ps();
+    const float* p = scores.data() + b0 * stride;
+    for (int64_t j = 0; j < length; ++j) {
+      const float* vj = t.v + j * t.kv_pos;
+      __m512 values[NV];
+      for (int i = 0; i < NV; ++i) values[i] = _mm512_loadu_ps(vj + 16 * i);
+      for (int c = 0; c < C; ++c) {
+        if (c >= c_count) break;
+        const __m512 weight = _mm512_set1_ps(p[c * stride + j]);
+        for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_fmadd_ps(weight, values[i], acc[c][i]);
+      }
+    }
+    for (int64_t c = 0; c < c_count; ++c) {
+      float* o = t.output(t.first + b0 + c);
+      const __m512 divisor = _mm512_set1_ps(total[b0 + c]);
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_div_ps(acc[c][i], divisor));
+    }
+  }
+}
+#endif
+
+void attend_task(const Task& t) {
+#if defined(__AVX512F__)
+  if (t.d == 64) return attend_avx512<4, 4>(t);
+  if (t.d == 128) return attend_avx512<8, 2>(t);
+#endif
+  attend_portable(t);
+}
+
 }  // namespace
 
 extern "C" {
@@ -138,45 +325,8 @@ void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, in
 #pragma omp parallel for schedule(static) if (kv_heads * blocks > 1 && rows * heads * length * d > 32768)
   for (int64_t task = 0; task < kv_heads * blocks; ++task) {
     const int64_t kv = task / blocks, first = (task % blocks) * block;
-    const int64_t last = std::min(readers, first + block), count_readers = last - first;
-    const float* k = keys + kv * kv_head;
-    const float* v = values + kv * kv_head;
-    std::vector<float> weights(static_cast<size_t>(count_readers * length));  // [reader][its u-th position]
-    std::vector<int64_t> count(static_cast<size_t>(count_readers), 0);
-    std::vector<float> acc(static_cast<size_t>(count_readers * d), 0.0f);
-    std::vector<float> total(static_cast<size_t>(count_readers), 0.0f);
-    auto query = [&](int64_t r) { return q + (r / group) * q_row + (kv * group + r % group) * q_head; };
-    auto sees = [&](int64_t r, int64_t j) { return visible == nullptr || visible[(r / group) * length + j]; };
-    for (int64_t j = 0; j < length; ++j) {
-      const float* kj = k + j * kv_pos;
-      for (int64_t r = first; r < last; ++r) {
-        const int64_t b = r - first;
-        if (sees(r, j)) weights[b * length + count[b]++] = scale * dot(query(r), kj, d);
-      }
-    }
-    for (int64_t b = 0; b < count_readers; ++b) {
-      float* w = weights.data() + b * length;
-      float top = -INFINITY;
-      for (int64_t u = 0; u < count[b]; ++u) top = std::max(top, w[u]);
-      exp_shifted(w, count[b], top);
-      for (int64_t u = 0; u < count[b]; ++u) total[b] += w[u];
-    }
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t j = 0; j < length; ++j) {
-      const float* __restrict vj = v + j * kv_pos;
-      for (int64_t r = first; r < last; ++r) {
-        const int64_t b = r - first;
-        if (!sees(r, j)) continue;
-        const float p = weights[b * length + count[b]++];
-        float* __restrict a = acc.data() + b * d;
-        for (int64_t t = 0; t < d; ++t) a[t] += p * vj[t];
-      }
-    }
-    for (int64_t r = first; r < last; ++r) {
-      const int64_t b = r - first;
-      float* o = out + ((r / group) * heads + kv * group + r % group) * d;
-      for (int64_t t = 0; t < d; ++t) o[t] = acc[b * d + t] / total[b];
-    }
+    attend_task(Task{q, q_row, q_head, group, heads, d, keys + kv * kv_head, values + kv * kv_head, length,
+                     kv_pos, visible, scale, kv, first, std::min(readers, first + block), out});
   }
 }
 

@@ -233,10 +233,16 @@ def tree_case(n: int = 5, prefix: int = 7, heads: int = 6, kv_heads: int = 2, d:
     return fused[:, :heads], keys, values, visible
 
 
-def test_attention_is_grouped_query_attention_under_a_trees_mask():
+# (prefix, heads, kv_heads, head size): the vector loops' head sizes (64, 128) and another one; prefixes
+# shorter than one block of 16 positions, across blocks, and with a partial last block
+ATTENTION_CASES = [(7, 6, 2, 64), (40, 9, 3, 64), (33, 12, 2, 128), (21, 4, 2, 40)]
+
+
+@pytest.mark.parametrize(("prefix", "heads", "kv_heads", "d"), ATTENTION_CASES)
+def test_attention_is_grouped_query_attention_under_a_trees_mask(prefix, heads, kv_heads, d):
     import torch.nn.functional as F
 
-    q, keys, values, visible = tree_case()
+    q, keys, values, visible = tree_case(prefix=prefix, heads=heads, kv_heads=kv_heads, d=d)
     got = cpu_kernels.attend(q, keys, values, visible, 0.125)
     expected = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None].double(), keys.double(), values.double(), attn_mask=visible[None, None],
@@ -246,10 +252,11 @@ def test_attention_is_grouped_query_attention_under_a_trees_mask():
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_tree_nodes_attention_is_its_path_decoded_alone_bit_for_bit():
+@pytest.mark.parametrize(("prefix", "heads", "kv_heads", "d"), ATTENTION_CASES)
+def test_a_tree_nodes_attention_is_its_path_decoded_alone_bit_for_bit(prefix, heads, kv_heads, d):
     """Node i of the tree sees the prefix and its ancestors: the same bits as its path's last token
     attending, one row, over a cache holding only the prefix and that path."""
-    q, keys, values, visible = tree_case()
+    q, keys, values, visible = tree_case(prefix=prefix, heads=heads, kv_heads=kv_heads, d=d)
     together = cpu_kernels.attend(q, keys, values, visible, 0.125)
     prefix = keys.shape[2] - q.shape[0]
     for node, path in enumerate([[0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]]):
