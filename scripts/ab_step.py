@@ -5,9 +5,10 @@
 On a shared machine two separate runs compare two loads, not two forwards: here both models (the
 baseline's code copied from git under the package name `specserve_base`, weights from the same cache)
 run one after the other for every repeat and size, alternating which goes first, after a 200-token
-prefix (--prefix), and the ratio new / baseline of the medians is printed per size (1 = a one-token step, more = a
-bushy tree, as `specserve calibrate` times). First, each size's logits are compared bit for bit: a change
-meant to keep the numbers must print True there. Weights as `SPECSERVE_WEIGHTS` says (as-shipped, dense).
+prefix (--prefix), and the ratio new / baseline of the medians is printed per size (1 = a one-token
+step, more = a bushy tree, as `specserve calibrate` times). First, each size's logits are compared bit
+for bit: a change meant to keep the numbers must print True there. Weights as `SPECSERVE_WEIGHTS`
+says (as-shipped, dense).
 """
 
 from __future__ import annotations
