@@ -139,7 +139,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
-FLOAT_SCALES, BLOCK_SCALES = 0, 1  # the scales' layouts (csrc/int4_dot.cpp's ScaleKind)
+FLOAT_SCALES, BLOCK_SCALES, HALF_SCALES = 0, 1, 2  # the scales' layouts (csrc/int4_dot.cpp's ScaleKind)
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,8 @@ class DotLayout:
     """A weight [N, K] packed for `dot_mm` (the layouts of csrc/int4_dot.cpp)."""
 
     codes: torch.Tensor  # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8 bits: [N / 16, K / G, G / 4, 64]
-    scales: torch.Tensor  # float32 [N / 16, K / G, 16], or int8 [N / 16, K / G, F, 16] (block)
-    biases: torch.Tensor | None  # 4 bits, float scales: float32 [N / 16, K / 32, 16]
+    scales: torch.Tensor  # float32 or float16 [N / 16, K / G, 16], or int8 [N / 16, K / G, F, 16] (block)
+    biases: torch.Tensor | None  # 4 bits, per-group scales: as the scales, [N / 16, K / 32, 16]
     supers: torch.Tensor | None  # block: float32 [N / 16, K / 256, F, 16]
     bits: int
     group: int
@@ -174,6 +174,16 @@ def _per_tile(values: np.ndarray, dtype: type = np.float32) -> torch.Tensor:
     laid: np.ndarray = values.astype(dtype).reshape(factors, n // TILE, TILE, groups).transpose(1, 3, 0, 2)
     out = np.ascontiguousarray(laid)
     return torch.from_numpy(out[:, :, 0] if factors == 1 else out)
+
+
+def _group_scales(*values: np.ndarray) -> tuple[list[torch.Tensor], int]:
+    """Float32 [N, G] per-group factors laid out per tile, in fp16 where every one of them is an fp16
+    value (the files' own scales are: the same values in half the bytes), else in float32."""
+    halves = [v.astype(np.float16) for v in values]
+    exact = all(np.array_equal(h.astype(np.float32), v) for h, v in zip(halves, values, strict=True))
+    if exact:
+        return [_per_tile(h[None], np.float16) for h in halves], HALF_SCALES
+    return [_per_tile(v[None]) for v in values], FLOAT_SCALES
 
 
 def _block_scales(block: BlockScales, n: int, four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,9 +220,8 @@ def pack(
         factors, supers = _block_scales(block, n, four_bit=True)
         return DotLayout(packed_codes, factors, None, supers, 4, GROUP, BLOCK_SCALES)
     biases = zeros.astype(np.float32) - np.float32(8.0) * scales.astype(np.float32)
-    return DotLayout(
-        packed_codes, _per_tile(scales[None]), _per_tile(biases[None]), None, 4, GROUP, FLOAT_SCALES
-    )
+    (laid_scales, laid_biases), kind = _group_scales(scales.astype(np.float32), biases)
+    return DotLayout(packed_codes, laid_scales, laid_biases, None, 4, GROUP, kind)
 
 
 def pack8(q: np.ndarray, scales: np.ndarray, block: BlockScales | None = None) -> DotLayout:
@@ -228,7 +237,8 @@ def pack8(q: np.ndarray, scales: np.ndarray, block: BlockScales | None = None) -
     if block is not None:
         factors, supers = _block_scales(block, n, four_bit=False)
         return DotLayout(packed, factors, None, supers, 8, group, BLOCK_SCALES)
-    return DotLayout(packed, _per_tile(scales[None]), None, None, 8, group, FLOAT_SCALES)
+    (laid_scales,), kind = _group_scales(scales.astype(np.float32))
+    return DotLayout(packed, laid_scales, None, None, 8, group, kind)
 
 
 def dot_mm(x: torch.Tensor, layout: DotLayout, lib: ctypes.CDLL | None = None) -> torch.Tensor:

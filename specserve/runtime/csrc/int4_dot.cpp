@@ -21,6 +21,8 @@
 // - codes, 8 bits: per tile and group of G (16 or 32), G / 4 chunks of 64 bytes; byte 4i+j of chunk c
 //   holds output i's code at input 4c+j.
 // - scales, kind kFloat: float32 [tiles][groups][16], and (4 bits) biases in the same layout.
+// - scales, kind kHalf: the same in fp16, where every value is one (the files' Q4_0 / Q4_1 / Q8_0 / Q5_0
+//   scales are, and so are their biases as a rule): the same values in half the bytes, so the same bits.
 // - scales, kind kBlock (the K-quants, as the file holds them: a float per superblock of 256 inputs
 //   times a small integer per group): int8 [tiles][groups][F][16] with supers float32
 //   [tiles][superblocks][F][16]; F = 2 for 4 bits (scale = d * sc, bias = -dmin * m) and 1 for 8 bits
@@ -52,14 +54,37 @@ constexpr float kOffset = 128.0f;  // an 8-bit code's offset
 // out of cache 0.65-0.7x the time without it, one row unchanged).
 constexpr int64_t kPrefetch = 2048;
 
-enum ScaleKind { kFloat = 0, kBlock = 1 };
+enum ScaleKind { kFloat = 0, kBlock = 1, kHalf = 2 };
 
 // One tile's scales, as its kind lays them out (see above).
 struct TileScales {
   const void* scales;
-  const float* biases;  // 4 bits, kFloat
+  const void* biases;   // 4 bits, kFloat (float) or kHalf (fp16)
   const float* supers;  // kBlock
 };
+
+// An fp16 value as float32, exactly (bits, for any CPU): normal, subnormal, zero, infinity or NaN.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exponent = 113;
+    while ((mantissa & 0x400) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
 
 // Factors per group in the kBlock layout: (sc, m) for 4 bits, sc for 8.
 template <int Bits>
@@ -73,7 +98,13 @@ inline void group_scales(const TileScales& t, int64_t g, float* scale, float* bi
     const float* s = static_cast<const float*>(t.scales) + g * kTile;
     for (int64_t i = 0; i < kTile; ++i) {
       scale[i] = s[i];
-      bias[i] = Bits == 4 ? t.biases[g * kTile + i] : s[i] * -kOffset;
+      bias[i] = Bits == 4 ? static_cast<const float*>(t.biases)[g * kTile + i] : s[i] * -kOffset;
+    }
+  } else if constexpr (SK == kHalf) {
+    const uint16_t* s = static_cast<const uint16_t*>(t.scales) + g * kTile;
+    for (int64_t i = 0; i < kTile; ++i) {
+      scale[i] = half_to_float(s[i]);
+      bias[i] = Bits == 4 ? half_to_float(static_cast<const uint16_t*>(t.biases)[g * kTile + i]) : scale[i] * -kOffset;
     }
   } else {
     const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
@@ -127,7 +158,14 @@ inline void group_scales(const TileScales& t, int64_t g, __m512* scale, __m512* 
   constexpr int64_t f = kFactors<Bits>;
   if constexpr (SK == kFloat) {
     *scale = _mm512_loadu_ps(static_cast<const float*>(t.scales) + g * kTile);
-    *bias = Bits == 4 ? _mm512_loadu_ps(t.biases + g * kTile) : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+    *bias = Bits == 4 ? _mm512_loadu_ps(static_cast<const float*>(t.biases) + g * kTile)
+                      : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+  } else if constexpr (SK == kHalf) {
+    const auto as_float = [](const void* p, int64_t at) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + at)));
+    };
+    *scale = as_float(t.scales, g * kTile);
+    *bias = Bits == 4 ? as_float(t.biases, g * kTile) : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
   } else {
     const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
     const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
@@ -221,7 +259,7 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 // x [rows, width] -> y [rows, outputs] for one layout: tiles in parallel, rows in blocks of 8.
 template <int Bits, int SK, int G>
 void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, const void* scales,
-             const float* biases, const float* supers, int64_t outputs, float* y) {
+             const void* biases, const float* supers, int64_t outputs, float* y) {
   using TileRows = void (*)(const uint8_t*, const TileScales&, int64_t, const int8_t*, const float*,
                             const float*, int64_t, float*, int64_t);
   static constexpr TileRows kernels[kRowBlock] = {
@@ -231,10 +269,10 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
   const int64_t groups = width / G;
   const int64_t tiles = outputs / kTile;
   constexpr int64_t f = kFactors<Bits>;
-  // per tile: bytes of codes, of scales, floats of biases and of supers
+  // per tile: bytes of codes, of scales and of biases, floats of supers
   const int64_t code_bytes = groups * kTile * G * Bits / 8;
-  const int64_t scale_bytes = SK == kFloat ? groups * kTile * 4 : groups * f * kTile;
-  const int64_t bias_floats = SK == kFloat && Bits == 4 ? groups * kTile : 0;
+  const int64_t scale_bytes = groups * kTile * (SK == kFloat ? 4 : SK == kHalf ? 2 : f);
+  const int64_t bias_bytes = Bits == 4 && SK != kBlock ? scale_bytes : 0;
   const int64_t super_floats = SK == kBlock ? (width / kSuper) * f * kTile : 0;
   std::vector<int8_t> q;
   std::vector<float> d, e;
@@ -242,7 +280,7 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
 #pragma omp parallel for schedule(static)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const TileScales t{static_cast<const uint8_t*>(scales) + tile * scale_bytes,
-                       biases == nullptr ? nullptr : biases + tile * bias_floats,
+                       biases == nullptr ? nullptr : static_cast<const uint8_t*>(biases) + tile * bias_bytes,
                        supers == nullptr ? nullptr : supers + tile * super_floats};
     for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
       const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
@@ -261,17 +299,20 @@ extern "C" {
 int specserve_int4_dot_vnni() { return SPECSERVE_VNNI; }
 
 // x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4 or 8, `group` its
-// inputs per group (4 bits: 32; 8 bits: 16 or 32), `kind` 0 (kFloat) or 1 (kBlock; width a multiple of
-// 256); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or -1 for a
-// combination no kernel takes.
+// inputs per group (4 bits: 32; 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a multiple of
+// 256) or 2 (kHalf); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or
+// -1 for a combination no kernel takes.
 int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group, int64_t kind,
-                     const uint8_t* codes, const void* scales, const float* biases, const float* supers,
+                     const uint8_t* codes, const void* scales, const void* biases, const float* supers,
                      int64_t outputs, float* y) {
   const auto run = [&](auto kernel) { kernel(x, rows, width, codes, scales, biases, supers, outputs, y); };
   if (bits == 4 && group == 32 && kind == kFloat) return run(product<4, kFloat, 32>), 0;
   if (bits == 4 && group == 32 && kind == kBlock) return run(product<4, kBlock, 32>), 0;
+  if (bits == 4 && group == 32 && kind == kHalf) return run(product<4, kHalf, 32>), 0;
   if (bits == 8 && group == 32 && kind == kFloat) return run(product<8, kFloat, 32>), 0;
   if (bits == 8 && group == 16 && kind == kFloat) return run(product<8, kFloat, 16>), 0;
+  if (bits == 8 && group == 32 && kind == kHalf) return run(product<8, kHalf, 32>), 0;
+  if (bits == 8 && group == 16 && kind == kHalf) return run(product<8, kHalf, 16>), 0;
   if (bits == 8 && group == 32 && kind == kBlock) return run(product<8, kBlock, 32>), 0;
   if (bits == 8 && group == 16 && kind == kBlock) return run(product<8, kBlock, 16>), 0;
   return -1;

@@ -15,7 +15,7 @@
 #include <vector>
 
 extern "C" int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group,
-                                int64_t kind, const uint8_t* codes, const void* scales, const float* biases,
+                                int64_t kind, const uint8_t* codes, const void* scales, const void* biases,
                                 const float* supers, int64_t outputs, float* y);
 extern "C" void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, int64_t q_row,
                                  int64_t q_head, const float* keys, const float* values, int64_t kv_heads,
@@ -29,7 +29,7 @@ extern "C" {
 struct SpecserveProduct {
   const uint8_t* codes;   // int4_dot.cpp's layouts: 4 bits (of the widened weight) or 8
   const void* scales;
-  const float* biases;    // 4 bits, float scales: per-group biases (zero - 8 * scale); else null
+  const void* biases;     // 4 bits, float or fp16 scales: per-group biases (zero - 8 * scale); else null
   const float* supers;    // block scales: the superblocks' factors; else null
   const float* bias;      // [out_features] added to the output, or null
   int64_t outputs;        // the layout's outputs (a multiple of 16)
@@ -38,7 +38,8 @@ struct SpecserveProduct {
   int64_t parts;          // the input repeated once per part
   int64_t group;          // 32, or 16 (4 bits: each group padded with 16 zero inputs)
   int64_t bits;           // 4 or 8
-  int64_t kind;           // the scales' layout: 0 float per group, 1 block (int8 per group, float per 256)
+  int64_t kind;           // the scales' layout: 0 float per group, 1 block (int8 per group, float per 256),
+                          // 2 fp16 per group
 };
 
 // Projections of one input: one product whose outputs are theirs side by side, or one product each

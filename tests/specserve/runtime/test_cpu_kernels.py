@@ -20,9 +20,17 @@ from tests.specserve.runtime.test_int4 import random_weight
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler on this host")
 
 
-def packed_random(n: int, width: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def packed_random(
+    n: int, width: int, seed: int = 0, half: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """4-bit codes with float32 scales and zeros; `half`: scales and biases (zero - 8 * scale) that are
+    fp16 values, as a file's are (multiples of 2^-10 and 2^-8 in a small range: every sum exact)."""
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, 16, (n, width), dtype=np.uint8)
+    if half:
+        scales = (rng.integers(5, 21, (n, width // 32)) / 1024).astype(np.float32)
+        biases = (rng.integers(-25, 26, (n, width // 32)) / 256).astype(np.float32)
+        return codes, scales, biases + np.float32(8.0) * scales
     scales = rng.uniform(0.005, 0.02, (n, width // 32)).astype(np.float32)
     zeros = rng.uniform(-0.1, 0.1, (n, width // 32)).astype(np.float32)
     return codes, scales, zeros
@@ -56,11 +64,15 @@ def test_the_product_is_the_files_weights_times_the_rows_rounded_to_int8():
     assert np.abs(y - unrounded).max() > 1e-5 * np.abs(unrounded).max()  # the rows were rounded
 
 
-def signed_random(n: int, width: int, group: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A signed integer weight as the 8-bit formats ship it: q [N, K] int8, a scale per group."""
+def signed_random(
+    n: int, width: int, group: int, seed: int = 0, half: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """A signed integer weight as the 8-bit formats ship it: q [N, K] int8, a scale per group (`half`:
+    scales that are fp16 values, as a file's are)."""
     rng = np.random.default_rng(seed)
     q = rng.integers(-128, 128, (n, width), dtype=np.int16).astype(np.int8)
-    return q, rng.uniform(0.0005, 0.002, (n, width // group)).astype(np.float32)
+    scales = rng.uniform(0.0005, 0.002, (n, width // group)).astype(np.float32)
+    return q, scales.astype(np.float16).astype(np.float32) if half else scales
 
 
 @pytest.mark.parametrize("group", [16, 32])
@@ -89,12 +101,13 @@ def k_quant(type_name: str, n: int, width: int, seed: int) -> QuantizedWeight:
 
 
 def product_of(layout: str, n: int, width: int, seed: int, lib=None):
-    """x -> x @ W.T for a random weight on one of the kernel's layouts: 4 or 8 bits with float scales,
-    or a K-quant's block scales (Q4_K: 4 bits, Q6_K: 8 bits in groups of 16)."""
-    if layout == "4":
-        packed = cpu_kernels.pack(*packed_random(n, width, seed))
-    elif layout == "8":
-        packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed))
+    """x -> x @ W.T for a random weight on one of the kernel's layouts: 4 or 8 bits with float32 scales,
+    the same with fp16 ones ("4h", "8h"), or a K-quant's block scales (Q4_K: 4 bits, Q6_K: 8 bits in
+    groups of 16)."""
+    if layout in ("4", "4h"):
+        packed = cpu_kernels.pack(*packed_random(n, width, seed, half=layout == "4h"))
+    elif layout in ("8", "8h"):
+        packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed, half=layout == "8h"))
     elif layout == "Q4_K":
         w = k_quant("Q4_K", n, width, seed)
         packed = cpu_kernels.pack(w.codes[0], w.scales[0], w.zeros[0], w.block)
@@ -106,7 +119,10 @@ def product_of(layout: str, n: int, width: int, seed: int, lib=None):
     return lambda x: cpu_kernels.dot_mm(x, packed, lib=lib)
 
 
-@pytest.mark.parametrize("layout", ["4", "8", "Q4_K", "Q6_K"])
+LAYOUTS = ["4", "4h", "8", "8h", "Q4_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, layout):
     """1 to 21 rows (blocks of 8 and their remainders), against each row computed alone."""
@@ -136,7 +152,7 @@ def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
     portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march="x86-64-v3"))
     assert portable.specserve_int4_dot_vnni() == 0
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(5))
-    for layout in ("4", "8", "Q4_K", "Q6_K"):
+    for layout in LAYOUTS:
         assert torch.equal(product_of(layout, 32, 512, 4, portable)(x), product_of(layout, 32, 512, 4)(x)), (
             layout
         )
@@ -191,7 +207,7 @@ def test_k_quants_run_on_their_files_block_scales_in_fewer_bytes(type_name):
     blocked = Int4Weight(weight, kernel="int8-dot")
     floats = Int4Weight(dataclasses.replace(weight, block=None), kernel="int8-dot")
     assert blocked.dot_layout.kind == cpu_kernels.BLOCK_SCALES
-    assert floats.dot_layout.kind == cpu_kernels.FLOAT_SCALES
+    assert floats.dot_layout.kind in (cpu_kernels.FLOAT_SCALES, cpu_kernels.HALF_SCALES)
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(10))
     y = blocked.matmul(x)
     if type_name == "Q6_K":
@@ -199,6 +215,26 @@ def test_k_quants_run_on_their_files_block_scales_in_fewer_bytes(type_name):
     expected = torch.from_numpy(int8_rows(x.numpy()) @ weight.dequantize().astype(np.float64).T).float()
     torch.testing.assert_close(y, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
     assert blocked.nbytes <= 0.87 * floats.nbytes
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q5_0"])
+def test_a_files_group_scales_stream_as_fp16_with_the_same_bits(type_name):
+    """The files' per-group scales (and Q4_1's minimums) are fp16 values: laid out in fp16 they give the
+    float32 layout's products bit for bit, in fewer bytes; scales that are not fp16 values stay float32."""
+    weight = Int4Weight(random_weight(type_name, n=48, k=256), kernel="int8-dot")
+    half = weight.dot_layout
+    assert half.kind == cpu_kernels.HALF_SCALES and half.scales.dtype == torch.float16
+    floats = dataclasses.replace(
+        half,
+        scales=half.scales.float(),
+        biases=None if half.biases is None else half.biases.float(),
+        kind=cpu_kernels.FLOAT_SCALES,
+    )
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(11))
+    assert torch.equal(cpu_kernels.dot_mm(x, half), cpu_kernels.dot_mm(x, floats))
+    assert half.nbytes <= (0.84 if half.bits == 4 else 0.95) * floats.nbytes
+    codes, scales, zeros = packed_random(48, 256)
+    assert cpu_kernels.pack(codes, scales, zeros).kind == cpu_kernels.FLOAT_SCALES
 
 
 def test_the_kernel_is_chosen_by_device_and_refused_where_it_cannot_run(monkeypatch):
