@@ -52,6 +52,7 @@ class _Totals:
     draft_s: float = 0.0
     verify_s: float = 0.0  # prefill included
     wall_s: float = 0.0  # measured around generate(); elapsed_s is the engine's own timing
+    num_cached_tokens: int = 0  # prompt tokens served by a prefix cache (the method table starts cold)
     identical_to_target: int = 0
 
     def add(self, result: GenerationResult, wall_s: float) -> None:
@@ -65,6 +66,7 @@ class _Totals:
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.wall_s += wall_s
+        self.num_cached_tokens += s.num_cached_tokens
 
     @property
     def num_rounds(self) -> int:
@@ -188,9 +190,20 @@ def run_bench(
     }
 
 
+def _forget_prompts(engine: EngineLike) -> None:
+    """An empty prefix cache of the same budget: every method prefills each prompt itself, as `target`
+    (the first to run it) and the peers do. Without this, a method after `target` found the prompt's
+    K/V cached and skipped its prefill. A remote engine's services keep their own caches."""
+    reset = getattr(engine, "reset_prefix_cache", None)
+    settings = getattr(engine, "settings", None)
+    if callable(reset) and settings is not None:
+        reset(settings.prefix_cache_bytes)
+
+
 def _timed_generate(
     engine: EngineLike, prompt: Prompt, request: GenerationRequest
 ) -> tuple[GenerationResult, float]:
+    _forget_prompts(engine)
     start = time.perf_counter()
     result = engine.generate(prompt.text, request)
     return result, time.perf_counter() - start
