@@ -25,6 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from specserve.bench.runner import forget_prompts
 from specserve.core.request import GenerationRequest
 from specserve.errors import InvalidArgument
 
@@ -193,6 +194,7 @@ def run_concurrency(
             assert remote_address is not None
             remote = replace(request, method=method.removeprefix(REMOTE_PREFIX))
             return _run_remote(remote_address, batch, remote)
+        forget_prompts(engine)  # each method prefills its prompts itself, as the others do
         return _run_in_process(engine, batch, replace(request, method=method), slots)
 
     # Warm-up: lazy loading, allocator growth and kernel choice are paid before anything is timed.

@@ -190,7 +190,7 @@ def run_bench(
     }
 
 
-def _forget_prompts(engine: EngineLike) -> None:
+def forget_prompts(engine: object) -> None:
     """An empty prefix cache of the same budget: every method prefills each prompt itself, as `target`
     (the first to run it) and the peers do. Without this, a method after `target` found the prompt's
     K/V cached and skipped its prefill. A remote engine's services keep their own caches."""
@@ -203,7 +203,7 @@ def _forget_prompts(engine: EngineLike) -> None:
 def _timed_generate(
     engine: EngineLike, prompt: Prompt, request: GenerationRequest
 ) -> tuple[GenerationResult, float]:
-    _forget_prompts(engine)
+    forget_prompts(engine)
     start = time.perf_counter()
     result = engine.generate(prompt.text, request)
     return result, time.perf_counter() - start
