@@ -2,7 +2,8 @@
 
 1. Features: a teacher-forced float32 forward of the target over each prompt + answer gives, at every
    position, the K/V of the layers a draft may read (`k.<layer>` / `v.<layer>`, layer numbers from 0),
-   its top-k next-token probabilities and its argmax.
+   its top-k next-token probabilities and its argmax. `--weights as-shipped`: the target on the model
+   file's own quantized weights, as a draft serving beside that target reads it.
    One feature file per generation shard, written atomically, so extraction resumes and can run beside
    generation; the features are recomputable from the shipped token ids and are never committed.
 2. Training: loss = kd_weight * KL(target top-k, renormalised || draft) + ce_weight * CE(draft, argmax),
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from specserve.models import load_causal_lm, resolve_model_dir
-from specserve.settings import EngineSettings
+from specserve.models import resolve_model_dir
+from specserve.runtime.target_runtime import TargetRuntime
+from specserve.settings import WEIGHTS, EngineSettings
 from specserve.training.device import usable_device
 from specserve.training.distill.curve import scaling_curve
 from specserve.training.distill.feature_extraction import extract_features
@@ -59,6 +61,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "high: 2, L/2, L-3)",
     )
     f.add_argument("--threads", type=int)
+    f.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        help="the target's weights (default: SPECSERVE_WEIGHTS, else dense): the features are those of "
+        "the target a draft will serve beside",
+    )
     t = sub.add_parser("train", help="distil a GliDe draft (resumes from --out)")
     t.add_argument("--features", type=Path, required=True)
     t.add_argument("--out", type=Path, required=True)
@@ -130,13 +138,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(json.dumps(point))
         return
     usable_device(args.device)  # before a model is looked for, loaded or written
-    engine = EngineSettings.from_env(model_dir=args.model_dir)
+    engine = EngineSettings.from_env(
+        model_dir=args.model_dir, weights=getattr(args, "weights", None), device=args.device
+    )
     model_dir = resolve_model_dir(engine.model_dir, engine.cache_dir, engine.model)
     if args.command == "features":
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
-        # auto: oneDNN-packed weights on a CPU, cuBLAS on CUDA (nothing here reads a weight directly).
-        # float32, with torch's default of no TF32 on CUDA: the features are the float32 target's.
-        target = load_causal_lm(model_dir, device=args.device, linear_kernel="auto")
+        # The served target's runtime: with dense weights, oneDNN-packed on a CPU and cuBLAS on CUDA
+        # (nothing here reads a weight directly); float32, with torch's default of no TF32 on CUDA.
+        target = TargetRuntime(engine).target_model
         extract_features(
             target,
             args.data,

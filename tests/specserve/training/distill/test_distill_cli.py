@@ -55,3 +55,26 @@ def test_the_curve_command_prints_a_point_per_run_in_order_of_data(tmp_path: Pat
         "chain_of_4": 0.2,
     }
     assert png.stat().st_size > 0
+
+
+@pytest.mark.model
+def test_features_of_the_files_own_weights_are_that_targets(generated: Path, tmp_path: Path) -> None:
+    """`features --weights as-shipped` labels each position with the quantized target's own choice (a
+    hidden-state draft serving beside that target reads its features): its top-1 is that target's
+    argmax over the same tokens."""
+    import numpy as np
+    import torch
+
+    from specserve.runtime.target_runtime import TargetRuntime
+    from specserve.settings import EngineSettings
+
+    out = tmp_path / "features"
+    command = [sys.executable, "-m", "specserve.training.distill", "features", "--data", str(generated)]
+    command += ["--out", str(out), "--weights", "as-shipped", "--top-k", "4", "--layers", "-1"]
+    subprocess.run(command, capture_output=True, text=True, env=os.environ, timeout=600, check=True)
+    shard = np.load(sorted(out.glob("*.npz"))[0])
+    tokens, first = shard["tokens"], int(shard["lengths"][0])
+    target = TargetRuntime(EngineSettings.from_env(weights="as-shipped")).target_model
+    with torch.inference_mode():
+        logits = target(torch.from_numpy(tokens[:first].astype(np.int64))[None]).logits[0]  # [L, V]
+    np.testing.assert_array_equal(shard["topk_ids"][:first, 0], logits.argmax(-1).numpy())
