@@ -43,7 +43,7 @@ from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.target_runtime import RoleRuntime, calibration_file, shipped_for
+from specserve.runtime.target_runtime import RoleRuntime, calibration_file, int4_kernel, shipped_for
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -110,9 +110,14 @@ class DraftRuntime(RoleRuntime):
     @property
     def draft_dtype(self) -> str:
         """The separate draft model's dtype: set, else the profile's for its own draft (a choice for speed,
-        so float32 on a CPU without a bf16 kernel: `speed_dtype`), else the target's."""
+        so float32 on a CPU without a bf16 kernel: `speed_dtype`), else the target's. On its file's own
+        weights and the CPU's kernels the profile's draft runs in float32, the profile's choice aside:
+        those products read float32 rows whatever the dtype, and its layers run compiled only in float32
+        (the 0.5B's step took 46 ms in bfloat16, docs/benchmarks.md)."""
         if self.settings.draft_dtype is not None:
             return self.settings.draft_dtype
+        if self._draft_as_shipped_dir_name is not None and int4_kernel(self.settings) == "int8-dot":
+            return "float32"
         chosen = self._profiles_own_draft and self.profile.draft_dtype
         return speed_dtype(chosen, self.settings.device) if chosen else self.settings.dtype
 
@@ -130,12 +135,19 @@ class DraftRuntime(RoleRuntime):
         return self.settings.draft_dir is None and self.settings.model_dir is None
 
     @property
+    def _draft_as_shipped_dir_name(self) -> str | None:
+        """The profile whose file's weights the draft model runs (the profile's own draft, when the target
+        runs its file's weights too), None otherwise; nothing is built or read."""
+        own = self._profiles_own_draft and self.profile.draft is not None
+        if self.settings.resolved_weights != "as-shipped" or not own:
+            return None
+        return self.profile.draft
+
+    @property
     def _draft_as_shipped_dir(self) -> Path | None:
         """The profile's own draft model's file weights when the target runs on its file's weights too."""
-        own = self._profiles_own_draft and self.profile.draft is not None
-        if self.settings.resolved_weights != "as-shipped" or not own or self.profile.draft is None:
-            return None
-        return as_shipped_dir(model_profile(self.profile.draft), self.settings.cache_dir)
+        name = self._draft_as_shipped_dir_name
+        return None if name is None else as_shipped_dir(model_profile(name), self.settings.cache_dir)
 
     @functools.cached_property
     def vanilla_glide_draft(self) -> GlideDraft | None:

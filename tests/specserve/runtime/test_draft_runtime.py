@@ -97,3 +97,20 @@ def test_a_profiles_draft_replica_loads_its_draft_model_before_serving(
     warm_up(runtime)
     assert "vanilla_draft_runner" in vars(runtime) and set(runtime._draft_costs) == {"vanilla"}
     assert not any(name in vars(runtime) for name in ("glide_draft", "eagle_draft", "target"))
+
+
+@pytest.mark.parametrize(
+    ("weights", "kernel"), [("as-shipped", "auto"), ("as-shipped", "torch"), ("dense", "auto")]
+)
+def test_the_profiles_draft_runs_in_float32_on_the_cpus_kernels(weights: str, kernel: str) -> None:
+    """The Qwen profile drafts in bfloat16 (half the bytes of its dense weights); on its file's own weights
+    and the int8-dot kernel the dtype only shapes the rows, which those products take in float32, and the
+    compiled layers run in float32 alone."""
+    from specserve.runtime import cpu_kernels
+    from specserve.runtime.kernels import speed_dtype
+
+    runtime = DraftRuntime(EngineSettings(model=QWEN_1_5B, weights=weights, int4_kernel=kernel))
+    on_cpu_kernels = weights == "as-shipped" and kernel == "auto" and cpu_kernels.library() is not None
+    assert runtime.draft_dtype == ("float32" if on_cpu_kernels else speed_dtype("bfloat16", "cpu"))
+    explicit = DraftRuntime(EngineSettings(model=QWEN_1_5B, weights=weights, draft_dtype="bfloat16"))
+    assert explicit.draft_dtype == "bfloat16"  # a setting wins
