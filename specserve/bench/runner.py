@@ -162,13 +162,16 @@ def run_bench(
     runs = {m: _MethodRun() for m in run_methods}
     bar = tqdm(total=len(prompts), desc="bench", unit="prompt", file=sys.stderr, disable=not progress)
     try:
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             # Interleaved: every method runs on this prompt before the next one starts, so drift in
-            # the machine (thermal throttling, other load) hits all methods alike.
+            # the machine (thermal throttling, other load) hits all methods alike; and in a rotating
+            # order, so no method always follows the same one. In a fixed order beside transformers
+            # and llama.cpp, two methods with the same rounds measured 1.66 and 1.43 steps a round.
             # A workload's schema is the prompt's constraint (unless the request drops them all).
             constrained = replace(request, constraint=prompt.constraint) if constrain else request
             results = {
-                m: _timed_generate(engine, prompt, replace(constrained, method=m)) for m in run_methods
+                m: _timed_generate(engine, prompt, replace(constrained, method=m))
+                for m in rotated(run_methods, index)
             }
             target_ids = results[TARGET][0].token_ids
             for method, (result, wall_s) in results.items():
@@ -198,6 +201,12 @@ def forget_prompts(engine: object) -> None:
     settings = getattr(engine, "settings", None)
     if callable(reset) and settings is not None:
         reset(settings.prefix_cache_bytes)
+
+
+def rotated(methods: Sequence[str], index: int) -> list[str]:
+    """The order in which prompt `index` runs `methods`: each prompt starts one method further on."""
+    shift = index % len(methods) if methods else 0
+    return [*methods[shift:], *methods[:shift]]
 
 
 def _timed_generate(
@@ -283,7 +292,8 @@ def _config(
         "model_dir": portable_path(model_dir) if model_dir else None,
         "settings": _jsonable(asdict(settings)) if settings else None,
         "warmup_tokens": WARMUP_TOKENS,
-        "order": "interleaved: all methods on each prompt before the next prompt",
+        "order": "interleaved: all methods on each prompt before the next prompt, each prompt starting one "
+        "method further on",
     }
 
 

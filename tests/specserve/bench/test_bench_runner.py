@@ -97,10 +97,12 @@ def test_per_category() -> None:
         }
 
 
-def test_warmup_then_methods_interleaved_per_prompt() -> None:
+def test_warmup_then_methods_interleaved_per_prompt_in_a_rotating_order() -> None:
+    """Each prompt starts one method further on, so no method always runs right after the same one."""
     engine, _ = bench(["hf", "target", "vanilla"])
     warmups = [(PROMPTS[0].text, m, WARMUP_TOKENS) for m in ["hf", "target", "vanilla"]]
-    timed = [(p.text, m, 10) for p in PROMPTS for m in ["hf", "target", "vanilla"]]
+    orders = [["hf", "target", "vanilla"], ["target", "vanilla", "hf"], ["vanilla", "hf", "target"]]
+    timed = [(p.text, m, 10) for p, order in zip(PROMPTS, orders, strict=True) for m in order]
     assert engine.calls == warmups + timed
 
 
