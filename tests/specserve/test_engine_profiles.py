@@ -38,7 +38,8 @@ def test_a_profile_serves_its_target_with_its_draft_in_bfloat16(
     draft_dir = install_as(QWEN_0_5B, tiny_draft_dir, tmp_path)
     # The profile's own choice is bf16 where this CPU has a bf16 kernel, else fp32
     # (tests/specserve/runtime/test_models.py); asked for, the draft runs in bf16 on any CPU.
-    engine = Engine(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path, draft_dtype="bfloat16"))
+    settings = EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path, draft_dtype="bfloat16", weights="dense")
+    engine = Engine(settings)
     assert engine.draft_model_dir == draft_dir
     target = engine.generate(PROMPT, GenerationRequest.build(method=Method.TARGET, max_new_tokens=16))
     vanilla = engine.generate(PROMPT, GenerationRequest.build(method=Method.VANILLA, max_new_tokens=16))

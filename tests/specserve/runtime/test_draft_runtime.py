@@ -93,7 +93,8 @@ def test_a_profiles_draft_replica_loads_its_draft_model_before_serving(
     it never loads the target (tiny checkpoints stand in for the profile's)."""
     install_as(QWEN_1_5B, tiny_target_dir, tmp_path)
     install_as(QWEN_0_5B, tiny_draft_dir, tmp_path)
-    runtime = DraftRuntime(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path))
+    # dense: the stand-ins have no file weights (on a host with the profile's wheels `auto` would build them)
+    runtime = DraftRuntime(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path, weights="dense"))
     warm_up(runtime)
     assert "vanilla_draft_runner" in vars(runtime) and set(runtime._draft_costs) == {"vanilla"}
     assert not any(name in vars(runtime) for name in ("glide_draft", "eagle_draft", "target"))

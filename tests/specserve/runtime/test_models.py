@@ -96,7 +96,7 @@ def test_an_uninstalled_target_names_its_install_command(tmp_path: Path) -> None
 
 def test_an_uninstalled_draft_names_its_install_command(tmp_path: Path, tiny_target_dir: Path) -> None:
     install_as(QWEN_1_5B, tiny_target_dir, tmp_path)
-    models = ServedModels(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path))
+    models = ServedModels(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path, weights="dense"))
     assert models.model_dir == tmp_path / "models" / "Qwen2.5-Coder-1.5B-Instruct"
     with pytest.raises(FailedPrecondition, match=re.escape(f"`specserve models install {QWEN_0_5B}`")):
         _ = models.draft_model_dir
@@ -133,7 +133,7 @@ def test_the_profile_s_draft_loads_in_its_dtype(
 ) -> None:
     install_as(QWEN_1_5B, tiny_target_dir, tmp_path)
     draft_dir = install_as(QWEN_0_5B, tiny_draft_dir, tmp_path)
-    models = ServedModels(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path))
+    models = ServedModels(EngineSettings(model=QWEN_1_5B, cache_dir=tmp_path, weights="dense"))
     assert models.draft_model_dir == draft_dir
     # bf16 where this CPU has a bf16 kernel, else float32 (test_the_draft_dtype pins both)
     assert models.draft_dtype == ("bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32")
