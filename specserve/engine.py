@@ -25,7 +25,7 @@ from specserve.runtime.batching import Scheduler
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import LinearKernel
 from specserve.runtime.models import ServedModels
-from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.prefix_cache import PrefixCache, block_tokens_for
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK, LocalVerifier
 from specserve.settings import EngineSettings
 
@@ -72,12 +72,17 @@ class Engine(ServedModels):
     def prefix_cache(self) -> PrefixCache | None:
         """Prompt K/V kept across this engine's requests (one tenant: the process's user); None = off."""
         budget = self.settings.prefix_cache_bytes
-        return PrefixCache(budget, DEFAULT_PREFILL_CHUNK) if budget else None
+        return self._new_prefix_cache(budget)
 
     def reset_prefix_cache(self, budget_bytes: int) -> None:
         """An empty prefix cache of `budget_bytes` from now on (0 = off): the bench measures with the
         cache on and off, each from cold, on one engine."""
-        self.prefix_cache = PrefixCache(budget_bytes, DEFAULT_PREFILL_CHUNK) if budget_bytes else None
+        self.prefix_cache = self._new_prefix_cache(budget_bytes)
+
+    def _new_prefix_cache(self, budget_bytes: int) -> PrefixCache | None:
+        if not budget_bytes:
+            return None
+        return PrefixCache(budget_bytes, block_tokens_for(self.target_runner, DEFAULT_PREFILL_CHUNK))
 
     @property
     def limits(self) -> RequestLimits:

@@ -7,8 +7,10 @@ import copy
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from specserve.models.gguf_quant import QuantizedWeight, decode
 from specserve.models.tiny import Architecture, build_tiny_model, tiny_config
 
 # Runs a test (and the module-scoped fixtures it takes that take `architecture`) once per served
@@ -51,6 +53,24 @@ def tiny_qwen2(vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: in
 def tiny_model(architecture: Architecture, **kwargs: int) -> PreTrainedModel:
     """`tiny_llama` or `tiny_qwen2` with the same arguments."""
     return (tiny_llama if architecture is Architecture.LLAMA else tiny_qwen2)(**kwargs)
+
+
+def quantize(weight: torch.Tensor, type_name: str) -> QuantizedWeight:
+    """A float weight [N, K] written in a GGUF block format (the gguf package's quantizer), then decoded."""
+    array = weight.detach().float().numpy()
+    data = quants.quantize(array, GGMLQuantizationType[type_name])
+    return decode(type_name, data, *array.shape)
+
+
+def quantize_model(model: torch.nn.Module, linear: str = "Q4_1", embedding: str = "Q8_0") -> dict:
+    """Every linear weight and the embedding of a tiny model, as a GGUF file would ship them."""
+    out = {}
+    for name, param in model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            out[name] = quantize(param, embedding)
+        elif param.dim() == 2:
+            out[name] = quantize(param, linear)
+    return out
 
 
 def noisy_copy(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrainedModel:

@@ -9,9 +9,10 @@ in the scope because a block must be exactly what that session's own feed would 
 other hardware can differ in the last bits, and the router places a prefix on the replica holding it.
 
 Which positions: only whole blocks of the prompt (`DraftPrefillRequest.num_prompt_tokens`), which the
-target computed by prefill chunks at absolute multiples of its chunk, so they are bit for bit what a cold
-prefill computes. Generated tokens' K/V come from verify forwards; a later prompt that contains them is
-prefilled, and its K/V differ in the last bits. The block is the target's chunk as it publishes it
+target computed by prefill, so they are bit for bit what a cold prefill computes (a block is one of its
+prefill chunks, or finer where its rows are independent of the chunk: runtime/prefix_cache.py).
+Generated tokens' K/V come from verify forwards; a later prompt that contains them is prefilled, and its
+K/V differ in the last bits. The block is the target's as it publishes it
 (`ModelInfo.prefix_cache_block_tokens`); a target that publishes none (its cache off) is not cached for.
 """
 
@@ -61,8 +62,8 @@ class MirrorPrefixCache:
         self._lock = threading.Lock()
 
     def for_block(self, block_tokens: int) -> PrefixCache | None:
-        """The cache for a target prefilling in chunks of `block_tokens` (0: it publishes none). None when
-        off, or the target's chunk is not the cache's block: a block must end where its chunks do."""
+        """The cache for a target whose prefix blocks are `block_tokens` (0: it publishes none). None when
+        off, or the target's block is not the cache's: a block must end where the target's do."""
         if self.budget_bytes == 0 or block_tokens < 1:
             return None
         with self._lock:

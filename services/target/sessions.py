@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import InvalidArgument, NotFound, ResourceExhausted
 from specserve.grammar import Guide
-from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.prefix_cache import PrefixCache, block_tokens_for
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
@@ -62,7 +62,8 @@ class SessionStore:
     ) -> None:
         self.reserve, self.prefill_chunk = reserve, prefill_chunk
         # Prompt K/V across sessions, beside the sessions' budget (a session copies what it reuses).
-        self.prefix_cache = PrefixCache(prefix_cache_bytes, prefill_chunk) if prefix_cache_bytes else None
+        block = block_tokens_for(runner, prefill_chunk)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, block) if prefix_cache_bytes else None
         self.on_evict = on_evict
         self.runner = runner
         self.max_sessions = max_sessions

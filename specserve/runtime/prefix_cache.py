@@ -6,13 +6,17 @@ its whole prefix and a lookup walks the chain from the first block until a key i
 blocks serve only that tenant: another tenant's identical prompt finds nothing, so neither its output
 nor its latency tells whether anyone sent that prompt.
 
-Why a block is one prefill chunk (runtime/target.py): on CPU the K/V of a position depends, in the last
-float bits, on the shape of the forward that computed it (how many rows its matrix products had and how
-they were split over threads; measured on SmolLM2 with 2 threads: a chunk starting 64 tokens into a 256
-chunk changed keys by ~4e-5). A prefill computes its prompt in chunks at absolute multiples of the
-chunk, cache or not, and a cached prefix is whole chunks, so each reused block was computed by exactly
-the forward a cold prefill runs, and the rest of the prompt by the same chunks: the logits are bit for
-bit those of a cold prefill, and so is every token chosen from them (greedy or sampled).
+How big a block is (`block_tokens_for`): on a dense model a block is one prefill chunk (runtime/target.py).
+There the K/V of a position depend, in the last float bits, on the shape of the forward that computed it
+(how many rows its matrix products had and how they were split over threads; measured on SmolLM2 with 2
+threads: a chunk starting 64 tokens into a 256 chunk changed keys by ~4e-5). A prefill computes its prompt
+in chunks at absolute multiples of the chunk, cache or not, and a cached prefix is whole chunks, so each
+reused block was computed by exactly the forward a cold prefill runs, and the rest of the prompt by the
+same chunks: the logits are bit for bit those of a cold prefill, and so is every token chosen from them
+(greedy or sampled). On a runner whose rows are independent of each other (`ModelRunner.rows_independent`:
+the file's own weights on the CPU's kernels) a position's K/V are the same bits however the prompt was
+cut, so blocks are `FINE_BLOCK_TOKENS` and a request recomputes at most that many tokens of a cached
+prefix. A draft model's own blocks stay whole chunks of its own (`DraftBlocks`): drafts run dense.
 
 Memory: the cache holds at most `budget_bytes` of block tensors; an insert past it evicts the least
 recently used blocks that no session is loading and that no cached block extends (a chain loses its
@@ -38,6 +42,27 @@ from specserve.errors import InvalidArgument
 from specserve.runtime.kv_cache import PositionalKVCache
 
 ROOT = -1  # the parent id of a chain's first block
+# Blocks where rows are independent: a later request recomputes under 32 tokens of its cached prefix, and a
+# 1,500-token prompt is ~47 blocks to look up and copy.
+FINE_BLOCK_TOKENS = 32
+
+
+class RowsRunner(Protocol):
+    @property
+    def rows_independent(self) -> bool: ...
+
+
+def block_tokens_for(runner: RowsRunner, prefill_chunk: int) -> int:
+    """The cache's block for a target `runner` prefilling in chunks of `prefill_chunk` (module doc)."""
+    if runner.rows_independent and prefill_chunk % FINE_BLOCK_TOKENS == 0:
+        return FINE_BLOCK_TOKENS
+    return prefill_chunk
+
+
+def blocks_fit(block_tokens: int, prefill_chunk: int, rows_independent: bool) -> bool:
+    """Whether a prefill in chunks of `prefill_chunk` may start at the end of any cached block: the block
+    is the chunk, or rows are independent and blocks tile the chunk."""
+    return block_tokens == prefill_chunk or (rows_independent and prefill_chunk % block_tokens == 0)
 
 
 @dataclass(eq=False)
@@ -104,9 +129,10 @@ class DraftBlocks:
 
     A drafter encodes in chunks at absolute multiples of `chunk` (as the target prefills), so positions
     [0, exact) encoded by whole chunks from the start, or loaded, are what any request with those tokens
-    encodes there, bit for bit. Only positions below `limit` may be cached: a draft reading the target's
-    state reads exact state only over the prompt (later positions come from verify forwards); one reading
-    only tokens has no limit. None: not told, nothing is cached.
+    encodes there, bit for bit; it loads whole chunks only, also from a cache of finer blocks. Only
+    positions below `limit` may be cached: a draft reading the target's state reads exact state only over
+    the prompt (later positions come from verify forwards); one reading only tokens has no limit. None: not
+    told, nothing is cached.
     """
 
     prefix: DraftPrefix | None
@@ -115,9 +141,9 @@ class DraftBlocks:
     exact: int = 0
 
     def __post_init__(self) -> None:
-        if self.prefix is not None and self.prefix.cache.block_tokens != self.chunk:
+        if self.prefix is not None and self.chunk % self.prefix.cache.block_tokens:
             raise InvalidArgument(
-                f"a draft's prefix cache blocks ({self.prefix.cache.block_tokens} tokens) must equal its "
+                f"a draft's prefix cache blocks ({self.prefix.cache.block_tokens} tokens) must tile its "
                 f"chunk ({self.chunk})"
             )
 
@@ -131,7 +157,7 @@ class DraftBlocks:
         if self.prefix is None or cache.length or not self.limit:
             return 0
         store = self.prefix.cache
-        lease = store.acquire(self.namespace(*scope), keys, min(max_tokens, self.limit))
+        lease = store.acquire(self.namespace(*scope), keys, min(max_tokens, self.limit), multiple=self.chunk)
         try:
             self.exact = store.load(lease, cache)
         finally:
@@ -236,9 +262,11 @@ class PrefixCache:
         token_ids: Sequence[int],
         max_tokens: int,
         feature_layers: tuple[int, ...] | None = None,
+        multiple: int = 1,
     ) -> Lease:
-        """Pins the longest cached prefix of `token_ids` (whole blocks, at most `max_tokens` tokens) that
-        `tenant` inserted; `feature_layers`: the features the session keeps (None = none)."""
+        """Pins the longest cached prefix of `token_ids` (whole blocks, at most `max_tokens` tokens, a
+        multiple of `multiple` tokens) that `tenant` inserted; `feature_layers`: the features the session
+        keeps (None = none)."""
         wanted = self._blocks_of(token_ids[:max_tokens])
         lease = Lease(block_tokens=self.block_tokens)
         with self._lock:
@@ -250,6 +278,8 @@ class PrefixCache:
                 block.pins += 1
                 lease.blocks.append(block)
                 parent = block.block_id
+            while lease.num_tokens % multiple:  # a chain ending inside a multiple: its tail is not used
+                lease.blocks.pop().pins -= 1
             self._touch(lease.blocks)
             self.stats.lookup_tokens += len(token_ids)
             self.stats.hit_tokens += lease.num_tokens

@@ -34,6 +34,14 @@ class ModelRunner:
         self.num_layers: int = model.config.num_hidden_layers
         self.vocab_size: int = model.config.vocab_size
 
+    @property
+    def rows_independent(self) -> bool:
+        """Whether every row of a forward computes the same bits whatever rows share the forward: the
+        compiled layers on the CPU's kernels (runtime/fused_layers.py), where each step between the
+        per-row products is per row and attention reads each row alone. Then a prefill's K/V do not
+        depend on how the prompt was cut into chunks (runtime/prefix_cache.py)."""
+        return self.native is not None and self.native.fused is not None
+
     def new_cache(self, capacity: int) -> PositionalKVCache:
         return PositionalKVCache(self.num_layers, capacity)
 

@@ -14,7 +14,7 @@ from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.grammar.guide import Guide
 from specserve.grammar.masks import PathMasks, allowed_tokens
-from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.prefix_cache import PrefixCache, blocks_fit
 from specserve.runtime.runner import ModelRunner
 
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per forward: bounds how long a prefill holds up decoding
@@ -43,9 +43,11 @@ class LocalVerifier:
         tenant: str = "",
         guide: Guide | None = None,
     ) -> None:
-        if prefix_cache is not None and prefix_cache.block_tokens != prefill_chunk:
-            # Measured: blocks smaller than a chunk start a chunk where a cold prefill does not, and
-            # the K/V then differ in their last bits (runtime/prefix_cache.py).
+        if prefix_cache is not None and not blocks_fit(
+            prefix_cache.block_tokens, prefill_chunk, runner.rows_independent
+        ):
+            # Measured: on a dense model blocks smaller than a chunk start a chunk where a cold prefill
+            # does not, and the K/V then differ in their last bits (runtime/prefix_cache.py).
             raise InvalidArgument(
                 f"prefix cache blocks ({prefix_cache.block_tokens} tokens) must equal the prefill "
                 f"chunk ({prefill_chunk}): a cached prefix must end where a cold prefill's chunk does"
@@ -76,8 +78,9 @@ class LocalVerifier:
         """Prefills `token_ids` from an empty cache in chunks; returns the logits after the last, [V].
 
         Chunks end at absolute multiples of `prefill_chunk` and a cached prefix is whole chunks, so every
-        position is computed by the same forward as in a cold prefill (runtime/prefix_cache.py says why
-        that keeps the output bit for bit)."""
+        position is computed by the same forward as in a cold prefill; or the runner's rows are
+        independent, and a position's bits do not depend on the forward (runtime/prefix_cache.py says
+        why either keeps the output bit for bit)."""
         self.cache.truncate(0)
         start = self.cached_tokens = self._load_cached_prefix(token_ids)
         logits = None

@@ -22,13 +22,13 @@ from specserve.serving.stack import LocalStack
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(420)]
 
 TIMEOUT = 120
-BLOCK = 256  # the targets' prefill chunk: what a replica caches, and so what the router routes by
+CHUNK = 256  # the targets' prefill chunk: a replica caches whole chunks, or finer blocks
 BUSY_TOKENS = 96  # long enough to still be generating while the second request is placed
 MAX_TOKENS = 4
 
 
 def document(name: str) -> str:
-    """About 330 tokens that no other test sends: just over one block, so one block can be reused."""
+    """About 330 tokens that no other test sends: just over one chunk, so at least a chunk can be reused."""
     return " ".join(f"{name} log {i}: valve {i % 5} held {i * 7 % 13} bar." for i in range(22))
 
 
@@ -84,7 +84,7 @@ def test_a_shared_prefix_follows_its_replica_though_the_other_is_idle(stack: Loc
     cached, busy, sent_at = second_while_busy(stack.router_address, "Pump")
     assert busy.last_chunk_at > sent_at, "the busy session ended before the second was placed"
     assert busy.cached_tokens == 0
-    assert cached == BLOCK  # the busier replica: the one holding the block
+    assert cached >= CHUNK  # the busier replica: the one holding the document's blocks
 
 
 def test_without_prefix_routing_the_idle_replica_takes_it_cold(stack: LocalStack, tmp_path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.errors import InvalidArgument
+from specserve.runtime.prefix_cache import FINE_BLOCK_TOKENS
 from specserve.v1 import target_pb2
 
 pytestmark = pytest.mark.model
@@ -52,10 +53,12 @@ def test_model_info_carries_a_chat_template_and_tokenizer(model_info):
     assert model_info.eos_token == "<|im_end|>"
 
 
-def test_model_info_gives_the_prefix_cache_block_before_anything_is_cached(model_info):
+def test_model_info_gives_the_prefix_cache_block_before_anything_is_cached(model_info, default_engine):
     # A fresh target's cache is empty; the router reads this once, on its first request, to route by
-    # prefix (a 0 here turned prefix routing off for the router's lifetime).
-    assert model_info.prefix_cache_block_tokens == 256
+    # prefix (a 0 here turned prefix routing off for the router's lifetime). The block is the prefill
+    # chunk, or finer where the target's rows do not depend on the chunk (runtime/prefix_cache.py).
+    expected = FINE_BLOCK_TOKENS if default_engine.target_runner.rows_independent else 256
+    assert model_info.prefix_cache_block_tokens == expected
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=range(len(PROMPTS)))

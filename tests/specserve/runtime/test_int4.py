@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
-from tiny_llama import noisy_copy, tiny_llama
+from tiny_llama import noisy_copy, quantize, quantize_model, tiny_llama
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.sampling_params import SamplingParams
-from specserve.models.gguf_quant import QuantizedWeight, decode
+from specserve.models.gguf_quant import QuantizedWeight
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.int4 import (
     Int4Embedding,
@@ -28,24 +27,6 @@ from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.segment import ForwardBatch
 from specserve.runtime.target import LocalVerifier
-
-
-def quantize(weight: torch.Tensor, type_name: str) -> QuantizedWeight:
-    """A float weight [N, K] written in a GGUF block format (the gguf package's quantizer), then decoded."""
-    array = weight.detach().float().numpy()
-    data = quants.quantize(array, GGMLQuantizationType[type_name])
-    return decode(type_name, data, *array.shape)
-
-
-def quantize_model(model: torch.nn.Module, linear: str = "Q4_1", embedding: str = "Q8_0") -> dict:
-    """Every linear weight and the embedding of a tiny model, as a GGUF file would ship them."""
-    out = {}
-    for name, param in model.named_parameters():
-        if name.endswith("embed_tokens.weight"):
-            out[name] = quantize(param, embedding)
-        elif param.dim() == 2:
-            out[name] = quantize(param, linear)
-    return out
 
 
 def random_weight(type_name: str, n: int = 64, k: int = 256, seed: int = 0) -> QuantizedWeight:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from tiny_llama import quantize_model, tiny_llama
 
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.errors import InvalidArgument
 from specserve.runtime.drafter import DraftShape, ModelDrafter
-from specserve.runtime.prefix_cache import PrefixCache
+from specserve.runtime.int4 import apply_as_shipped
+from specserve.runtime.prefix_cache import FINE_BLOCK_TOKENS, PrefixCache, block_tokens_for
+from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
 CHUNK = 8  # prefill chunk of these tests: prompts of a few dozen tokens span several
@@ -42,8 +47,56 @@ def test_a_cached_prefix_prefills_as_a_cold_prompt(target):
 
 def test_blocks_must_be_the_prefill_chunk(target):
     # Smaller blocks would start a chunk where a cold prefill does not: the K/V differ in the last bits.
+    assert not target.rows_independent
+    assert block_tokens_for(target, 4 * FINE_BLOCK_TOKENS) == 4 * FINE_BLOCK_TOKENS
     with pytest.raises(InvalidArgument, match="must equal the prefill chunk"):
         LocalVerifier(target, CAPACITY, prefill_chunk=CHUNK, prefix_cache=PrefixCache(1 << 20, CHUNK // 2))
+
+
+@pytest.fixture(scope="module")
+def rows_independent_target() -> ModelRunner:
+    """The tiny Llama on its file's codes and the CPU's kernels (the compiled layers)."""
+    from specserve.runtime import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip("no C++ compiler on this host")
+    model = tiny_llama(vocab_size=64, hidden=32)
+    apply_as_shipped(model, quantize_model(model), kernel="int8-dot")
+    return ModelRunner(model)
+
+
+def test_where_rows_are_independent_a_prompt_s_kv_do_not_depend_on_its_chunks(rows_independent_target):
+    runner = rows_independent_target
+    assert runner.rows_independent
+    assert block_tokens_for(runner, 8 * FINE_BLOCK_TOKENS) == FINE_BLOCK_TOKENS
+    caches = []
+    for cuts in ((0, 8, 16, 24, 32, 37), (0, 3, 11, 12, 30, 37), (0, 37)):
+        cache = runner.new_cache(CAPACITY)
+        for start, end in itertools.pairwise(cuts):
+            runner.forward(cache, DOCUMENT[start:end])
+        caches.append([torch.cat(cache.layer_kv(i)) for i in range(runner.num_layers)])
+    for other in caches[1:]:
+        for want, have in zip(caches[0], other, strict=True):
+            assert torch.equal(want, have)
+
+
+def test_finer_blocks_than_the_chunk_prefill_as_a_cold_prompt_where_rows_are_independent(
+    rows_independent_target,
+):
+    """Blocks of 2 under chunks of 8: a later request reuses all but the odd token of its shared prefix,
+    and its K/V and first token are a cold prefill's."""
+    cache = PrefixCache(budget_bytes=1 << 30, block_tokens=2)
+    first = verifier(rows_independent_target, cache)
+    first.prefill([*DOCUMENT, 5, 6], 0)
+    question = [*DOCUMENT, 9, 10, 11]
+    warm, cold = verifier(rows_independent_target, cache), verifier(rows_independent_target, None)
+    warm_root, cold_root = warm.prefill(question, 0), cold.prefill(question, 0)
+    assert warm.cached_tokens == 36  # whole blocks of 2 of the 37 shared tokens (chunks of 8: 32)
+    assert warm_root == cold_root
+    for warm_kv, cold_kv in zip(kv(warm), kv(cold), strict=True):
+        assert torch.equal(warm_kv, cold_kv)
+    with pytest.raises(InvalidArgument, match="must equal the prefill chunk"):  # blocks must tile the chunk
+        verifier(rows_independent_target, PrefixCache(1 << 20, 3))
 
 
 def test_the_last_prompt_token_is_always_computed(target):

@@ -9,6 +9,7 @@ draft's blocks are switched.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specserve.core.finish import FinishChecker
@@ -16,6 +17,7 @@ from specserve.core.loop import speculative_generate
 from specserve.core.protocols import RoundOutcome
 from specserve.eagle.drafter import EagleDrafter
 from specserve.eagle.model import build_eagle
+from specserve.errors import InvalidArgument
 from specserve.glide import GlideDrafter, build_glide
 from specserve.runtime.drafter import DraftShape, ModelDrafter, chunk_bounds
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
@@ -81,6 +83,28 @@ def test_the_cached_draft_kv_equals_a_cold_catch_up(target, draft):
     assert warm.propose(token_ids, 3, 1).tree == cold.propose(token_ids, 3, 1).tree
     for w, c in zip(draft_kv(warm, len(token_ids)), draft_kv(cold, len(token_ids)), strict=True):
         assert torch.equal(w, c)
+
+
+def test_from_blocks_finer_than_its_chunk_a_draft_loads_whole_chunks(target, draft):
+    """Where the target's rows are independent its cache keeps finer blocks; a draft model runs dense, so
+    it loads only whole chunks of its own (what a cold catch-up cuts) and drafts as a cold one."""
+    cache = PrefixCache(1 << 30, CHUNK // 4)
+    prefix = DraftPrefix.of(cache, "vanilla")
+    ModelDrafter(draft, CAPACITY, SHAPE, prefix=prefix, prefill_chunk=CHUNK).propose([*DOCUMENT, 5], 0, 1)
+    namespace = repr(("draft", "vanilla", ""))
+    assert cache.acquire(namespace, DOCUMENT, len(DOCUMENT)).num_tokens == 32  # the inserted whole chunks
+    assert cache.acquire(namespace, DOCUMENT, 30, multiple=CHUNK).num_tokens == 24
+    warm = ModelDrafter(draft, CAPACITY, SHAPE, prefix=prefix, prefill_chunk=CHUNK)
+    cold = ModelDrafter(draft, CAPACITY, SHAPE, prefill_chunk=CHUNK)
+    token_ids = [*DOCUMENT, 7, 8, 9]
+    assert warm.propose(token_ids, 3, 1).tree == cold.propose(token_ids, 3, 1).tree
+    assert warm.blocks.exact == 40  # loaded 32, then caught up to the chunk at 40 like the cold one
+    for w, c in zip(draft_kv(warm, len(token_ids)), draft_kv(cold, len(token_ids)), strict=True):
+        assert torch.equal(w, c)
+    with pytest.raises(InvalidArgument, match="must tile its chunk"):
+        ModelDrafter(
+            draft, CAPACITY, SHAPE, prefix=DraftPrefix.of(PrefixCache(1 << 20, 3), "v"), prefill_chunk=CHUNK
+        )
 
 
 def test_a_tenant_or_another_draft_never_reads_these_blocks(target, draft):
