@@ -107,6 +107,20 @@ def compile_library(compiler: str, out_dir: Path, march: str = MARCH) -> Path:
 
 
 @functools.cache
+def build_key() -> str | None:
+    """What the kernels are built from on this host (their sources, flags, compiler and CPU), hashed; None
+    without a compiler. Recorded costs carry it: a kernel changed or built for another CPU is timed
+    afresh rather than priced by an older build's record (runtime/target_runtime.py `weights_label`)."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    try:
+        return _build_key(compiler)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they cannot be (no compiler, disabled)."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
@@ -116,7 +130,7 @@ def library() -> ctypes.CDLL | None:
         logger.warning("no C++ compiler: the models run on torch's kernels alone")
         return None
     try:
-        dest = _cache_dir() / f"cpu-{_build_key(compiler)}"
+        dest = _cache_dir() / f"cpu-{build_key() or _build_key(compiler)}"
         build_once(dest, functools.partial(compile_library, compiler), description="CPU kernels")
         return load_library(dest / LIBRARY_FILE)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:

@@ -64,11 +64,17 @@ def int4_kernel(settings: EngineSettings) -> str | None:
 
 def weights_label(settings: EngineSettings) -> str:
     """What the target's linear layers run on, for file names and records: the linear kernel, or `int4`
-    (torch's 4-bit kernel) / `int8dot` for weights as shipped. Decided by the settings alone, so naming a
+    (torch's 4-bit kernel) / `int8dot-<build>` for weights as shipped, <build> the first 8 digits of the
+    CPU kernels' build key: recorded costs follow the kernels, so a changed kernel is timed again instead
+    of priced by an older build's record. Decided by the settings and the sources alone, so naming a
     calibration file loads no model."""
     kernel = int4_kernel(settings)
     if kernel is not None:
-        return "int4" if kernel == "torch" else "int8dot"
+        if kernel == "torch":
+            return "int4"
+        from specserve.runtime.cpu_kernels import build_key
+
+        return f"int8dot-{(build_key() or 'none')[:8]}"
     return resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
 
 

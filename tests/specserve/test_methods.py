@@ -140,8 +140,12 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
     assert len({fp32, bf16, cuda, native}) == 4
     # weights as shipped have costs of their own, per 4-bit kernel
     assert default_path(weights="as-shipped", int4_kernel="torch").endswith("-cpu-float32-int4.json")
-    if cpu_kernels.library() is not None:
-        assert default_path(weights="as-shipped").endswith("-cpu-float32-int8dot.json")
+    if cpu_kernels.library() is not None:  # per build of the CPU's kernels
+        build = cpu_kernels.build_key()
+        assert build is not None
+        assert default_path(weights="as-shipped").endswith(f"-cpu-float32-int8dot-{build[:8]}.json")
+        monkeypatch.setattr(cpu_kernels, "build_key", lambda: "0123456789abcdef")  # the kernels changed
+        assert default_path(weights="as-shipped").endswith("-cpu-float32-int8dot-01234567.json")
     assert bf16.endswith("-cpu-bfloat16-onednn.json") and cuda.endswith("-cuda0-float32-native.json")
     assert fp32.endswith("-cpu-float32-onednn.json") and native.endswith("-cpu-float32-native.json")
     # an AVX2-only CPU runs bf16 on torch's own kernel, and its costs are kept apart from the packed ones
