@@ -8,7 +8,7 @@ run one after the other for every repeat and size, alternating which goes first,
 prefix (--prefix), and the ratio new / baseline of the medians is printed per size (1 = a one-token
 step, more = a bushy tree, as `specserve calibrate` times). First, each size's logits are compared bit
 for bit: a change meant to keep the numbers must print True there. Weights as `SPECSERVE_WEIGHTS`
-says (as-shipped, dense).
+says (auto, the default: the file's own on a CPU; as-shipped; dense).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def load_runner(package: str) -> tuple[object, ModuleType]:
     runner_module = importlib.import_module(f"{package}.runtime.runner")
     model_dir = models.resolve_model_dir(settings.model_dir, settings.cache_dir, settings.model)
     shipped = None
-    if settings.weights == "as-shipped":
+    if getattr(settings, "resolved_weights", settings.weights) == "as-shipped":  # as the runtime decides
         install = importlib.import_module(f"{package}.models.install")
         profile = importlib.import_module(f"{package}.models.profiles").model_profile(settings.model)
         shipped = install.as_shipped_dir(profile, settings.cache_dir)

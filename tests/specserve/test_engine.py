@@ -11,6 +11,7 @@ from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
+from specserve.settings import EngineSettings
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -30,8 +31,11 @@ LOSSLESS = [
 
 
 @pytest.fixture(scope="module")
-def engine(default_engine) -> Engine:
-    return default_engine
+def engine() -> Engine:
+    """The engine on the dense float32 checkpoint: what transformers' `generate` runs, token for token
+    (on the file's own weights, the default on a CPU, the target is the quantized model, whose output
+    the other model tests compare every method with)."""
+    return Engine(EngineSettings.from_env(weights="dense"))
 
 
 @pytest.mark.model
