@@ -205,6 +205,18 @@ class WithLlamaCpp:
     def methods(self) -> list[str]:
         return [*self.engine.methods, *peer_methods(self.profile)]
 
+    @property
+    def settings(self) -> Any:
+        """The wrapped engine's settings (None for one without)."""
+        return getattr(self.engine, "settings", None)
+
+    def reset_prefix_cache(self, budget_bytes: int) -> None:
+        """The wrapped engine's prefix cache emptied (`forget_prompts`: every method prefills each prompt
+        itself, the llama.cpp peers, which keep no prompt across requests here, included)."""
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if callable(reset):
+            reset(budget_bytes)
+
     def generate(
         self, prompt: str, request: GenerationRequest, on_tokens: OnTokens | None = None
     ) -> GenerationResult:

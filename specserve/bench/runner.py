@@ -17,8 +17,9 @@ from tqdm import tqdm
 
 from specserve.bench.machine import machine_info
 from specserve.bench.prompts import Prompt
+from specserve.bench.remote import REMOTE_PREFIX
 from specserve.core.request import GenerationRequest
-from specserve.errors import InvalidArgument
+from specserve.errors import FailedPrecondition, InvalidArgument
 from specserve.models.profiles import DEFAULT_PROFILE, model_profile
 from specserve.results import GenerationResult, OnTokens
 from specserve.runtime.target_runtime import settle_heap
@@ -215,7 +216,15 @@ def _timed_generate(
     forget_prompts(engine)
     start = time.perf_counter()
     result = engine.generate(prompt.text, request)
-    return result, time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    # In process nothing may come from a cache (remote methods keep their services' caches, documented):
+    # an engine wrapped so that `forget_prompts` cannot reach its cache would compare unequal methods.
+    if result.stats.num_cached_tokens and not request.method.startswith(REMOTE_PREFIX):
+        raise FailedPrecondition(
+            f"{request.method} took {result.stats.num_cached_tokens} prompt tokens from a prefix cache the "
+            "bench did not empty: the methods would not be compared on equal terms"
+        )
+    return result, elapsed
 
 
 def _record(run: _MethodRun, prompt: Prompt, result: GenerationResult, wall_s: float, same: bool) -> None:

@@ -203,16 +203,20 @@ def test_a_settled_run_leaves_its_engine_out_of_the_collectors_reach(tiny_target
         gc.unfreeze()
 
 
-def test_every_method_prefills_each_prompt_itself(tiny_target_dir, tmp_path) -> None:
+@pytest.mark.parametrize("with_llama_cpp", [False, True], ids=["engine", "beside llama.cpp"])
+def test_every_method_prefills_each_prompt_itself(tiny_target_dir, tmp_path, with_llama_cpp) -> None:
     """The engine's prefix cache stays on, but each method starts each prompt from an empty one: a method
-    run after `target` on the same long prompt would otherwise skip its prefill (and the peers do not)."""
+    run after `target` on the same long prompt would otherwise skip its prefill (and the peers do not).
+    Also when the engine is wrapped to add llama.cpp's methods (`bench --methods ...,llama.cpp`)."""
+    from specserve.bench.llamacpp import WithLlamaCpp
     from specserve.engine import Engine
 
     engine = Engine(EngineSettings.from_env(model_dir=tiny_target_dir, calibration_path=tmp_path / "c.json"))
+    benched = WithLlamaCpp(engine, engine.settings.model) if with_llama_cpp else engine
     text = "The quick brown fox jumps over the lazy dog. " * 80  # several prefill chunks
     prompts = [Prompt(question_id=i, category="writing", text=f"{i}: {text}") for i in range(2)]
     request = GenerationRequest.build(method="target", max_new_tokens=4)
-    result = run_bench(engine, prompts, ["target", "suffix"], request, progress=False)
+    result = run_bench(benched, prompts, ["target", "suffix"], request, progress=False)
     assert [result["methods"][m]["num_cached_tokens"] for m in ("target", "suffix")] == [0, 0]
     assert engine.prefix_cache is not None  # still on, for whatever runs next
     again = engine.generate(prompts[1].text, GenerationRequest.build(method="suffix", max_new_tokens=4))
