@@ -25,7 +25,11 @@ INT4_KERNELS = ("auto", "int8-dot", "torch")  # runtime/int4.py holds the kernel
 
 
 def default_cache_dir() -> Path:
-    """<XDG cache, else ~/.cache>/specserve: models, calibrations and compiled kernels."""
+    """$SPECSERVE_CACHE_DIR, else <XDG cache, else ~/.cache>/specserve: models, calibrations and compiled
+    kernels (the variable names it for every setting and the kernels alike)."""
+    explicit = os.environ.get("SPECSERVE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specserve"
 

@@ -136,3 +136,14 @@ def test_prompt_and_context_limits_follow_the_model() -> None:
 def test_a_model_dirs_context_comes_from_its_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
     assert EngineSettings.from_env({}, model_dir=tmp_path).context_limit == 2048
+
+
+def test_the_cache_directory_follows_specserve_cache_dir(monkeypatch, tmp_path: Path) -> None:
+    """One variable moves the whole cache: models, recorded costs and the compiled kernels."""
+    from specserve.settings import default_cache_dir
+
+    monkeypatch.setenv("SPECSERVE_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine" == EngineSettings().cache_dir
+    monkeypatch.delenv("SPECSERVE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "specserve"
