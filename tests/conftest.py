@@ -2,12 +2,6 @@
 
 - default_model_dir: the real SmolLM2-135M-Instruct checkpoint, converted once per machine into
   $SPECSERVE_CACHE_DIR (or the user cache, ~/.cache/specserve), the same place the engine uses.
-
-The suite runs with a cache of its own (`SPECSERVE_CACHE_DIR`, set below for this process and every
-process it starts): what is built once per machine (converted models, the compiled kernels, downloaded
-tools) is linked from the user's cache, but the measured costs (calibrations, draft costs) stay in the
-run's. A suite loads the machine, and costs recorded under that load would otherwise decide later real
-runs' trees (docs/adaptive.md, "Calibration").
 - tiny_target_dir / tiny_draft_dir: random-init Llamas with SmolLM2's real tokenizer (vocab 49,152),
   target 2 layers x 64 wide, draft 1 layer x 32 wide, different seeds.
 - tiny_vocab_target_dir: a random-init Llama with vocab 16 and no tokenizer, for statistical tests
@@ -29,10 +23,6 @@ processes itself says so with `pytestmark = pytest.mark.integration`.
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,27 +31,6 @@ from specserve.models import default_model_dir as _default_model_dir
 from specserve.models import make_tiny_llama
 from specserve.models.tiny import Architecture, make_tiny_model
 from specserve.settings import EngineSettings
-
-# Built once per machine and shared with the user's cache; everything else the suite writes stays its own.
-SHARED_CACHE_ENTRIES = ("models", "kernels", "helm", "node_client")
-
-
-def _run_cache() -> Path:
-    """A cache for this run whose shared entries link to the user's (module doc)."""
-    from specserve.settings import default_cache_dir
-
-    user = default_cache_dir()
-    run = Path(tempfile.mkdtemp(prefix="specserve-test-cache-"))
-    atexit.register(shutil.rmtree, run, ignore_errors=True)  # the links only: what they point at stays
-    for entry in SHARED_CACHE_ENTRIES:
-        (user / entry).mkdir(parents=True, exist_ok=True)
-        (run / entry).symlink_to(user / entry, target_is_directory=True)
-    return run
-
-
-# Once per process, before any setting is read: xdist workers inherit the controller's.
-if not os.environ.get("SPECSERVE_TEST_CACHE"):
-    os.environ["SPECSERVE_CACHE_DIR"] = os.environ["SPECSERVE_TEST_CACHE"] = str(_run_cache())
 
 # Markers that already mean more than this process and the tiny models (pyproject.toml describes each).
 INTEGRATION_MARKERS = frozenset({"model", "distributed", "ray", "large_model"})

@@ -115,15 +115,17 @@ def test_an_uninstalled_draft_names_its_install_command(tmp_path: Path, tiny_tar
 def test_the_draft_dtype(overrides: dict, draft_dtype: str, monkeypatch) -> None:
     # a CPU whose oneDNN has a bf16 path (AVX-512): what the profile asks for, bf16, is fast there
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    settings = EngineSettings(**{"model": QWEN_1_5B, **overrides})
+    # dense: on the file's own weights (`auto`, where the profile's wheels are installed) the draft runs
+    # in float32 whatever the profile says (tests/specserve/runtime/test_draft_runtime.py)
+    settings = EngineSettings(**{"model": QWEN_1_5B, "weights": "dense", **overrides})
     assert ServedModels(settings).draft_dtype == draft_dtype
 
 
 def test_on_a_cpu_without_a_bf16_kernel_the_profile_s_draft_runs_in_float32(monkeypatch) -> None:
     # an AVX2-only CPU: torch would emulate bf16 ~4x slower than packed fp32, and fp32 costs no exactness
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-    assert ServedModels(EngineSettings(model=QWEN_1_5B)).draft_dtype == "float32"
-    explicit = EngineSettings(model=QWEN_1_5B, draft_dtype="bfloat16")  # asked for: kept
+    assert ServedModels(EngineSettings(model=QWEN_1_5B, weights="dense")).draft_dtype == "float32"
+    explicit = EngineSettings(model=QWEN_1_5B, draft_dtype="bfloat16", weights="dense")  # asked for: kept
     assert ServedModels(explicit).draft_dtype == "bfloat16"
     assert ServedModels(EngineSettings(model=QWEN_1_5B, device="cuda")).draft_dtype == "bfloat16"
 
