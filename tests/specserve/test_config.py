@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specserve import settings as settings_module
 from specserve.config import load_settings
 from specserve.core.request import MAX_NEW_TOKENS_LIMIT, GenerationRequest
 from specserve.engine import request_limits
@@ -79,7 +80,8 @@ def test_engine_and_service_settings_read_their_variables() -> None:
         EngineSettings.from_env({"SPECSERVE_MAX_CONTEXT": "100", "SPECSERVE_MAX_PROMPT_TOKENS": "200"})
 
 
-def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path) -> None:
+def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(settings_module, "cpu_has_vnni", lambda: True)  # where they measured fastest
     auto = EngineSettings.from_env({})
     assert auto.weights == "auto"  # the default: what measured fastest where it runs
     assert auto.resolved_weights == "as-shipped"  # the default model: its wheel holds the file
@@ -90,14 +92,18 @@ def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path)
     assert replace(auto, model_dir=tmp_path).resolved_weights == "as-shipped"
     for weights in ("dense", "as-shipped"):  # a set choice is kept wherever it runs
         assert replace(auto, weights=weights, device="cuda").resolved_weights == weights
+    monkeypatch.setattr(settings_module, "cpu_has_vnni", lambda: False)  # an AVX2-only CPU: not measured
+    assert auto.resolved_weights == "dense"
+    assert replace(auto, weights="as-shipped").resolved_weights == "as-shipped"
 
 
 QWEN_1_5B = "qwen2.5-coder-1.5b-instruct"
 
 
-def test_auto_weights_are_dense_for_a_profile_whose_file_is_not_here(tmp_path: Path) -> None:
+def test_auto_weights_are_dense_for_a_profile_whose_file_is_not_here(tmp_path: Path, monkeypatch) -> None:
     """An installed profile whose part wheels are gone and whose file weights were never built serves its
     checkpoint rather than failing; built file weights are served."""
+    monkeypatch.setattr(settings_module, "cpu_has_vnni", lambda: True)
     profile = PROFILES[QWEN_1_5B]
     checkpoint = installed_dir(profile, tmp_path)
     checkpoint.mkdir(parents=True)
