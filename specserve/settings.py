@@ -34,13 +34,21 @@ def default_cache_dir() -> Path:
     return Path(base) / "specserve"
 
 
-def cpu_has_vnni() -> bool:
-    """Whether this CPU has AVX512-VNNI (Linux's /proc/cpuinfo), the CPU kernels' fast path, where the
-    file's own weights measured fastest; False where it cannot tell."""
+def cpu_flags() -> str:
+    """This CPU's feature flags line (Linux's /proc/cpuinfo); "" where it cannot tell."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
     except OSError:
-        return False
+        pass
+    return ""
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has AVX512-VNNI, the CPU kernels' fast path, where the file's own weights measured
+    fastest; False where it cannot tell."""
+    flags = cpu_flags().split()
     return "avx512_vnni" in flags and "avx512bw" in flags
 
 

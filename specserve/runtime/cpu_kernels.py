@@ -45,7 +45,7 @@ import torch
 
 from specserve.models.default_model import build_once
 from specserve.models.gguf_quant import BlockScales
-from specserve.settings import default_cache_dir
+from specserve.settings import cpu_flags, default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +68,7 @@ def _compiler() -> str | None:
 
 def _cpu_flags() -> str:
     """The host's CPU feature flags: a library built with -march=native runs only where they match."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
+    return cpu_flags() or os.uname().machine
 
 
 def _build_key(compiler: str) -> str:
@@ -129,8 +123,12 @@ def library() -> ctypes.CDLL | None:
     if compiler is None:
         logger.warning("no C++ compiler: the models run on torch's kernels alone")
         return None
+    key = build_key()
+    if key is None:
+        logger.warning("the CPU kernels' sources or compiler could not be read: torch's kernels instead")
+        return None
     try:
-        dest = _cache_dir() / f"cpu-{build_key() or _build_key(compiler)}"
+        dest = _cache_dir() / f"cpu-{key}"
         build_once(dest, functools.partial(compile_library, compiler), description="CPU kernels")
         return load_library(dest / LIBRARY_FILE)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
