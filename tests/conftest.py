@@ -10,7 +10,8 @@
   and 4 heads, RoPE theta 1e6, tied head; specserve/models/tiny.py), same tokenizer.
 - default_engine: the in-process engine on the default model's settings from the environment (the
   shipped model and drafts unless the environment names others), one per session: each load of the real
-  model and its drafts takes seconds.
+  model and its drafts takes seconds. It prices trees from `pinned_costs` (tests/pinned_costs.py), as
+  the suite's stacks on the default model do.
 - architecture: Llama, unless a test runs on each architecture (tiny_llama.EACH_ARCHITECTURE);
   architecture_target_dir: the tiny target of that architecture.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pinned_costs import write_pinned_costs
 
 from specserve.models import default_model_dir as _default_model_dir
 from specserve.models import make_tiny_llama
@@ -109,8 +111,14 @@ def tiny_vocab_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_engine():
+def pinned_costs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cost record the default model's engines and stacks read in the suite (tests/pinned_costs.py)."""
+    return write_pinned_costs(tmp_path_factory.mktemp("pinned_costs") / "calibration.json")
+
+
+@pytest.fixture(scope="session")
+def default_engine(pinned_costs: Path):
     """The in-process engine on the default model and shipped drafts: the reference output."""
     from specserve.engine import Engine
 
-    return Engine(EngineSettings.from_env())
+    return Engine(EngineSettings.from_env(calibration_path=pinned_costs))

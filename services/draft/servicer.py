@@ -210,6 +210,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             or len(token_ids) + self.models.settings.max_tree_nodes + 1 > session.mirror.capacity
         ):
             raise InvalidArgument("the session's tokens do not fit its capacity")
+        if request.HasField("last_round_committed"):
+            if request.last_round_committed < 1:
+                raise InvalidArgument("last_round_committed counts the tokens a round committed: >= 1")
+            session.last_round_committed = request.last_round_committed
         session.token_ids = token_ids
         feed = session.subscriber
         if feed is not None:

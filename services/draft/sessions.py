@@ -47,6 +47,9 @@ class DraftSession:
     request_seed: int | None = None
     # The prompt's blocks the draft's prefix cache takes once mirrored (None: it keeps none of them)
     prompt_blocks: PendingPrompt | None = None
+    # What the round of the newest tree asked for committed, as the router counted it
+    # (ProposeRequest.last_round_committed): set by the call, taken on the model thread
+    last_round_committed: int | None = None
     # Written and read on the model thread only:
     proposed_root: int = -1  # root position of the newest tree built (asked for or prepared)
     last_draft: DraftTree | None = None  # that tree, until the drafter has observed its round
@@ -68,15 +71,22 @@ class DraftSession:
 
     def observe_committed(self, token_ids: Sequence[int]) -> None:
         """On the model thread, before the next round opens: the drafter observes how its last tree's round
-        went. The router runs the loop and sends tokens only, so the outcome is read from the tokens
-        committed after that tree's root (RoundOutcome.from_committed); a sequence that does not continue
-        it (another root there, or more tokens than one round commits) tells nothing."""
+        went. The router runs the loop and sends tokens, so the outcome is read from the tokens committed
+        after that tree's root (RoundOutcome.from_committed): as many as the router said that round
+        committed (rounds without a call may have followed it), else all of them when no round can commit
+        more. A sequence that does not continue the tree (another root there, fewer tokens) tells
+        nothing."""
         draft, self.last_draft = self.last_draft, None
+        count, self.last_round_committed = self.last_round_committed, None
         root = self.proposed_root
         if draft is None or len(token_ids) <= root + 1 or token_ids[root] != draft.tree.token_ids[0]:
             return
         committed = token_ids[root + 1 :]
-        if len(committed) > max(tree_depths(draft.tree.parent_ids)) + 1:
+        if count is not None:
+            if not 1 <= count <= len(committed):
+                return
+            committed = committed[:count]
+        elif len(committed) > max(tree_depths(draft.tree.parent_ids)) + 1:
             return
         self.drafter.observe(RoundOutcome.from_committed(draft, committed))
 

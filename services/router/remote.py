@@ -285,6 +285,8 @@ class RemoteDrafter:
         # The draft's last ProposeResponse.drafts_up_to_batch_sessions (None: it drafted, or said nothing)
         self.drafts_up_to: int | None = None
         self._skipped = 0  # rounds in a row answered without a call
+        self._asked = False  # the last proposal came from a Propose call: its round's outcome is the draft's
+        self._last_round_committed: int | None = None  # what that round committed, for the next call
 
     @property
     def overhead_s(self) -> float:
@@ -294,6 +296,7 @@ class RemoteDrafter:
 
     def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         """batch_sessions: the target's load, sent on for the draft's cost policy."""
+        self._asked = False
         if self._root_alone_under_load(batch_sessions):
             self.counters.draft_calls_skipped += 1
             return DraftTree.root_only(token_ids[-1])
@@ -349,6 +352,7 @@ class RemoteDrafter:
                 target_address=self.target_address(),
                 batch_sessions=batch_sessions,
                 overhead_seconds=self.overhead_s,
+                last_round_committed=self._last_round_committed,
             )
             start = time.perf_counter()
             response = self.stub.Propose(request, timeout=self.timeout_s)
@@ -368,6 +372,7 @@ class RemoteDrafter:
                 self.round_trips.observe(transport_s)
         self.counters.prepared_proposals += response.prepared
         self._skipped = 0
+        self._asked, self._last_round_committed = True, None
         self.drafts_up_to = (
             response.drafts_up_to_batch_sessions if response.HasField("drafts_up_to_batch_sessions") else None
         )
@@ -377,8 +382,12 @@ class RemoteDrafter:
         return WireDraftTree(draft.tree, draft.kind, message=response.tree)
 
     def observe(self, outcome: RoundOutcome) -> None:
-        """Nothing to send: the next Propose carries the committed tokens, from which the draft service's
-        session reads the same outcome (services/draft/sessions.py, observe_committed)."""
+        """Nothing to send now: the next Propose carries the committed tokens and, for the round of the
+        draft's own last tree, how many that round committed, from which the draft service's session reads
+        the outcome in-process drafters observe (services/draft/sessions.py, observe_committed). Rounds
+        the draft was not asked for (suffix candidates alone, skipped under load) are not its own."""
+        if self._asked:
+            self._asked, self._last_round_committed = False, len(outcome.emitted_token_ids)
 
     def release(self) -> None:
         try:

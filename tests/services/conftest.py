@@ -8,10 +8,12 @@ sessions they open and never kill its processes (tests that kill processes start
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from pinned_costs import pinned_env
 
 from specserve.serving.stack import LocalStack
 
@@ -19,9 +21,10 @@ RPC_TIMEOUT_SECONDS = 60.0
 
 
 @pytest.fixture(scope="session")
-def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    # Trees prepared ahead (off by default) so that tests/services/draft can check them.
-    env = {"SPECSERVE_DRAFT_PREPARE_AHEAD": "true"}
+def shared_stack(tmp_path_factory: pytest.TempPathFactory, pinned_costs: Path) -> Iterator[LocalStack]:
+    # Trees prepared ahead (off by default) so that tests/services/draft can check them; trees priced
+    # from the suite's cost record, as the in-process default_engine prices them.
+    env = {"SPECSERVE_DRAFT_PREPARE_AHEAD": "true", **pinned_env(pinned_costs)}
     with LocalStack(log_dir=tmp_path_factory.mktemp("shared-stack-logs"), env=env) as stack:
         yield stack
 

@@ -24,8 +24,9 @@ SEED = 99
 METHODS = ("glide-cape-cost", "eagle-cape-cost")
 HEAVY = 64  # sessions sharing the target: far past the load at which the cost policy stops drafting
 # What the router measured asking the draft costs: a local call's. Charged instead of the calibrated
-# in-process overhead, it keeps drafting alone worth it for any realistic acceptance estimate (the service
-# starts sessions from what earlier sessions of the suite accepted: services/draft/priors.py).
+# in-process overhead, it keeps drafting alone worth it on the suite's cost record (tests/pinned_costs.py)
+# for any realistic acceptance estimate (the service starts sessions from what earlier sessions of the
+# suite accepted: services/draft/priors.py).
 ROUND_TRIP_SECONDS = 0.001
 RECENT_SECONDS = 1.1  # past the draft's load horizon (serving/recent.py): earlier tests' sessions left it
 

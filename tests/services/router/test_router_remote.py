@@ -24,7 +24,7 @@ from services.router.remote import (
     WireDraftTree,
     wire_tree,
 )
-from specserve.core.protocols import CandidateKind, DraftTree
+from specserve.core.protocols import CandidateKind, DraftTree, RoundOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 from specserve.serving.stack import free_port
@@ -104,6 +104,7 @@ class LoadedDraft(draft_pb2_grpc.DraftServiceServicer):
         self.up_to = up_to
         self.proposes = 0
         self.token_ids: list[int] = []
+        self.requests: list[draft_pb2.ProposeRequest] = []
 
     def Prefill(self, request, context):
         self.token_ids = list(request.token_ids)
@@ -111,6 +112,7 @@ class LoadedDraft(draft_pb2_grpc.DraftServiceServicer):
 
     def Propose(self, request, context):
         self.proposes += 1
+        self.requests.append(request)
         self.token_ids = [*self.token_ids[: request.from_position], *request.new_token_ids]
         tree = common_pb2.DraftTree(token_ids=[self.token_ids[-1]], parent_ids=[-1])
         response = draft_pb2.ProposeResponse(tree=tree)
@@ -156,6 +158,45 @@ def test_the_router_skips_draft_calls_while_the_load_is_above_what_the_draft_dra
                 drafter.propose(token_ids, 0, load["sessions"])
                 token_ids.append(5)
             assert draft.proposes == 7
+    finally:
+        server.stop(None)
+
+
+def test_the_next_call_says_what_the_round_of_the_drafts_last_tree_committed() -> None:
+    """Rounds the draft is not asked for (suffix candidates alone, or skipped under load) may follow the
+    round of its tree: the next Propose carries the count of that round's tokens, not of theirs."""
+    server = grpc.server(ThreadPoolExecutor(2))
+    draft = LoadedDraft(up_to=None)
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(draft, server)
+    port = server.add_insecure_port("localhost:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            drafter = RemoteDrafter(
+                "s",
+                "glide-cape-suffix",
+                draft_pb2_grpc.DraftServiceStub(channel),
+                lambda: "localhost:1",
+                SamplingParams(),
+                256,
+                10.0,
+                RoundCounters(),
+            )
+            token_ids = [1, 2, 3]
+            own = drafter.propose(token_ids, 0, 1)
+            drafter.observe(RoundOutcome(own, (0,), 4))  # its round: the target's token alone
+            token_ids.append(4)
+            # A round of suffix candidates the loop did not ask this drafter for: 3 tokens committed.
+            suffix = DraftTree(
+                TokenTree((4, 5, 6), (-1, 0, 1)), CandidateKind.FIXED, suffix_nodes=frozenset({1, 2})
+            )
+            drafter.observe(RoundOutcome(suffix, (0, 1, 2), 7))
+            token_ids += [5, 6, 7]
+            drafter.propose(token_ids, 0, 1)
+            first, second = draft.requests
+            assert not first.HasField("last_round_committed")  # no round of the draft's before
+            assert second.last_round_committed == 1
+            assert list(second.new_token_ids) == [4, 5, 6, 7]
     finally:
         server.stop(None)
 

@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 import redis
+from pinned_costs import pinned_env
 
 from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
@@ -34,9 +35,10 @@ LONG_NEW_TOKENS = 320
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, pinned_costs):
     metrics = {role: free_port() for role in ("target", "draft", "router")}
     env = {f"SPECSERVE_{role.upper()}_METRICS_PORT": str(port) for role, port in metrics.items()}
+    env.update(pinned_env(pinned_costs))  # default_engine's costs: seeded sampling takes the same trees
     env["SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS"] = "90"  # long enough for a restarted target to load
     with LocalStack(log_dir=tmp_path_factory.mktemp("stack-logs"), env=env) as running:
         running.metrics_ports = metrics
