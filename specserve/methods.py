@@ -54,6 +54,7 @@ class DraftSources(Protocol):
         shape: DraftShape,
         cape: CapeSettings | None = None,
         sampling: SamplingParams = GREEDY,
+        prefix: DraftPrefix | None = None,
     ) -> Drafter: ...
 
     @property
@@ -126,7 +127,8 @@ def _vanilla(
     shape: DraftShape,
     cape: CapeSettings | None,
 ) -> Drafter:
-    return engine.vanilla_drafter(target_kv, capacity, shape, cape, sampling)
+    prefix = engine.draft_prefix(DraftKind.VANILLA.value)
+    return engine.vanilla_drafter(target_kv, capacity, shape, cape, sampling, prefix)
 
 
 def _glide(

@@ -21,6 +21,7 @@ DEFAULT_CONTEXT = 8192  # a checkpoint whose config names no context: the defaul
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 _DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("auto", "dense", "as-shipped")
+DRAFT_WEIGHTS = ("dense", "int8")
 INT4_KERNELS = ("auto", "int8-dot", "torch")  # runtime/int4.py holds the kernels (torch: not imported here)
 
 
@@ -131,6 +132,13 @@ class EngineSettings:
     # one pass over the weights for all rows of a forward), "torch" (torch's int4 kernel, bfloat16 rows);
     # "auto" = int8-dot on a CPU where it builds, torch's elsewhere.
     int4_kernel: str = "auto"
+    # The served drafts' own linear layers (GliDe, hidden-state and vanilla drafts; a separate draft
+    # model follows `weights`): "dense" (the default) = as trained, in `dtype`; "int8" = rounded to int8
+    # per group of 32 inputs on the int8-dot kernel (runtime/int8_drafts.py; a CPU where it builds): a
+    # step under half the cost and a replica a third smaller, but fewer drafts accepted, and slower in
+    # both measured workloads beside the file's weights (docs/benchmarks.md, "Drafts on int8 weights").
+    # Either stays lossless: the target verifies every drafted token.
+    draft_weights: str = "dense"
     # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and
     # hidden-state features) kept across requests, least recently used evicted; 0 = off. The target
     # service has its own (TargetServiceSettings.prefix_cache_bytes).
@@ -205,6 +213,10 @@ class EngineSettings:
             raise InvalidArgument(f"linear_kernel must be auto, onednn or native, got {self.linear_kernel!r}")
         if self.weights not in WEIGHTS:
             raise InvalidArgument(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.draft_weights not in DRAFT_WEIGHTS:
+            raise InvalidArgument(
+                f"draft_weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {self.draft_weights!r}"
+            )
         if self.int4_kernel not in INT4_KERNELS:
             raise InvalidArgument(
                 f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {self.int4_kernel!r}"

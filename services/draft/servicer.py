@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -33,12 +33,14 @@ from services.draft.prefix import MirrorPrefixCache, MirrorScope, PendingPrompt
 from services.draft.priors import AcceptancePriors
 from services.draft.sessions import DraftSession, DraftSessionStore, Proposal
 from specserve.core.grammar import ConstrainedDrafter
-from specserve.core.protocols import CostSizedDrafter, Drafter, RoundOpeningDrafter
+from specserve.core.protocols import CostSizedDrafter, Drafter, KnowsPrompt, RoundOpeningDrafter
 from specserve.core.rng import draft_round_seed
 from specserve.errors import InvalidArgument, NotFound
 from specserve.grammar import Guide
 from specserve.methods import method_spec
 from specserve.runtime.draft_runtime import DraftRuntime
+from specserve.runtime.prefix_cache import DraftPrefix
+from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
 from specserve.serving import telemetry
 from specserve.serving.convert import check_session_id, constraint_from_pb, sampling_from_pb
 from specserve.serving.metrics import DraftMetrics
@@ -120,7 +122,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         check_token_ids(request.token_ids, self.models.target_vocab_size)
         if not len(request.token_ids) < request.capacity <= limits.context_limit:
             raise InvalidArgument(f"capacity must be in ({len(request.token_ids)}, {limits.context_limit}]")
-        sources = self.models.for_target(self.target_costs.of(request.target_address))
+        sources = self.models.for_target(
+            self.target_costs.of(request.target_address), self._drafts_own_prefix(request)
+        )
         mirror = KVMirror(
             [], self.models.target_config.num_hidden_layers, request.capacity, torch.device(limits.device)
         )
@@ -131,6 +135,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             raise InvalidArgument(f"method {request.method!r} drafts nothing; the router verifies alone")
         if grammar is not None and isinstance(drafter, ConstrainedDrafter):
             drafter.constrain(grammar)
+        if isinstance(drafter, KnowsPrompt) and request.num_prompt_tokens > 0:
+            # Its own K/V over the prompt may be cached (over generated tokens a draft reading the
+            # target reads verify forwards' K/V, not a prefill's)
+            drafter.know_prompt(min(request.num_prompt_tokens, len(request.token_ids)))
         self.priors.seed(request.method, drafter)
         # The feed carries what the drafter declared it reads (a hidden-state draft asked the mirror for
         # features when built); a drafter that reads nothing of the target opens no feed at all.
@@ -170,6 +178,23 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             subscriber.start(follow=request_seed is not None)
         self.metrics.sessions.set(len(self.store))
         return draft_pb2.DraftPrefillResponse(cached_tokens=cached)
+
+    def _drafts_own_prefix(
+        self, request: draft_pb2.DraftPrefillRequest
+    ) -> Callable[[str], DraftPrefix | None] | None:
+        """Where the session's drafter keeps its own prompt K/V (its self-attention's, or a separate draft
+        model's) across sessions: the service's prefix cache, in blocks of the session's tenant on the
+        session's target (a draft reading the target's state computes from that target's bits), so a
+        session on a cached prompt prefills none of it on the draft either. None: the cache is off, or its
+        blocks do not tile the drafters' prefill chunks (runtime/prefix_cache.py, DraftBlocks)."""
+        if self.prefix.budget_bytes == 0:
+            return None
+        cache = self.prefix.for_block(self.target_costs.block_tokens(request.target_address))
+        if cache is None or DEFAULT_PREFILL_CHUNK % cache.block_tokens:
+            return None
+        scope = (request.tenant, request.target_address)
+        on_load = self.metrics.drafter_prefix_cache_hits.inc
+        return lambda draft: DraftPrefix.of(cache, draft, *scope, on_load=on_load)
 
     def _load_prefix(
         self, request: draft_pb2.DraftPrefillRequest, mirror: KVMirror

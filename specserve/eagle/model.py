@@ -86,7 +86,8 @@ class EagleDraft(nn.Module):
     def lift(self, features: torch.Tensor) -> torch.Tensor:
         """The target's features [..., feature_width] -> what the layer reads at a committed position,
         [..., H], on the draft's device and dtype: fused by `fuse`, or as they are."""
-        features = features.to(self.fc.weight)
+        reference = self.norm.weight  # not fc's: on int8 weights (runtime/int8_drafts.py) it has no tensor
+        features = features.to(device=reference.device, dtype=reference.dtype)
         return features if self.fuse is None else self.fuse(features)
 
     def _inputs(self, features: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -40,10 +40,16 @@ from specserve.models.profiles import model_profile
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
+from specserve.runtime.int8_drafts import apply_int8
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.target_runtime import RoleRuntime, calibration_file, int4_kernel, shipped_for
+from specserve.runtime.target_runtime import (
+    RoleRuntime,
+    calibration_file,
+    int4_kernel,
+    shipped_for,
+)
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -200,21 +206,20 @@ class DraftRuntime(RoleRuntime):
         shape: DraftShape,
         cape: CapeSettings | None = None,
         sampling: SamplingParams = GREEDY,
-        cached: bool = True,
+        prefix: DraftPrefix | None = None,
     ) -> GlideDrafter | ModelDrafter:
         """The vanilla methods' drafter: the trained block without cross-attention (it reads no target
-        K/V), else the separate causal-LM draft. cached: keeps its prompt K/V in the prefix cache, if any
-        (not while its costs are measured: a cached prefix would time less than a step)."""
+        K/V), else the separate causal-LM draft. prefix: where it keeps its prompt K/V across requests
+        (`draft_prefix`; none while its costs are measured: a cached prefix would time less than a step)."""
         trained = self.vanilla_glide_draft
-        # the one vanilla draft this runtime serves
-        prefix = self.draft_prefix(DraftKind.VANILLA.value) if cached else None
         if trained is not None:
             return GlideDrafter(trained, target_kv, capacity, shape, cape, sampling, prefix)
         return ModelDrafter(self.vanilla_draft_runner, capacity, shape, sampling, cape, prefix)
 
     def draft_prefix(self, draft: str) -> DraftPrefix | None:
         """Where `draft` keeps its own prompt K/V across requests: in process the engine's prefix cache
-        (one tenant, the process's user); a draft replica has none to give (no tenant reaches here)."""
+        (one tenant, the process's user). A draft replica has none here: each session's sources
+        (`for_target`) scope the replica's cache to the session's tenant and target."""
         return DraftPrefix.of(self._prefix_cache(), draft)
 
     # --- the drafts that read the target ------------------------------------------------------------
@@ -249,9 +254,13 @@ class DraftRuntime(RoleRuntime):
         return self._for_serving(build_eagle(self.target, seed=0))
 
     def _for_serving(self, draft: DraftT) -> DraftT:
-        """A draft on the same linear kernel as the target (it serves; it no longer trains)."""
+        """A draft that serves (it no longer trains): on int8 weights where `draft_weights` says so, else
+        on the same linear kernel as the target."""
         draft.requires_grad_(False)
-        apply_linear_kernel(draft, self.settings.linear_kernel)
+        if self.settings.draft_weights == "int8":
+            apply_int8(draft)
+        else:
+            apply_linear_kernel(draft, self.settings.linear_kernel)
         return draft
 
     # --- costs ---------------------------------------------------------------------------------------
@@ -306,7 +315,7 @@ class DraftRuntime(RoleRuntime):
                 self.eagle_draft, state, capacity, DraftShape(depth)
             ),
             DraftKind.VANILLA.value: lambda state, depth: self.vanilla_drafter(
-                state, capacity, DraftShape(depth), cached=False
+                state, capacity, DraftShape(depth)
             ),
         }
         if kind not in makers:
@@ -328,9 +337,12 @@ class DraftRuntime(RoleRuntime):
         of that draft; kind None = no draft forward (suffix candidates alone)."""
         return self.for_target(self.verify_points()).cost_model_for(kind)
 
-    def for_target(self, verify_points: VerifyPoints) -> TargetCosted:
-        """These drafts, sized by a serving target's published verify curve."""
-        return TargetCosted(self, verify_points)
+    def for_target(
+        self, verify_points: VerifyPoints, prefix: Callable[[str], DraftPrefix | None] | None = None
+    ) -> TargetCosted:
+        """These drafts, sized by a serving target's published verify curve; `prefix` gives where each
+        draft keeps its prompt K/V for the session (None: nowhere)."""
+        return TargetCosted(self, verify_points, prefix)
 
 
 class TargetCosted:
@@ -338,9 +350,20 @@ class TargetCosted:
     (specserve.methods.DraftSources) in a draft replica. Everything but the costs is the runtime's own:
     its drafts load once and serve every session, whichever target it verifies on."""
 
-    def __init__(self, runtime: DraftRuntime, verify_points: VerifyPoints) -> None:
+    def __init__(
+        self,
+        runtime: DraftRuntime,
+        verify_points: VerifyPoints,
+        prefix: Callable[[str], DraftPrefix | None] | None = None,
+    ) -> None:
         self.runtime = runtime
         self.verify_points = verify_points
+        self._prefix = prefix
+
+    def draft_prefix(self, draft: str) -> DraftPrefix | None:
+        """Where `draft` keeps its own prompt K/V for the session these sources serve (its tenant's
+        blocks, on its target): the replica's choice, else nowhere."""
+        return None if self._prefix is None else self._prefix(draft)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runtime, name)  # the settings and the drafts

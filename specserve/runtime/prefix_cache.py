@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -117,10 +117,15 @@ class DraftPrefix:
 
     cache: PrefixCache
     namespace: str
+    on_load: Callable[[int], None] | None = None  # told how many positions a drafter loaded (metrics)
 
     @classmethod
-    def of(cls, cache: PrefixCache | None, draft: str, tenant: str = "") -> DraftPrefix | None:
-        return None if cache is None else cls(cache, repr(("draft", draft, tenant)))
+    def of(
+        cls, cache: PrefixCache | None, draft: str, *scope: str, on_load: Callable[[int], None] | None = None
+    ) -> DraftPrefix | None:
+        """`draft`'s blocks in `cache` under `scope` (in a draft replica: the tenant, and the target whose
+        state the draft reads), or None without a cache."""
+        return None if cache is None else cls(cache, repr(("draft", draft, *scope)), on_load)
 
 
 @dataclass
@@ -162,6 +167,8 @@ class DraftBlocks:
             self.exact = store.load(lease, cache)
         finally:
             store.release(lease)
+        if self.exact and self.prefix.on_load is not None:
+            self.prefix.on_load(self.exact)
         return self.exact
 
     def encoded(

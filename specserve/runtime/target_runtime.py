@@ -66,16 +66,19 @@ def weights_label(settings: EngineSettings) -> str:
     """What the target's linear layers run on, for file names and records: the linear kernel, or `int4`
     (torch's 4-bit kernel) / `int8dot-<build>` for weights as shipped, <build> the first 8 digits of the
     CPU kernels' build key: recorded costs follow the kernels, so a changed kernel is timed again instead
-    of priced by an older build's record. Decided by the settings and the sources alone, so naming a
-    calibration file loads no model."""
+    of priced by an older build's record. `-int8drafts` follows when the drafts run on int8 weights (their
+    steps, which the records hold too, change with them). Decided by the settings and the sources alone, so
+    naming a calibration file loads no model."""
+    drafts = "-int8drafts" if settings.draft_weights == "int8" else ""
     kernel = int4_kernel(settings)
     if kernel is not None:
         if kernel == "torch":
-            return "int4"
+            return "int4" + drafts
         from specserve.runtime.cpu_kernels import build_key
 
-        return f"int8dot-{(build_key() or 'none')[:8]}"
-    return resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
+        return f"int8dot-{(build_key() or 'none')[:8]}{drafts}"
+    dense = resolve_kernel(settings.linear_kernel, settings.device, getattr(torch, settings.dtype)).value
+    return dense + drafts
 
 
 def calibration_file(settings: EngineSettings, model_dir: Path, prefix: str = "calibration") -> Path:

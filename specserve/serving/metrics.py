@@ -345,6 +345,9 @@ class DraftMetrics:
     prefix_cache_hits: Counter
     prefix_cache_hit_rate: Gauge
     prefix_cache_bytes: Gauge
+    # Positions of the drafters' own prompt K/V (their self-attention's, a separate draft model's) loaded
+    # from the same cache instead of computed
+    drafter_prefix_cache_hits: Counter
 
     def observe_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
         observe_prefix_cache(self, "draft_prefix_cache", prompt_tokens, cached_tokens)
@@ -363,6 +366,9 @@ class DraftMetrics:
                 r, "draft_prefix_cache_hit_rate", "Draft prefix cache hits / queries since the start"
             ),
             prefix_cache_bytes=_gauge(r, "draft_prefix_cache_bytes", "Bytes the draft's prefix cache holds"),
+            drafter_prefix_cache_hits=_counter(
+                r, "drafter_prefix_cache_hits", "Drafters' own prompt K/V positions loaded from the cache"
+            ),
             batching=BatchMetrics.create(r, "draft"),
             registry=r,
             sessions=_gauge(r, "draft_sessions", "Draft sessions"),

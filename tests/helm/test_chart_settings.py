@@ -112,6 +112,7 @@ SPECIAL = {
     "linear_kernel": "native",
     "weights": "as-shipped",
     "int4_kernel": "torch",
+    "draft_weights": "int8",
     "device": "cuda:1",
     "max_context": 8192,
     "max_prompt_tokens": 4096,

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from pinned_costs import pinned_env
+from stack_metrics import free_metrics_ports, metrics_env
 
 from specserve.serving.stack import LocalStack
 
@@ -24,8 +25,10 @@ RPC_TIMEOUT_SECONDS = 60.0
 def shared_stack(tmp_path_factory: pytest.TempPathFactory, pinned_costs: Path) -> Iterator[LocalStack]:
     # Trees prepared ahead (off by default) so that tests/services/draft can check them; trees priced
     # from the suite's cost record, as the in-process default_engine prices them.
-    env = {"SPECSERVE_DRAFT_PREPARE_AHEAD": "true", **pinned_env(pinned_costs)}
+    metrics = free_metrics_ports(("draft",))  # read through stack_metrics.metric
+    env = {"SPECSERVE_DRAFT_PREPARE_AHEAD": "true", **pinned_env(pinned_costs), **metrics_env(metrics)}
     with LocalStack(log_dir=tmp_path_factory.mktemp("shared-stack-logs"), env=env) as stack:
+        stack.metrics_ports = metrics
         yield stack
 
 

@@ -10,18 +10,18 @@ A second, short-lived stack serves the tiny Qwen2 target: the same equality on a
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pytest
 import redis
 from pinned_costs import pinned_env
+from stack_metrics import free_metrics_ports, metric, metrics_env
 
 from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
 from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
 from specserve.errors import DeadlineExceeded, SpecserveError
-from specserve.serving.stack import LocalStack, free_port
+from specserve.serving.stack import LocalStack
 from specserve.settings import EngineSettings
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model]
@@ -36,8 +36,8 @@ LONG_NEW_TOKENS = 320
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pinned_costs):
-    metrics = {role: free_port() for role in ("target", "draft", "router")}
-    env = {f"SPECSERVE_{role.upper()}_METRICS_PORT": str(port) for role, port in metrics.items()}
+    metrics = free_metrics_ports()
+    env = metrics_env(metrics)
     env.update(pinned_env(pinned_costs))  # default_engine's costs: seeded sampling takes the same trees
     env["SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS"] = "90"  # long enough for a restarted target to load
     with LocalStack(log_dir=tmp_path_factory.mktemp("stack-logs"), env=env) as running:
@@ -159,14 +159,6 @@ def test_suffix_only_rounds_make_no_draft_call(stack, default_engine):
     assert tokens == local.token_ids
     assert suffix_only >= 1, (suffix_only, rounds)  # repeated text: suffix rounds accept many tokens each
     assert proposes <= rounds - suffix_only, (proposes, rounds, suffix_only)
-
-
-def metric(stack: LocalStack, role: str, name: str) -> float:
-    """A sample's value from the role's Prometheus endpoint (summed over labels)."""
-    url = f"http://127.0.0.1:{stack.metrics_ports[role]}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name) and " " in line]
-    return sum(values)
 
 
 def stream_until_killed(

@@ -13,11 +13,15 @@ from test_models import QWEN_0_5B, QWEN_1_5B, install_as
 from services.draft.main import warm_up
 from specserve.core.cost import GLIDE_DRAFT, DraftCost
 from specserve.core.protocols import READS_NOTHING, TargetReads
+from specserve.core.sampling_params import GREEDY
 from specserve.errors import FailedPrecondition
+from specserve.methods import method_spec
 from specserve.models import load_causal_lm
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.runtime.drafter import DraftShape
 from specserve.runtime.models import ServedModels
+from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
+from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
 from specserve.runtime.target_share import read_target_share
 from specserve.settings import EngineSettings
 
@@ -115,3 +119,35 @@ def test_the_profiles_draft_runs_in_float32_on_the_cpus_kernels(weights: str, ke
     assert runtime.draft_dtype == ("float32" if on_cpu_kernels else speed_dtype("bfloat16", "cpu"))
     explicit = DraftRuntime(EngineSettings(model=QWEN_1_5B, weights=weights, draft_dtype="bfloat16"))
     assert explicit.draft_dtype == "bfloat16"  # a setting wins
+
+
+def test_a_sessions_sources_scope_each_drafts_own_cache_to_it(
+    tiny_target_dir: Path, tiny_draft_dir: Path, tmp_path: Path
+) -> None:
+    """A draft replica's sessions keep their drafters' own prompt K/V (here a separate draft model's) in
+    the replica's cache under the scope their sources give: a later session of the same scope loads what
+    an earlier one encoded, and loads it exactly (the same drafts); another scope loads nothing."""
+    settings = EngineSettings(model_dir=tiny_target_dir, draft_dir=tiny_draft_dir, cache_dir=tmp_path)
+    runtime = DraftRuntime(settings)
+    runtime._draft_costs["vanilla"] = DraftCost(0.001, 0.0)
+    cache = PrefixCache(1 << 26, 32)
+    loaded: list[int] = []
+
+    def sources(tenant: str):
+        return runtime.for_target(
+            FLAT, lambda draft: DraftPrefix.of(cache, draft, tenant, "target:1", on_load=loaded.append)
+        )
+
+    prompt = [(11 * i + 5) % 900 + 10 for i in range(DEFAULT_PREFILL_CHUNK + 20)]
+
+    def draft(tenant: str) -> tuple[int, ...]:
+        drafter = method_spec("vanilla").make_drafter(sources(tenant), len(prompt) + 32, None, GREEDY)
+        try:
+            return drafter.propose(prompt, 0, 1).tree.token_ids
+        finally:
+            drafter.release()
+
+    first = draft("tenant-a")
+    assert loaded == []
+    assert draft("tenant-a") == first and loaded == [DEFAULT_PREFILL_CHUNK]
+    assert draft("tenant-b") == first and loaded == [DEFAULT_PREFILL_CHUNK]

@@ -91,7 +91,7 @@ def test_from_blocks_finer_than_its_chunk_a_draft_loads_whole_chunks(target, dra
     cache = PrefixCache(1 << 30, CHUNK // 4)
     prefix = DraftPrefix.of(cache, "vanilla")
     ModelDrafter(draft, CAPACITY, SHAPE, prefix=prefix, prefill_chunk=CHUNK).propose([*DOCUMENT, 5], 0, 1)
-    namespace = repr(("draft", "vanilla", ""))
+    namespace = prefix.namespace
     assert cache.acquire(namespace, DOCUMENT, len(DOCUMENT)).num_tokens == 32  # the inserted whole chunks
     assert cache.acquire(namespace, DOCUMENT, 30, multiple=CHUNK).num_tokens == 24
     warm = ModelDrafter(draft, CAPACITY, SHAPE, prefix=prefix, prefill_chunk=CHUNK)
