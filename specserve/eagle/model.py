@@ -39,6 +39,7 @@ from specserve.glide.model import (
     _merge_heads,
     _split_heads,
     apply_rope,
+    borrowed_embedding,
     init_draft_weights,
     register_draft_vocab,
     rope_cos_sin,
@@ -61,14 +62,15 @@ class EagleDraft(nn.Module):
     def __init__(
         self,
         config: EagleConfig,
-        target_embedding: torch.Tensor,  # [V, H], the target's input embedding (borrowed, never stored)
+        # the target's input embedding, [V, H] or its module (`borrowed_embedding`): borrowed, never stored
+        target_embedding: torch.Tensor | nn.Module,
         draft_token_ids: torch.Tensor | None = None,  # [V_draft] full ids the reduced head scores
     ) -> None:
         super().__init__()
         self.config = config
-        if tuple(target_embedding.shape) != (config.vocab_size, config.hidden_size):
-            raise InvalidArgument("the hidden-state draft needs the target's [vocab, hidden] embedding")
         self.embed_tokens = FrozenEmbedding(target_embedding)
+        if self.embed_tokens.shape != (config.vocab_size, config.hidden_size):
+            raise InvalidArgument("the hidden-state draft needs the target's [vocab, hidden] embedding")
         # only a fused draft has it: k target layers' outputs -> the width the draft reads
         self.fuse = (
             nn.Linear(config.feature_width, config.hidden_size, bias=False) if config.feature_layers else None
@@ -246,8 +248,7 @@ def load_eagle(directory: Path, target_model: nn.Module) -> EagleDraft:
 def _new_draft(
     config: EagleConfig, target: PreTrainedModel, draft_token_ids: torch.Tensor | None
 ) -> EagleDraft:
-    embedding = cast(nn.Embedding, target.get_input_embeddings()).weight  # [V, H]
-    return EagleDraft(config, embedding, draft_token_ids)
+    return EagleDraft(config, borrowed_embedding(target), draft_token_ids)
 
 
 def _for_inference(model: EagleDraft, target: nn.Module) -> EagleDraft:

@@ -213,16 +213,39 @@ class GlideBlock(nn.Module):
 
 
 class FrozenEmbedding(nn.Module):
-    """The target's input embedding, borrowed: a non-persistent buffer, so never trained nor saved."""
+    """The target's input embedding, borrowed, never trained nor saved: its table [V, H] as a
+    non-persistent buffer sharing the target's storage, or, where the target keeps no float table (an
+    embedding on its file's codes, runtime/int4.Int4Embedding), the target's module itself, held outside
+    this module's tree so that moving or saving the draft leaves it alone."""
 
-    weight: torch.Tensor  # [V, H], a buffer
-
-    def __init__(self, weight: torch.Tensor) -> None:  # [V, H]
+    def __init__(self, source: torch.Tensor | nn.Module) -> None:  # [V, H] or an embedding module
         super().__init__()
-        self.register_buffer("weight", weight.detach(), persistent=False)  # shares the target's storage
+        self._module: tuple[nn.Module, ...] = ()
+        if isinstance(source, torch.Tensor):
+            self.register_buffer("weight", source.detach(), persistent=False)
+        else:
+            self._module = (source,)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[V, H] of the table, whichever way it is held."""
+        if self._module:
+            module = self._module[0]
+            return int(cast(int, module.num_embeddings)), int(cast(int, module.embedding_dim))
+        rows, width = cast(torch.Tensor, self.weight).shape
+        return int(rows), int(width)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, S] -> [B, S, H]
-        return F.embedding(input_ids, self.weight)
+        if self._module:
+            return self._module[0](input_ids)
+        return F.embedding(input_ids, cast(torch.Tensor, self.weight))
+
+
+def borrowed_embedding(target_model: nn.Module) -> torch.Tensor | nn.Module:
+    """What a draft borrows of `target_model`'s input embedding: its table [V, H], or the module itself
+    when it is not a plain table (an embedding on its file's codes: no float copy is made)."""
+    embeddings = cast("PreTrainedModel", target_model).get_input_embeddings()
+    return embeddings.weight if isinstance(embeddings, nn.Embedding) else embeddings
 
 
 class GlideDraft(nn.Module):
@@ -232,16 +255,18 @@ class GlideDraft(nn.Module):
     def __init__(
         self,
         config: GlideConfig,
-        target_embedding: torch.Tensor | None = None,  # [V, H]; required iff share_target_embeddings
+        # [V, H] or an embedding module (`borrowed_embedding`); required iff share_target_embeddings
+        target_embedding: torch.Tensor | nn.Module | None = None,
         draft_token_ids: torch.Tensor | None = None,  # [V_draft] full ids the reduced head scores
     ) -> None:
         super().__init__()
         self.config = config
         if config.share_target_embeddings:
             expected = (config.vocab_size, config.hidden_size)
-            if target_embedding is None or tuple(target_embedding.shape) != expected:
+            borrowed = None if target_embedding is None else FrozenEmbedding(target_embedding)
+            if borrowed is None or borrowed.shape != expected:
                 raise InvalidArgument("share_target_embeddings needs the target's [vocab, hidden] embedding")
-            self.embed_tokens: nn.Module = FrozenEmbedding(target_embedding)
+            self.embed_tokens: nn.Module = borrowed
         else:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GlideBlock(config) for _ in range(config.num_layers))
@@ -460,8 +485,7 @@ def _new_draft(
 ) -> GlideDraft:
     embedding = None
     if config.share_target_embeddings and target_model is not None:
-        embeddings = cast("PreTrainedModel", target_model).get_input_embeddings()
-        embedding = cast(nn.Embedding, embeddings).weight  # [V, H]
+        embedding = borrowed_embedding(target_model)
     return GlideDraft(config, embedding, draft_token_ids)
 
 

@@ -25,6 +25,7 @@ Numpy only (no torch): the install and the tests read files with it.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,12 +307,14 @@ def write_store(weights: dict[str, QuantizedWeight], facts: dict[str, int | str]
     return path
 
 
-def read_store(path: Path) -> dict[str, QuantizedWeight]:
-    """The weights `write_store` saved."""
+def read_store(path: Path, names: Collection[str] | None = None) -> dict[str, QuantizedWeight]:
+    """The weights `write_store` saved: all, or those of `names` it holds."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="numpy") as f:
         layout = json.loads((f.metadata() or {})["layout"])
+        if names is not None:
+            layout = {name: info for name, info in layout.items() if name in names}
         keys = set(f.keys())
 
         def block(name: str) -> BlockScales | None:

@@ -83,9 +83,12 @@ class DraftRuntime(RoleRuntime):
     def target(self) -> nn.Module:
         if self._target is not None:
             return self._target()
+        from specserve.models.gguf_quant import STORE_FILE
         from specserve.runtime.target_share import read_target_share
 
-        return read_target_share(self.model_dir, self.settings.device, getattr(torch, self.settings.dtype))
+        store = None if self.as_shipped_dir is None else self.as_shipped_dir / STORE_FILE
+        dtype = getattr(torch, self.settings.dtype)
+        return read_target_share(self.model_dir, self.settings.device, dtype, store)
 
     @functools.cached_property
     def target_config(self) -> Any:

@@ -133,6 +133,17 @@ class RoleRuntime:
             return None
         return self.grammar_compiler.guide(constraint, num_prompt_tokens, self.settings.max_tree_nodes)
 
+    @functools.cached_property
+    def as_shipped_dir(self) -> Path | None:
+        """The target file's quantized weights when `weights` is as-shipped: the profile's (built once
+        from its file), or a --model-dir's own; None for dense weights. A draft replica reads the
+        embedding it shares from there."""
+        if self.settings.resolved_weights != "as-shipped":
+            return None
+        if self.settings.model_dir is not None:
+            return Path(self.model_dir)
+        return as_shipped_dir(self.profile, self.settings.cache_dir)
+
 
 class TargetRuntime(RoleRuntime):
     def __init__(self, settings: EngineSettings | None = None) -> None:
@@ -155,16 +166,6 @@ class TargetRuntime(RoleRuntime):
     def grammar_compiler(self) -> GrammarCompiler:
         """Constraints compiled against this target's tokenizer; a finished language ends at its eos."""
         return GrammarCompiler(self.tokenizer.backend_tokenizer.to_str(), self.eos_token_ids)
-
-    @functools.cached_property
-    def as_shipped_dir(self) -> Path | None:
-        """The target file's quantized weights when `weights` is as-shipped: the profile's (built once
-        from its file), or a --model-dir's own; None for dense weights."""
-        if self.settings.resolved_weights != "as-shipped":
-            return None
-        if self.settings.model_dir is not None:
-            return Path(self.model_dir)
-        return as_shipped_dir(self.profile, self.settings.cache_dir)
 
     @functools.cached_property
     def target_model(self) -> CausalLM:

@@ -101,6 +101,7 @@ def test_the_store_round_trips(tmp_path):
     path = write_store(weights, {"architecture": "llama"}, tmp_path)
     loaded = read_store(path)
     assert loaded.keys() == weights.keys()
+    assert read_store(path, names=("lm_head.weight", "absent")).keys() == {"lm_head.weight"}  # just those
     for name, weight in weights.items():
         np.testing.assert_array_equal(loaded[name].codes, weight.codes)
         np.testing.assert_array_equal(loaded[name].scales, weight.scales)

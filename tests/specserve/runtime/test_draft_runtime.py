@@ -4,11 +4,13 @@ verify curve. Tiny random checkpoints stand in for real ones."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from test_models import QWEN_0_5B, QWEN_1_5B, install_as
+from tiny_llama import quantize_model
 
 from services.draft.main import warm_up
 from specserve.core.cost import GLIDE_DRAFT, DraftCost
@@ -17,11 +19,14 @@ from specserve.core.sampling_params import GREEDY
 from specserve.errors import FailedPrecondition
 from specserve.methods import method_spec
 from specserve.models import load_causal_lm
+from specserve.models.gguf_quant import write_store
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.runtime.drafter import DraftShape
+from specserve.runtime.int4 import Int4Embedding
 from specserve.runtime.models import ServedModels
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
+from specserve.runtime.target_runtime import TargetRuntime
 from specserve.runtime.target_share import read_target_share
 from specserve.settings import EngineSettings
 
@@ -151,3 +156,26 @@ def test_a_sessions_sources_scope_each_drafts_own_cache_to_it(
     assert loaded == []
     assert draft("tenant-a") == first and loaded == [DEFAULT_PREFILL_CHUNK]
     assert draft("tenant-b") == first and loaded == [DEFAULT_PREFILL_CHUNK]
+
+
+def test_beside_a_target_on_its_files_weights_a_draft_replica_keeps_the_embedding_in_its_codes(
+    tiny_target_dir: Path, tmp_path: Path
+) -> None:
+    """The draft replica reads the embedding its drafts share from the target's quantized store, as the
+    target keeps it, and its drafts borrow that module: no float32 [V, H] table anywhere, and the rows
+    looked up are the target's own."""
+    model_dir = Path(shutil.copytree(tiny_target_dir, tmp_path / "target"))
+    write_store(quantize_model(load_causal_lm(model_dir)), {"architecture": "llama"}, model_dir)
+    settings = EngineSettings(model_dir=model_dir, cache_dir=tmp_path, draft_layers=1, weights="as-shipped")
+    runtime = DraftRuntime(settings)
+    embedding = runtime.target.get_input_embeddings()
+    assert isinstance(embedding, Int4Embedding)
+    target = TargetRuntime(settings).target_model
+    ids = torch.arange(0, embedding.num_embeddings, 97)
+    assert torch.equal(embedding(ids), target.get_input_embeddings()(ids))
+    table = (embedding.num_embeddings, embedding.embedding_dim)
+    for draft in (runtime.glide_draft, runtime.eagle_draft):  # randomly initialised: no trained draft here
+        assert draft.embed_tokens.shape == table
+        assert torch.equal(draft.embed_tokens(ids), embedding(ids))
+        held = [*draft.parameters(), *draft.buffers()]
+        assert not any(tuple(t.shape) == table for t in held)  # the table is the replica's codes, once
