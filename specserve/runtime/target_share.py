@@ -5,7 +5,7 @@ A GliDe or hidden-state draft embeds tokens with the target's embedding, and a h
 from scratch starts from the target's head and norm. A draft replica reads just these tensors from the
 target's safetensors (one file or an indexed set of shards), so it holds no target layer. Where the target
 runs its file's own weights, the embedding is read from the same quantized store and kept in the file's
-codes (`Int4Embedding`: 30-70 MB for the default model's Q8_0 table, where float32 takes 113 MB), as the
+codes (`Int4Embedding`: 31 MB for the default model's Q8_0 table, where float32 takes 113 MB), as the
 target keeps it; looked-up rows decode to the same values. `TargetShare` answers the same calls as a
 transformers causal LM for these parts (`config`, `get_input_embeddings`, `get_output_embeddings`,
 `model.norm`), so the draft loaders take either; a tied head is built only when asked for.

@@ -25,6 +25,7 @@ the children's umask 077) and kept; one another user owns is refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -153,6 +155,20 @@ def wait_serving(
                 pass
             time.sleep(0.2)
     raise Unavailable(f"{address} did not report SERVING within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ignores SIGINT and SIGTERM for the block (in the main thread, where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 class LocalStack:
@@ -352,13 +368,16 @@ class LocalStack:
 
     def stop(self, keep_files: bool = False) -> None:
         """Stops every process; then removes the stack's own temporary directory unless `keep_files`
-        (a failure: its logs say what happened, and its path is printed)."""
+        (a failure: its logs say what happened, and its path is printed). A second Ctrl-C or SIGTERM while
+        it stops is ignored: interrupted halfway, it would leave the rest of the stack running, orphaned
+        on its ports; stopping is bounded anyway (each child its drain, then SIGKILL)."""
         self._stopping.set()
-        # The router first (it stops sending work), the targets last (the draft reads from them).
-        for name in [n for n in ("router", "draft", *self.target_names) if n in self.processes]:
-            self.terminate(name)
-        if "redis" in self.processes:
-            self.kill("redis")
+        with _signals_held():
+            # The router first (it stops sending work), the targets last (the draft reads from them).
+            for name in [n for n in ("router", "draft", *self.target_names) if n in self.processes]:
+                self.terminate(name)
+            if "redis" in self.processes:
+                self.kill("redis")
         if not self.owns_log_dir or not self.log_dir.exists():
             return
         if keep_files:

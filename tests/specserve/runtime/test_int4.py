@@ -73,14 +73,19 @@ def test_a_row_of_a_many_row_product_is_bit_identical_to_the_row_alone(type_name
     assert torch.equal(alone, together)
 
 
-def test_the_embedding_decodes_exactly_the_rows_it_looks_up():
-    weight = random_weight("Q8_0", n=96, k=64)
+@pytest.mark.parametrize(("type_name", "own_integers"), [("Q8_0", True), ("Q5_0", True), ("Q4_1", False)])
+def test_the_embedding_decodes_exactly_the_rows_it_looks_up(type_name, own_integers):
+    """Q8_0 and Q5_0 (fp16 scales) keep their own integers, one byte a value (not two 4-bit parts in two
+    bytes); a 4-bit format keeps its codes."""
+    weight = random_weight(type_name, n=96, k=256)
     embedding = Int4Embedding(weight, "cpu", torch.float32)
     ids = torch.tensor([[3, 95, 0], [3, 7, 7]])
     rows = embedding(ids)
-    assert rows.shape == (2, 3, 64)
+    assert rows.shape == (2, 3, 256)
     assert torch.equal(rows, torch.from_numpy(weight.dequantize())[ids])
     assert torch.equal(embedding.weight, torch.from_numpy(weight.dequantize()))
+    assert (embedding.codes.dtype == torch.int8) is own_integers
+    assert embedding.codes.numel() * embedding.codes.element_size() == 96 * 256
 
 
 def test_a_model_runs_every_projection_on_the_codes_with_q_k_v_and_gate_up_fused():
