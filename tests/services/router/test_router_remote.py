@@ -9,7 +9,9 @@ nothing listens (UNAVAILABLE, as a target that went away).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import grpc
 import pytest
@@ -121,111 +123,93 @@ class LoadedDraft(draft_pb2_grpc.DraftServiceServicer):
         return response
 
 
-def test_the_router_skips_draft_calls_while_the_load_is_above_what_the_draft_drafts_at() -> None:
+@contextmanager
+def serving(draft: draft_pb2_grpc.DraftServiceServicer) -> Iterator[grpc.Channel]:
+    """A channel to a real gRPC server running `draft`."""
     server = grpc.server(ThreadPoolExecutor(2))
-    draft = LoadedDraft(up_to=4)
     draft_pb2_grpc.add_DraftServiceServicer_to_server(draft, server)
     port = server.add_insecure_port("localhost:0")
     server.start()
-    load = {"sessions": 10}
-    counters = RoundCounters()
     try:
         with grpc.insecure_channel(f"localhost:{port}") as channel:
-            drafter = RemoteDrafter(
-                "s",
-                "glide-cape-cost",
-                draft_pb2_grpc.DraftServiceStub(channel),
-                lambda: "localhost:1",
-                SamplingParams(),
-                256,
-                10.0,
-                counters,
-            )
-            token_ids = [1, 2, 3]
-            for round_index in range(1 + MAX_SKIPPED_CALLS + 1):
-                assert drafter.propose(token_ids, 0, load["sessions"]).tree.token_ids == (token_ids[-1],)
-                token_ids.append(10 + round_index)
-            # the first call, then MAX_SKIPPED_CALLS rounds answered without one, then a call again
-            assert draft.proposes == 2 and counters.draft_calls_skipped == MAX_SKIPPED_CALLS
-            load["sessions"] = 4  # the load fell to where the draft drafts: every round asks
-            for _ in range(3):
-                drafter.propose(token_ids, 0, load["sessions"])
-                token_ids.append(5)
-            assert draft.proposes == 5
-            draft.up_to = None  # a draft that says nothing stops nothing
-            for sessions in (4, 100):
-                load["sessions"] = sessions
-                drafter.propose(token_ids, 0, load["sessions"])
-                token_ids.append(5)
-            assert draft.proposes == 7
+            yield channel
     finally:
         server.stop(None)
+
+
+def remote_drafter(
+    channel: grpc.Channel,
+    method: str = "glide-cape-cost",
+    counters: RoundCounters | None = None,
+    session_id: str = "s",
+    round_trips: RoundTripMean | None = None,
+) -> RemoteDrafter:
+    stub = draft_pb2_grpc.DraftServiceStub(channel)
+    return RemoteDrafter(
+        session_id, method, stub, lambda: "localhost:1", SamplingParams(), 256, 10.0,
+        counters or RoundCounters(), round_trips=round_trips,
+    )  # fmt: skip
+
+
+def test_the_router_skips_draft_calls_while_the_load_is_above_what_the_draft_drafts_at() -> None:
+    draft = LoadedDraft(up_to=4)
+    load = {"sessions": 10}
+    counters = RoundCounters()
+    with serving(draft) as channel:
+        drafter = remote_drafter(channel, counters=counters)
+        token_ids = [1, 2, 3]
+        for round_index in range(1 + MAX_SKIPPED_CALLS + 1):
+            assert drafter.propose(token_ids, 0, load["sessions"]).tree.token_ids == (token_ids[-1],)
+            token_ids.append(10 + round_index)
+        # the first call, then MAX_SKIPPED_CALLS rounds answered without one, then a call again
+        assert draft.proposes == 2 and counters.draft_calls_skipped == MAX_SKIPPED_CALLS
+        load["sessions"] = 4  # the load fell to where the draft drafts: every round asks
+        for _ in range(3):
+            drafter.propose(token_ids, 0, load["sessions"])
+            token_ids.append(5)
+        assert draft.proposes == 5
+        draft.up_to = None  # a draft that says nothing stops nothing
+        for sessions in (4, 100):
+            load["sessions"] = sessions
+            drafter.propose(token_ids, 0, load["sessions"])
+            token_ids.append(5)
+        assert draft.proposes == 7
 
 
 def test_the_next_call_says_what_the_round_of_the_drafts_last_tree_committed() -> None:
     """Rounds the draft is not asked for (suffix candidates alone, or skipped under load) may follow the
     round of its tree: the next Propose carries the count of that round's tokens, not of theirs."""
-    server = grpc.server(ThreadPoolExecutor(2))
     draft = LoadedDraft(up_to=None)
-    draft_pb2_grpc.add_DraftServiceServicer_to_server(draft, server)
-    port = server.add_insecure_port("localhost:0")
-    server.start()
-    try:
-        with grpc.insecure_channel(f"localhost:{port}") as channel:
-            drafter = RemoteDrafter(
-                "s",
-                "glide-cape-suffix",
-                draft_pb2_grpc.DraftServiceStub(channel),
-                lambda: "localhost:1",
-                SamplingParams(),
-                256,
-                10.0,
-                RoundCounters(),
-            )
-            token_ids = [1, 2, 3]
-            own = drafter.propose(token_ids, 0, 1)
-            drafter.observe(RoundOutcome(own, (0,), 4))  # its round: the target's token alone
-            token_ids.append(4)
-            # A round of suffix candidates the loop did not ask this drafter for: 3 tokens committed.
-            suffix = DraftTree(
-                TokenTree((4, 5, 6), (-1, 0, 1)), CandidateKind.FIXED, suffix_nodes=frozenset({1, 2})
-            )
-            drafter.observe(RoundOutcome(suffix, (0, 1, 2), 7))
-            token_ids += [5, 6, 7]
-            drafter.propose(token_ids, 0, 1)
-            first, second = draft.requests
-            assert not first.HasField("last_round_committed")  # no round of the draft's before
-            assert second.last_round_committed == 1
-            assert list(second.new_token_ids) == [4, 5, 6, 7]
-    finally:
-        server.stop(None)
+    with serving(draft) as channel:
+        drafter = remote_drafter(channel, "glide-cape-suffix")
+        token_ids = [1, 2, 3]
+        own = drafter.propose(token_ids, 0, 1)
+        drafter.observe(RoundOutcome(own, (0,), 4))  # its round: the target's token alone
+        token_ids.append(4)
+        # A round of suffix candidates the loop did not ask this drafter for: 3 tokens committed.
+        suffix = DraftTree(
+            TokenTree((4, 5, 6), (-1, 0, 1)), CandidateKind.FIXED, suffix_nodes=frozenset({1, 2})
+        )
+        drafter.observe(RoundOutcome(suffix, (0, 1, 2), 7))
+        token_ids += [5, 6, 7]
+        drafter.propose(token_ids, 0, 1)
+    first, second = draft.requests
+    assert not first.HasField("last_round_committed")  # no round of the draft's before
+    assert second.last_round_committed == 1
+    assert list(second.new_token_ids) == [4, 5, 6, 7]
 
 
 def test_a_new_session_starts_from_the_routers_measured_draft_round_trip() -> None:
-    server = grpc.server(ThreadPoolExecutor(2))
-    draft_pb2_grpc.add_DraftServiceServicer_to_server(LoadedDraft(up_to=None), server)
-    port = server.add_insecure_port("localhost:0")
-    server.start()
     round_trips = RoundTripMean()
-    try:
-        with grpc.insecure_channel(f"localhost:{port}") as channel:
-
-            def drafter(session_id: str) -> RemoteDrafter:
-                stub = draft_pb2_grpc.DraftServiceStub(channel)
-                return RemoteDrafter(
-                    session_id, "glide-cape-cost", stub, lambda: "localhost:1", SamplingParams(), 256,
-                    10.0, RoundCounters(), round_trips=round_trips,
-                )  # fmt: skip
-
-            first = drafter("first")
-            assert first.overhead_s == 0  # nothing measured yet
-            first.propose([1, 2, 3], 0, 1)
-            assert first.overhead_s == round_trips.seconds == 0  # the opening call is not a round's cost
-            first.propose([1, 2, 3, 4], 0, 1)
-            assert round_trips.seconds == first.overhead_s > 0
-            assert drafter("second").overhead_s == round_trips.seconds
-    finally:
-        server.stop(None)
+    with serving(LoadedDraft(up_to=None)) as channel:
+        first = remote_drafter(channel, session_id="first", round_trips=round_trips)
+        assert first.overhead_s == 0  # nothing measured yet
+        first.propose([1, 2, 3], 0, 1)
+        assert first.overhead_s == round_trips.seconds == 0  # the opening call is not a round's cost
+        first.propose([1, 2, 3, 4], 0, 1)
+        assert round_trips.seconds == first.overhead_s > 0
+        second = remote_drafter(channel, session_id="second", round_trips=round_trips)
+        assert second.overhead_s == round_trips.seconds
 
 
 class SlowOpeningDraft(LoadedDraft):
@@ -241,27 +225,10 @@ class SlowOpeningDraft(LoadedDraft):
 
 
 def test_the_opening_proposes_one_time_work_is_not_charged_to_every_round() -> None:
-    server = grpc.server(ThreadPoolExecutor(2))
-    draft_pb2_grpc.add_DraftServiceServicer_to_server(SlowOpeningDraft(up_to=None), server)
-    port = server.add_insecure_port("localhost:0")
-    server.start()
-    try:
-        with grpc.insecure_channel(f"localhost:{port}") as channel:
-            stub = draft_pb2_grpc.DraftServiceStub(channel)
-            drafter = RemoteDrafter(
-                "s",
-                "glide-cape-cost",
-                stub,
-                lambda: "localhost:1",
-                SamplingParams(),
-                256,
-                10.0,
-                RoundCounters(),
-            )
-            token_ids = [1, 2, 3]
-            for _ in range(3):
-                drafter.propose(token_ids, 0, 1)
-                token_ids.append(5)
-            assert 0 < drafter.overhead_s < SlowOpeningDraft.OPENING_SECONDS / 3
-    finally:
-        server.stop(None)
+    with serving(SlowOpeningDraft(up_to=None)) as channel:
+        drafter = remote_drafter(channel)
+        token_ids = [1, 2, 3]
+        for _ in range(3):
+            drafter.propose(token_ids, 0, 1)
+            token_ids.append(5)
+        assert 0 < drafter.overhead_s < SlowOpeningDraft.OPENING_SECONDS / 3

@@ -9,6 +9,7 @@ A second, short-lived stack serves the tiny Qwen2 target: the same equality on a
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -29,8 +30,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.model]
 PROMPT = "List three facts about the Moon."
 METHOD = "glide"
 MAX_NEW_TOKENS = 48
-# Long enough that the generation is still running when a killed draft has reloaded its model (the
-# rounds in between verify the root alone).
+# Long enough that rounds remain after a killed draft has reloaded its model (the router is held while
+# it reloads: stream_until_killed) for the router to ask it again after its back-off (core/backoff.py).
 LONG_NEW_TOKENS = 320
 
 
@@ -162,16 +163,30 @@ def test_suffix_only_rounds_make_no_draft_call(stack, default_engine):
 
 
 def stream_until_killed(
-    client: Client, role: str, stack: LocalStack, after_tokens: int, max_new_tokens: int = MAX_NEW_TOKENS
+    client: Client,
+    role: str,
+    stack: LocalStack,
+    after_tokens: int,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    hold_router: bool = False,
 ):
-    """Streams; once `after_tokens` arrived, kills `role` and restarts it. Returns (tokens, final chunk)."""
+    """Streams; once `after_tokens` arrived, kills `role` and restarts it. Returns (tokens, final chunk).
+    hold_router: the router is paused (SIGSTOP) while `role` restarts, so the generation is still running
+    when it is back, however fast the target decodes (the router runs ahead of the client's reading)."""
     tokens, restarted = [], False
     long = max_new_tokens != MAX_NEW_TOKENS
     for chunk in client.stream(PROMPT, method=METHOD, max_new_tokens=max_new_tokens, ignore_eos=long):
         tokens += chunk.token_ids
         if not restarted and len(tokens) >= after_tokens:
-            stack.kill(role)
-            stack.start(role)
+            router = stack.processes["router"]
+            if hold_router:
+                router.send_signal(signal.SIGSTOP)
+            try:
+                stack.kill(role)
+                stack.start(role)
+            finally:
+                if hold_router:
+                    router.send_signal(signal.SIGCONT)
             restarted = True
         if chunk.finish_reason:
             return tokens, chunk
@@ -192,7 +207,7 @@ def test_target_killed_mid_generation_is_rebuilt_from_history(stack, reference):
 def test_draft_killed_mid_generation_reconnects_and_catches_up(stack, long_reference):
     with Client(stack.router_address) as client:
         tokens, _ = stream_until_killed(
-            client, "draft", stack, after_tokens=8, max_new_tokens=LONG_NEW_TOKENS
+            client, "draft", stack, after_tokens=8, max_new_tokens=LONG_NEW_TOKENS, hold_router=True
         )
     assert tokens == long_reference
     # The restarted draft was prefilled again, mirrored the feed from position 0 and proposed.
