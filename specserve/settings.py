@@ -135,8 +135,9 @@ class EngineSettings:
     # The served drafts' own linear layers (GliDe, hidden-state and vanilla drafts; a separate draft
     # model follows `weights`): "dense" (the default) = as trained, in `dtype`; "int8" = rounded to int8
     # per group of 32 inputs on the int8-dot kernel (runtime/int8_drafts.py; a CPU where it builds): a
-    # step under half the cost and a replica a third smaller, but fewer drafts accepted, and slower in
-    # both measured workloads beside the file's weights (docs/benchmarks.md, "Drafts on int8 weights").
+    # step about a third of the cost and weights a quarter of the bytes, but fewer drafts accepted, and
+    # slower in both measured workloads beside the file's weights (docs/benchmarks.md, "Drafts on int8
+    # weights").
     # Either stays lossless: the target verifies every drafted token.
     draft_weights: str = "dense"
     # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and

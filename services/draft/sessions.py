@@ -82,8 +82,8 @@ class DraftSession:
         if draft is None or len(token_ids) <= root + 1 or token_ids[root] != draft.tree.token_ids[0]:
             return
         committed = token_ids[root + 1 :]
-        if count is not None:
-            if not 1 <= count <= len(committed):
+        if count is not None:  # >= 1: the call was refused otherwise
+            if count > len(committed):
                 return
             committed = committed[:count]
         elif len(committed) > max(tree_depths(draft.tree.parent_ids)) + 1:

@@ -44,12 +44,7 @@ from specserve.runtime.int8_drafts import apply_int8
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
-from specserve.runtime.target_runtime import (
-    RoleRuntime,
-    calibration_file,
-    int4_kernel,
-    shipped_for,
-)
+from specserve.runtime.target_runtime import RoleRuntime, calibration_file, int4_kernel, shipped_for
 from specserve.settings import EngineSettings
 
 if TYPE_CHECKING:

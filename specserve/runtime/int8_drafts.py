@@ -3,7 +3,7 @@ CPU's int8-dot kernel (runtime/cpu_kernels.py), as the target's file weights are
 
 A one-layer draft of the default model streams 36 MB of float32 weights a step (its LM head alone is 19
 MB), more than a third of what the target's whole 4-bit step reads, so a draft step cost half a target
-step. In int8 it reads a quarter of that: measured, a step 2.3-2.5 ms -> 0.8-0.9 ms. The draft's
+step. In int8 it reads a quarter of that: measured, a step 2.4-2.9 ms -> 0.7-0.9 ms. The draft's
 precision never touches the output: the target verifies every token, so speculative output stays the
 target's own; only how often drafts are accepted moves. It moved enough to lose: beside the file's
 weights the rounded hidden-state draft was accepted less (21% against 23% on chat, 36% against 39% on

@@ -100,3 +100,9 @@ def test_models_list(empty_cache: Path, capsys) -> None:
 def test_models_install_refuses_an_unknown_name(empty_cache: Path, capsys) -> None:
     assert main(["models", "install", "llama-70b"]) == 2
     assert "unknown model 'llama-70b'" in capsys.readouterr().err
+
+
+def test_draft_weights_reach_engine_settings() -> None:
+    assert _settings(build_parser().parse_args(["generate", "hi"])).draft_weights == "dense"
+    args = build_parser().parse_args(["generate", "hi", "--draft-weights", "int8"])
+    assert _settings(args).draft_weights == "int8"
