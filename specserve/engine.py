@@ -15,6 +15,7 @@ from specserve.catalog import HF_PROMPT_LOOKUP_TOKENS, Method
 from specserve.core.finish import FinishChecker
 from specserve.core.grammar import ConstrainedDrafter
 from specserve.core.loop import speculative_generate
+from specserve.core.prompt_indexes import PROMPT_INDEX_TOKENS, PromptIndexCache
 from specserve.core.protocols import KnowsPrompt, RoundOutcome
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.errors import InvalidArgument
@@ -74,10 +75,16 @@ class Engine(ServedModels):
         budget = self.settings.prefix_cache_bytes
         return self._new_prefix_cache(budget)
 
+    @functools.cached_property
+    def prompt_index_cache(self) -> PromptIndexCache | None:
+        """The suffix indexes of this engine's prompts, kept with its prefix cache (on or off with it)."""
+        return PromptIndexCache(PROMPT_INDEX_TOKENS) if self.settings.prefix_cache_bytes else None
+
     def reset_prefix_cache(self, budget_bytes: int) -> None:
-        """An empty prefix cache of `budget_bytes` from now on (0 = off): the bench measures with the
-        cache on and off, each from cold, on one engine."""
+        """An empty prefix cache of `budget_bytes` from now on (0 = off), and prompt index cache with it:
+        the bench measures with the cache on and off, each from cold, on one engine."""
         self.prefix_cache = self._new_prefix_cache(budget_bytes)
+        self.prompt_index_cache = PromptIndexCache(PROMPT_INDEX_TOKENS) if budget_bytes else None
 
     def _new_prefix_cache(self, budget_bytes: int) -> PrefixCache | None:
         if not budget_bytes:

@@ -18,6 +18,7 @@ from typing import Protocol
 from specserve.catalog import CATALOG, Method, MethodInfo, method_info
 from specserve.core.cape import CapeSettings
 from specserve.core.cost import CostModel
+from specserve.core.prompt_indexes import TenantPrompts
 from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stop_names import StopPolicyName
@@ -70,6 +71,10 @@ class DraftSources(Protocol):
     def cost_model_for(self, kind: str | None) -> CostModel:
         """The serving target's verify curve with `kind`'s draft step on the draft's host (None: no draft
         forward)."""
+        ...
+
+    def prompt_indexes(self) -> TenantPrompts | None:
+        """Where a session's suffix index may start from its tenant's earlier prompts (None: nowhere)."""
         ...
 
 
@@ -279,6 +284,7 @@ def _with_suffix(model: DrafterFactory | None, draft: Draft) -> DrafterFactory:
             engine.settings.max_tree_nodes,
             sampling,
             lambda: engine.cost_model_for(None if draft is Draft.NONE else draft.value),
+            prompts=engine.prompt_indexes(),
         )
 
     return make

@@ -21,7 +21,12 @@ def free_metrics_ports(roles: tuple[str, ...] = ROLES) -> dict[str, int]:
 def metric(stack: LocalStack, role: str, name: str) -> float:
     """A sample's value from the role's Prometheus endpoint (summed over labels); the stack carries its
     ports as `metrics_ports`."""
-    url = f"http://127.0.0.1:{stack.metrics_ports[role]}/metrics"
+    return metric_at(stack.metrics_ports[role], name)
+
+
+def metric_at(port: int, name: str) -> float:
+    """A sample's value from the Prometheus endpoint on `port` (summed over labels)."""
+    url = f"http://127.0.0.1:{port}/metrics"
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name) and " " in line]
     return sum(values)

@@ -11,23 +11,18 @@ costs a cold prefill, never a wrong answer.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+
+from specserve.core.prompt_indexes import block_digests
 
 
 def block_keys(tenant: str, token_ids: Sequence[int], block_tokens: int) -> list[bytes]:
     """One key per whole block of the prompt (its last token excluded, as the target computes that one
     itself): each digests its tenant and every token up to the block's end, so equal keys mean equal
     prefixes."""
-    digest = hashlib.blake2b(tenant.encode(), digest_size=16)
-    keys = []
-    usable = max(0, len(token_ids) - 1) // block_tokens * block_tokens
-    for start in range(0, usable, block_tokens):
-        digest.update(b"".join(t.to_bytes(4, "little") for t in token_ids[start : start + block_tokens]))
-        keys.append(digest.copy().digest())
-    return keys
+    return block_digests(tenant, token_ids, block_tokens, max(0, len(token_ids) - 1) // block_tokens)
 
 
 class PrefixDirectory:

@@ -28,6 +28,7 @@ from services.router.state import (
 )
 from services.router.tokenizer import IncrementalText, RouterTokenizer
 from specserve.catalog import CATALOG, MethodSupport
+from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import TenantCache
@@ -81,6 +82,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if settings.suffix_cache_tokens > 0
             else None
         )
+        # The suffix indexes of prompts, per tenant: a session indexes only what its tenant had not sent.
+        self._prompt_indexes = (
+            PromptIndexCache(settings.prompt_index_cache_tokens, on_start=metrics.count_prompt_index)
+            if settings.prompt_index_cache_tokens > 0
+            else None
+        )
         # Each target replica's published verify curve: greedy sessions' suffix candidates are sized by it.
         self.target_costs = PublishedCosts(self.target_stub)
         # Keeps the sessions this router drives alive on their target and draft (leases.py).
@@ -95,6 +102,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if self._suffix_cache is None or not (owner or self.settings.share_outputs_without_auth):
             return None
         return TenantCache(self._suffix_cache, owner)
+
+    def prompt_indexes_for(self, owner: str) -> TenantPrompts | None:
+        """The prompt indexes a session of `owner` may start from: its tenant's only. Without auth every
+        caller is one tenant, as for the targets' prefix caches: an index is the one the caller's own
+        prompt gives, so sharing it tells nothing but the time it saves."""
+        return None if self._prompt_indexes is None else TenantPrompts(self._prompt_indexes, owner)
 
     def _model_info(self) -> tuple[target_pb2.ModelInfo, RouterTokenizer]:
         """Fetched from a target on first use (targets may start after the router)."""

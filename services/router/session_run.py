@@ -28,6 +28,7 @@ from specserve.catalog import method_info
 from specserve.core.cost import CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
+from specserve.core.prompt_indexes import TenantPrompts
 from specserve.core.protocols import Drafter, RoundOutcome
 from specserve.core.suffix_drafter import suffix_drafter
 from specserve.errors import Cancelled, SpecserveError
@@ -75,6 +76,8 @@ class Router(Protocol):
     def limits(self) -> RequestLimits: ...
 
     def suffix_cache_for(self, owner: str) -> TenantCache | None: ...
+
+    def prompt_indexes_for(self, owner: str) -> TenantPrompts | None: ...
 
     @property
     def prefix_directory(self) -> PrefixDirectory | None: ...
@@ -201,6 +204,7 @@ class SessionRun:
             # the session's target's published curve; suffix candidates cost no draft forward
             lambda: CostModel(router.target_costs.of(verifier.address), draft_step_s=0.0),
             shared=router.suffix_cache_for(record.owner),
+            prompts=router.prompt_indexes_for(record.owner),
         )
 
     def _release_load(self) -> None:

@@ -31,7 +31,7 @@ import math
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from specserve.core.tree import TokenTree
@@ -70,6 +70,22 @@ class _NgramWindow:
         self.end = 0  # one past the last position appended
         self.seg_starts: list[int] = [0]  # ascending starts of the segments that reach the window
         self.index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> ends, ascending
+
+    @classmethod
+    def after(
+        cls, context: Sequence[int], end: int, min_match: int, max_match: int, keep: int
+    ) -> _NgramWindow:
+        """A window that indexes what follows position `end` of a stream whose n-grams up to there are
+        indexed elsewhere; `context` is the stream's tokens just before `end` (at least its last
+        max_match - 1, when it has them). Only n-grams ending after `end` will be indexed here, and
+        continuations may start inside `context`."""
+        window = cls(min_match, max_match, keep)
+        window.tokens = list(context)
+        window.offset = end - len(context)
+        window.end = end
+        window.start = max(window.offset, end - max_match + 1)  # new n-grams begin here or later
+        window.seg_starts = [window.offset]
+        return window
 
     @property
     def retained(self) -> int:
@@ -140,26 +156,36 @@ class _NgramWindow:
         return self.seg_starts[k] if k < len(self.seg_starts) else self.end
 
     def lookup(
-        self, tail: Sequence[int], max_occurrences: int, max_depth: int
+        self,
+        tail: Sequence[int],
+        max_occurrences: int,
+        max_depth: int,
+        earlier: Sequence[tuple[Mapping[tuple[int, ...], list[int]], int]] = (),
     ) -> tuple[int, list[list[int]]] | None:
         """The longest n such that tail's last n tokens occurred with a token after them in their
         segment, and the continuations (up to max_depth tokens, in-segment) of those occurrences,
-        most recent first, at most max_occurrences."""
+        most recent first, at most max_occurrences. `earlier`: the indexes of the stream's spans before
+        this window's, oldest first, each with the last end that may be read in it (IndexedPrefix.readable):
+        this window's tokens continue those ends."""
         top = min(self.max_match, len(tail))
         if top < self.min_match:
             return None
         key_tail = tuple(tail[len(tail) - top :])  # [top]
+        indexes = ((self.index, self.end), *reversed(earlier))  # newest ends first
         for n in range(top, self.min_match - 1, -1):
-            ends = self.index.get(key_tail[top - n :])
-            if not ends:
-                continue
+            key = key_tail[top - n :]
             continuations: list[list[int]] = []
-            for e in reversed(ends):
-                stop = min(e + max_depth, self.segment_end(e - 1))
-                if stop > e:
-                    continuations.append(self.tokens[e - self.offset : stop - self.offset])
-                    if len(continuations) == max_occurrences:
-                        break
+            for index, last in indexes:
+                ends = index.get(key)
+                if not ends:
+                    continue
+                for i in range((len(ends) if ends[-1] <= last else bisect_right(ends, last)) - 1, -1, -1):
+                    e = ends[i]
+                    stop = min(e + max_depth, self.segment_end(e - 1))
+                    if stop > e:
+                        continuations.append(self.tokens[e - self.offset : stop - self.offset])
+                        if len(continuations) == max_occurrences:
+                            return n, continuations
             if continuations:
                 return n, continuations
         return None
@@ -259,14 +285,90 @@ def build_trie_proposal(
     )
 
 
+@dataclass(frozen=True, eq=False)
+class IndexedSpan:
+    """The n-grams of a token stream that end in one span of it, [start, start + len(tokens)), with every
+    end (none dropped), frozen: shared by every index whose stream holds the same tokens up to a point
+    in the span, which reads the ends up to that point."""
+
+    start: int
+    tokens: tuple[int, ...]  # [end - start]
+    index: Mapping[tuple[int, ...], list[int]]  # n-gram -> all its ends in the span, ascending
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class IndexedPrefix:
+    """The n-gram index of a stream's first `length` tokens: consecutive frozen spans from position 0, the
+    last read up to `length` only.
+
+    A SuffixIndex that starts from it (`SuffixIndex.extend_from`) proposes exactly what one that indexed
+    those tokens itself would, without indexing them again: a span's index is built once and then only
+    read, so one prefix serves any number of sessions at once, and a prompt that leaves a cached one in
+    the middle of a span still reads that span up to where they part.
+    """
+
+    spans: tuple[IndexedSpan, ...]
+    ends: tuple[int, ...]  # [len(spans)]: where each span is read up to (and the next one starts)
+    min_match: int
+    max_match: int
+
+    @property
+    def length(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    @classmethod
+    def empty(cls, min_match: int, max_match: int) -> IndexedPrefix:
+        _check_match_args(min_match, max_match, 1, max_match)
+        return cls((), (), min_match, max_match)
+
+    def cut(self, length: int) -> IndexedPrefix:
+        """The first `length` tokens of this prefix."""
+        if not 0 <= length <= self.length:
+            raise InvalidArgument(f"a cut must be in [0, {self.length}], got {length}")
+        kept = sum(1 for span in self.spans if span.start < length)
+        ends = (*self.ends[: kept - 1], length) if kept else ()
+        return IndexedPrefix(self.spans[:kept], ends, self.min_match, self.max_match)
+
+    def extended(self, stream: Sequence[int], end: int) -> IndexedPrefix:
+        """This prefix and one more span, up to `end`, of `stream` (whose first `length` tokens must be
+        this prefix's): O((end - length) * max_match)."""
+        start = self.length
+        if not start < end <= len(stream):
+            raise InvalidArgument(f"a span must end after {start} and by {len(stream)}, got {end}")
+        context = stream[max(0, start - self.max_match + 1) : start]
+        window = _NgramWindow.after(context, start, self.min_match, self.max_match, keep=len(stream))
+        window.append(stream[start:end])
+        span = IndexedSpan(start, tuple(stream[start:end]), window.index)
+        return IndexedPrefix((*self.spans, span), (*self.ends, end), self.min_match, self.max_match)
+
+    def matches(self, stream: Sequence[int]) -> bool:
+        """Whether `stream` starts with this prefix's tokens."""
+        if len(stream) < self.length:
+            return False
+        return all(
+            span.tokens[: end - span.start] == tuple(stream[span.start : end])
+            for span, end in zip(self.spans, self.ends, strict=True)
+        )
+
+    def readable(self) -> list[tuple[Mapping[tuple[int, ...], list[int]], int]]:
+        """Each span's index and the last end readable in it, oldest first."""
+        return [(span.index, end) for span, end in zip(self.spans, self.ends, strict=True)]
+
+
 class SuffixIndex:
     """The n-gram index of one session's stream (prompt + committed tokens), which drafts from it.
 
     The index covers the most recent `max_tokens` tokens: beyond that the oldest are evicted, with
     their n-grams, so memory stays bounded (about 1.5 KB per retained token at the default match
     lengths: size max_tokens to the memory a session may use) and matches favour recent text. An
-    `extend` of max_tokens or more tokens at once indexes only its last max_tokens. Not thread-safe: a session
-    extends and proposes from one thread at a time.
+    `extend` of max_tokens or more tokens at once indexes only its last max_tokens. It may start from
+    an IndexedPrefix of its stream (`extend_from`), shared with other sessions and only read; the first
+    eviction then indexes the retained window privately, once. Not thread-safe: a session extends and
+    proposes from one thread at a time.
     """
 
     def __init__(
@@ -279,7 +381,12 @@ class SuffixIndex:
         self.max_tokens = max_tokens
         # One more end than max_occurrences per key: the stream's own tail is the newest entry of the
         # key it is asked about, and is no earlier occurrence.
-        self._window = _NgramWindow(min_match, max_match, keep=max_occurrences + 1)
+        self._window = self._new_window()
+        self._prefix: IndexedPrefix | None = None  # the shared spans before the window's own n-grams
+        self._earlier: list[tuple[Mapping[tuple[int, ...], list[int]], int]] = []  # its readable()
+
+    def _new_window(self) -> _NgramWindow:
+        return _NgramWindow(self.min_match, self.max_match, keep=self.max_occurrences + 1)
 
     def __len__(self) -> int:
         """Tokens seen, evicted ones included."""
@@ -288,11 +395,39 @@ class SuffixIndex:
     @property
     def retained(self) -> int:
         """Tokens in the window (at most max_tokens)."""
-        return self._window.retained
+        return self._window.end if self._prefix is not None else self._window.retained
+
+    @property
+    def shared_tokens(self) -> int:
+        """Leading tokens whose n-grams come from a shared IndexedPrefix (0: none)."""
+        return 0 if self._prefix is None else self._prefix.length
+
+    def extend_from(self, prefix: IndexedPrefix, token_ids: Sequence[int]) -> None:
+        """Starts an empty index on `token_ids`, whose first prefix.length tokens `prefix` indexed (with
+        this index's match lengths): only the rest is indexed here. The proposals are the same as
+        after `extend(token_ids)`."""
+        if len(self) or self._prefix is not None:
+            raise InvalidArgument("only an empty index starts from a shared prefix")
+        if (prefix.min_match, prefix.max_match) != (self.min_match, self.max_match):
+            raise InvalidArgument("the shared prefix was indexed with other match lengths")
+        if not prefix.length or len(token_ids) > self.max_tokens:  # it would be evicted at once
+            self.extend(token_ids)
+            return
+        if not prefix.matches(token_ids):
+            raise InvalidArgument("the shared prefix is not a prefix of the stream")
+        self._prefix, self._earlier = prefix, prefix.readable()
+        keep = self.max_occurrences + 1
+        self._window = _NgramWindow.after(
+            token_ids[: prefix.length], prefix.length, self.min_match, self.max_match, keep
+        )
+        self._window.append(token_ids[prefix.length :])
 
     def extend(self, token_ids: Sequence[int]) -> None:
         """Appends committed tokens: O(len(token_ids) * max_match)."""
         window = self._window
+        if self._prefix is not None and window.end + len(token_ids) > self.max_tokens:
+            self._own_window()
+            window = self._window
         if len(token_ids) >= self.max_tokens:  # the window will hold new tokens only
             window.skip(len(token_ids) - self.max_tokens)
             token_ids = token_ids[len(token_ids) - self.max_tokens :]
@@ -300,15 +435,24 @@ class SuffixIndex:
         if window.retained > self.max_tokens:
             window.evict_to(window.end - self.max_tokens)
 
+    def _own_window(self) -> None:
+        """Leaves the shared prefix: the stream so far, indexed here (before the first eviction)."""
+        stream = self._window.tokens  # the whole stream: a window after a prefix keeps it from 0
+        self._prefix, self._earlier, self._window = None, [], self._new_window()
+        self._window.append(stream)
+
     def propose(self, max_depth: int, max_nodes: int, min_score: float = 0.0) -> SuffixProposal | None:
         """Continuations of the longest suffix of the stream that occurred earlier, as a scored trie
         rooted at the stream's last token. None if nothing matched or no node stays."""
         _check_propose_args(max_depth, max_nodes, min_score)
         window = self._window
-        if window.retained == 0 or max_depth == 0 or max_nodes == 0:
+        if max_depth == 0 or max_nodes == 0:
             return None
-        tail = window.tokens[max(window.start, window.end - self.max_match) - window.offset :]
-        found = window.lookup(tail, self.max_occurrences, min(max_depth, max_nodes))
+        first = window.offset if self._prefix is not None else window.start  # of the retained tokens
+        if window.end == first:
+            return None
+        tail = window.tokens[max(first, window.end - self.max_match) - window.offset :]
+        found = window.lookup(tail, self.max_occurrences, min(max_depth, max_nodes), self._earlier)
         if found is None:
             return None
         match_length, continuations = found

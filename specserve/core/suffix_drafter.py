@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel, load_like_this, smoothed
 from specserve.core.grammar import ConstrainedDrafter, GrammarState
+from specserve.core.prompt_indexes import TenantPrompts
 from specserve.core.protocols import (
     READS_NOTHING,
     CandidateKind,
@@ -92,6 +93,7 @@ class SuffixDrafter:
         settings: SuffixSettings = SuffixSettings(),
         shared: TenantCache | None = None,
         batch_aware: bool = True,
+        prompts: TenantPrompts | None = None,
     ) -> None:
         if max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
@@ -101,6 +103,7 @@ class SuffixDrafter:
         self.cost = cost
         self.settings = settings
         self.shared = shared
+        self.prompts = prompts  # where the index of a prompt the tenant sent before is kept
         # Whether the batch a round shares sizes its suffix candidates (greedy rounds only: suffix_drafter)
         self.batch_aware = batch_aware
         self.index = self._new_index()
@@ -126,7 +129,10 @@ class SuffixDrafter:
         known = len(self.index)
         if len(token_ids) < known or list(token_ids[: len(self._head)]) != self._head:
             self.index, self._head, known = self._new_index(), [], 0
-        self.index.extend(token_ids[known:])
+        if known == 0 and self.prompts is not None:  # the prompt: from the tenant's cached prefix
+            self.prompts.cache.start(self.index, self.prompts.tenant, token_ids)
+        else:
+            self.index.extend(token_ids[known:])
         self._head.extend(token_ids[len(self._head) : HEAD_TOKENS])
 
     def observe(self, outcome: RoundOutcome) -> None:
@@ -247,6 +253,7 @@ def suffix_drafter(
     sampling: SamplingParams,
     cost: Callable[[], CostModel],
     shared: TenantCache | None = None,
+    prompts: TenantPrompts | None = None,
 ) -> SuffixDrafter:
     """A session's suffix candidates, alone (`inner` None) or in front of its model drafter.
 
@@ -256,10 +263,11 @@ def suffix_drafter(
     Greedy rounds are sized by the batch each round shares (`propose`'s batch_sessions) and may draft
     from `shared`, the tenant's earlier outputs. A sampled session's tree decides its random draws, so it
     is sized the same wherever it runs and whatever else runs (the nominal curve, alone) and drafts from
-    its own text only: a seed gives the same text."""
+    its own text only: a seed gives the same text. Either may start its index from `prompts`, the
+    tenant's earlier prompts (core/prompt_indexes.py): that index is the one its own prompt would give."""
     if not sampling.greedy:
-        return SuffixDrafter(inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False)
-    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared)
+        return SuffixDrafter(inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False, prompts=prompts)
+    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared, prompts=prompts)
 
 
 def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTree:

@@ -363,6 +363,10 @@ class TargetCosted:
         blocks, on its target): the replica's choice, else nowhere."""
         return None if self._prefix is None else self._prefix(draft)
 
+    def prompt_indexes(self) -> None:
+        """None: a draft replica drafts no suffix candidates (the router does, with its own cache)."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runtime, name)  # the settings and the drafts
 

@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from specserve.core.cost import GLIDE_DRAFT, CostModel
+from specserve.core.prompt_indexes import TenantPrompts
 from specserve.drafts import DraftKind
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.runtime.target_runtime import TargetRuntime
@@ -41,6 +42,12 @@ class ServedModels(TargetRuntime):
 
     def cost_model_for(self, kind: str | None) -> CostModel:
         return self.drafts.cost_model_for(kind)
+
+    def prompt_indexes(self) -> TenantPrompts | None:
+        """The suffix indexes of this process's earlier prompts (one tenant: its user), when the engine
+        keeps them (Engine.prompt_index_cache)."""
+        cache = getattr(self, "prompt_index_cache", None)
+        return None if cache is None else TenantPrompts(cache, "")
 
     @functools.cached_property
     def cost_model(self) -> CostModel:

@@ -204,6 +204,8 @@ class RouterMetrics:
     draft_fallbacks: Counter
     draft_calls_skipped: Counter
     target_rebuilds: Counter
+    prompt_index_cached_tokens: Counter
+    prompt_index_indexed_tokens: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -242,7 +244,18 @@ class RouterMetrics:
                 "Rounds not asked of the draft: the load makes them the root alone",
             ),
             target_rebuilds=_counter(r, "num_target_rebuilds", "Target sessions rebuilt from history"),
+            prompt_index_cached_tokens=_counter(
+                r, "prompt_index_cached_tokens", "Prompt tokens whose suffix index came from the cache"
+            ),
+            prompt_index_indexed_tokens=_counter(
+                r, "prompt_index_indexed_tokens", "Prompt tokens a session's suffix index indexed itself"
+            ),
         )
+
+    def count_prompt_index(self, cached: int, indexed: int) -> None:
+        """One session's suffix index started: `cached` prompt tokens from the cache, `indexed` built."""
+        self.prompt_index_cached_tokens.inc(cached)
+        self.prompt_index_indexed_tokens.inc(indexed)
 
     def observe_round(
         self, num_draft_tokens: int, num_accepted: int, verify_seconds: float, round_bytes: int

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from specserve.catalog import DEFAULT_METHOD
 from specserve.config import load_settings
+from specserve.core.prompt_indexes import PROMPT_INDEX_TOKENS
 from specserve.errors import InvalidArgument
 
 S = TypeVar("S", bound="ServerSettings")
@@ -231,6 +232,10 @@ class RouterServiceSettings(ServerSettings):
     suffix_cache_tokens: int = 65536
     suffix_cache_tenants: int = 64
     share_outputs_without_auth: bool = False
+    # The suffix index of each prompt is kept (core/prompt_indexes.py, about 1.4 KB a token), at most
+    # this many tokens in all (0 = off): a session whose prompt starts as an earlier one of its tenant's
+    # indexes only what follows.
+    prompt_index_cache_tokens: int = PROMPT_INDEX_TOKENS
     # A new session goes to the target replica this router last sent the most of its prompt's leading
     # blocks to (their K/V are probably in that replica's prefix cache; services/router/prefix_routing.py),
     # unless that replica holds more than prefix_routing_slack sessions beyond the least loaded one.
@@ -257,4 +262,6 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("prefix_routing_slack must be >= 0")
         if self.suffix_cache_tokens < 0 or self.suffix_cache_tenants < 1:
             raise InvalidArgument("suffix_cache_tokens must be >= 0 and suffix_cache_tenants >= 1")
+        if self.prompt_index_cache_tokens < 0:
+            raise InvalidArgument("prompt_index_cache_tokens must be >= 0 (0 = off)")
         return self

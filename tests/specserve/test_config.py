@@ -71,6 +71,14 @@ def test_engine_and_service_settings_read_their_variables() -> None:
     assert (draft.prepare_ahead, draft.port) == (True, 9)
     router = RouterServiceSettings.from_env({"SPECSERVE_ROUTER_TARGET_ADDRESSES": "t1:1,t2:2"})
     assert router.target_addresses == ("t1:1", "t2:2")
+    assert (
+        RouterServiceSettings.from_env(
+            {"SPECSERVE_ROUTER_PROMPT_INDEX_CACHE_TOKENS": "0"}
+        ).prompt_index_cache_tokens
+        == 0
+    )
+    with pytest.raises(InvalidArgument, match="prompt_index_cache_tokens"):
+        RouterServiceSettings.from_env({"SPECSERVE_ROUTER_PROMPT_INDEX_CACHE_TOKENS": "-1"})
     with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
         TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
     assert EngineSettings.from_env({"SPECSERVE_WEIGHTS": "as-shipped"}).weights == "as-shipped"

@@ -36,12 +36,14 @@ def run(engine, messages: list[dict[str, str]], method: str, temperature: float 
 
 
 @pytest.mark.parametrize(
-    ("method", "temperature"), [("target", 0.0), ("eagle-cape-suffix", 0.0), ("glide-cape", 0.8)]
+    ("method", "temperature"),
+    [("target", 0.0), ("eagle-cape-suffix", 0.0), ("glide-cape", 0.8), ("suffix", 0.8)],
 )
 def test_outputs_are_the_same_with_the_cache_on_and_off(default_engine, document, method, temperature):
     user = [{"role": "user", "content": f"{document}\n\n{q}"} for q in QUESTIONS]
     try:
         default_engine.reset_prefix_cache(0)
+        assert default_engine.prompt_index_cache is None
         cold = [run(default_engine, [m], method, temperature) for m in user]
         first_turn = cold[0].text
         second = [
@@ -54,6 +56,9 @@ def test_outputs_are_the_same_with_the_cache_on_and_off(default_engine, document
         default_engine.reset_prefix_cache(BUDGET)
         warm = [run(default_engine, [m], method, temperature) for m in user]
         warm.append(run(default_engine, second, method, temperature))
+        # Suffix candidates start from the prompts' indexes kept with the K/V (and propose the same).
+        indexed = default_engine.prompt_index_cache.held_tokens
+        assert (indexed >= 2 * DEFAULT_PREFILL_CHUNK) == ("suffix" in method)
     finally:
         default_engine.reset_prefix_cache(BUDGET)
     assert [r.token_ids for r in warm] == [r.token_ids for r in cold]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from threads import errors_in_threads
 
 from specserve.catalog import DEFAULT_METHOD
 from specserve.client import Client
@@ -38,26 +39,16 @@ def test_32_concurrent_sessions_equal_their_runs_alone(shared_stack):
         }
         outputs: list[list[int] | None] = [None] * SESSIONS
         finish: list[str] = [""] * SESSIONS
-        errors: list[BaseException] = []
         barrier = threading.Barrier(SESSIONS)
 
         def run(i: int) -> None:
             barrier.wait()
-            try:
-                prompt = PROMPTS[i % len(PROMPTS)]
-                completion = client.generate(
-                    prompt, method=method, max_new_tokens=MAX_NEW_TOKENS, timeout=300
-                )
-                outputs[i] = completion.token_ids
-                finish[i] = completion.finish_reason
-            except BaseException as exc:  # reported below: under load, no request may fail
-                errors.append(exc)
+            prompt = PROMPTS[i % len(PROMPTS)]
+            completion = client.generate(prompt, method=method, max_new_tokens=MAX_NEW_TOKENS, timeout=300)
+            outputs[i] = completion.token_ids
+            finish[i] = completion.finish_reason
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(SESSIONS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        errors = errors_in_threads(run, SESSIONS)  # under load, no request may fail
     assert not errors, errors[:3]
     for i, output in enumerate(outputs):
         expected = alone[PROMPTS[i % len(PROMPTS)]]

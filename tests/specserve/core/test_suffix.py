@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from threads import errors_in_threads
 
 from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
 from specserve.core.tree import TokenTree, tree_depths
@@ -326,28 +326,19 @@ def test_shared_cache_least_recently_used_tenant_goes():
 
 def test_shared_cache_is_thread_safe():
     cache = SharedSuffixCache(max_tenants=3, max_tokens_per_tenant=200)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            for _ in range(300):
-                tenant = str(rng.randrange(5))
-                if rng.random() < 0.5:
-                    cache.add(tenant, [rng.randrange(6) for _ in range(rng.randrange(30))])
-                else:
-                    proposal = cache.propose(tenant, [rng.randrange(6) for _ in range(5)], 4, 8)
-                    if proposal is not None:
-                        assert proposal.tree.num_nodes <= 9
-        except BaseException as error:  # reported to the main thread
-            errors.append(error)
+        for _ in range(300):
+            tenant = str(rng.randrange(5))
+            if rng.random() < 0.5:
+                cache.add(tenant, [rng.randrange(6) for _ in range(rng.randrange(30))])
+            else:
+                proposal = cache.propose(tenant, [rng.randrange(6) for _ in range(5)], 4, 8)
+                if proposal is not None:
+                    assert proposal.tree.num_nodes <= 9
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    assert not errors_in_threads(work)
     assert len(cache) <= 3
     assert all(cache.num_tokens(str(t)) <= 200 for t in range(5))
 

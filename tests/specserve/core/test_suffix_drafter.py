@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
+from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
 from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
@@ -150,3 +151,22 @@ def test_a_sampled_session_is_sized_alike_wherever_it_runs_and_from_its_own_text
     crowded = drafter.propose(REPEATING, round_seed=0, batch_sessions=64)
     alone = suffix_drafter(None, 16, sampled, calibrated).propose(REPEATING, round_seed=0, batch_sessions=1)
     assert crowded.tree == alone.tree and crowded.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.7)])
+def test_a_session_from_its_tenants_earlier_prompt_drafts_the_same_trees(sampling):
+    """The prompt index cache changes what is indexed, never what is proposed: greedy and sampled
+    sessions alike (a sampled session's tree decides its draws)."""
+    prompts = TenantPrompts(PromptIndexCache(4096, block_tokens=8), "tenant")
+    document = [7, 8, 9, 10, 11, 12, 13, 7, 8, 9, 20, 21] * 4
+    suffix_drafter(None, 16, sampling, lambda: FLAT_COST, prompts=prompts).propose(
+        [*document, 1, 2], round_seed=0, batch_sessions=1
+    )
+    cached = suffix_drafter(None, 16, sampling, lambda: FLAT_COST, prompts=prompts)
+    alone = suffix_drafter(None, 16, sampling, lambda: FLAT_COST)
+    text = [*document, 3, 7, 8]
+    for round_seed in range(6):
+        ours, theirs = (d.propose(text, round_seed, batch_sessions=1) for d in (cached, alone))
+        assert ours.tree == theirs.tree and ours.suffix_nodes == theirs.suffix_nodes
+        text += list(ours.tree.token_ids[1:3]) or [5]
+    assert cached.index.shared_tokens == len(document) // 8 * 8 and alone.index.shared_tokens == 0
