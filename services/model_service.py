@@ -37,7 +37,8 @@ def start_model_service(
     add_to_server = getattr(service.pb2_grpc, f"add_{descriptor.name}Servicer_to_server")
     release_request = getattr(service.pb2, descriptor.methods_by_name["Release"].input_type.name)
     model = ModelThread.for_settings(f"{service.role}-model", settings)
-    models = model.run(_load, service, engine_settings)
+    with model.alone():  # the warm-up measures what it publishes: no batching window in its forwards
+        models = model.run(_load, service, engine_settings)
     metrics = service.metrics()
     servicer = service.servicer(models, settings, metrics, model)
     return start_server(

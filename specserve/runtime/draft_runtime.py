@@ -42,6 +42,7 @@ from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.int8_drafts import apply_int8
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
+from specserve.runtime.measuring import measuring_alone
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target_runtime import RoleRuntime, calibration_file, int4_kernel, shipped_for
@@ -288,16 +289,20 @@ class DraftRuntime(RoleRuntime):
     def _measure_and_record(self, kind: str) -> DraftCost:
         from specserve.runtime.calibrate import load_record, save_record
 
-        logger.warning("no %s draft cost recorded at %s: measuring it once", kind, self.draft_costs_path)
-        cost = self.measure_draft_cost(kind)
-        path = self.draft_costs_path
-        recorded = draft_costs_from_json(load_record(path)) if path.is_file() else {}
-        about = {
-            "model": Path(self.model_dir).name,
-            "device": self.settings.device,
-            "dtype": self.settings.dtype,
-        }
-        save_record(draft_costs_to_json({**recorded, kind: cost}), path, about)
+        with measuring_alone(self.settings.cache_dir):
+            recorded_meanwhile = self._recorded_cost(kind)  # by another process of this host
+            if recorded_meanwhile is not None:
+                return recorded_meanwhile
+            logger.warning("no %s draft cost recorded at %s: measuring it once", kind, self.draft_costs_path)
+            cost = self.measure_draft_cost(kind)
+            path = self.draft_costs_path
+            recorded = draft_costs_from_json(load_record(path)) if path.is_file() else {}
+            about = {
+                "model": Path(self.model_dir).name,
+                "device": self.settings.device,
+                "dtype": self.settings.dtype,
+            }
+            save_record(draft_costs_to_json({**recorded, kind: cost}), path, about)
         return cost
 
     def measure_draft_cost(self, kind: str, repeats: int = 3) -> DraftCost:
@@ -319,7 +324,8 @@ class DraftRuntime(RoleRuntime):
         if kind not in makers:
             raise InvalidArgument(f"no draft kind {kind!r}; known: {', '.join(makers)}")
         dtype = getattr(torch, self.settings.dtype)
-        cost = measure_draft_cost(makers[kind], self.target_config, self.settings.device, dtype, repeats)
+        with measuring_alone(self.settings.cache_dir):
+            cost = measure_draft_cost(makers[kind], self.target_config, self.settings.device, dtype, repeats)
         logger.info("calibrated: %s draft step %.4f s (overhead %.4f s)", kind, cost.step_s, cost.overhead_s)
         return cost
 

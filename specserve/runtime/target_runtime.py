@@ -27,6 +27,7 @@ from specserve.models.install import as_shipped_dir
 from specserve.models.profiles import ModelProfile, model_profile
 from specserve.runtime.int4 import resolve_int4_kernel
 from specserve.runtime.kernels import LinearKernel, resolve_kernel
+from specserve.runtime.measuring import measuring_alone
 from specserve.runtime.runner import ModelRunner
 from specserve.settings import EngineSettings
 
@@ -238,16 +239,23 @@ class TargetRuntime(RoleRuntime):
         path = self.calibration_path
         if path.is_file():
             return verify_points_from_json(load_record(path))
-        logger.warning("no cost calibration at %s: measuring this target's verify costs once", path)
-        points = self.measure_verify_points()
-        save_record({"verify_s": {str(n): s for n, s in points}}, path, self.calibration_about())
+        self.target_runner  # noqa: B018 - loaded before waiting: loading need not wait for a measurement
+        with measuring_alone(self.settings.cache_dir):
+            if path.is_file():  # another process of this host measured it meanwhile
+                return verify_points_from_json(load_record(path))
+            logger.warning("no cost calibration at %s: measuring this target's verify costs once", path)
+            points = self.measure_verify_points()
+            save_record({"verify_s": {str(n): s for n, s in points}}, path, self.calibration_about())
         return points
 
     def measure_verify_points(self, repeats: int = 3) -> VerifyPoints:
+        """This replica's verify curve, measured now, alone among this host's measurements."""
         from specserve.runtime.calibrate import measure_batch_verify_s, measure_verify_s
 
         runner = self.target_runner
-        points = measure_verify_s(runner, repeats=repeats) + measure_batch_verify_s(runner, repeats=repeats)
+        with measuring_alone(self.settings.cache_dir):
+            single = measure_verify_s(runner, repeats=repeats)
+            points = single + measure_batch_verify_s(runner, repeats=repeats)
         logger.info("calibrated: verify %s s", dict(points))
         return points
 

@@ -15,8 +15,8 @@ regions pays a sleep and a wake-up: a 7-node tree verify took 98 ms with one tea
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ParamSpec, TypeVar
 
 from specserve.runtime.batching import SchedulerThread
@@ -47,6 +47,18 @@ class ModelThread(SchedulerThread):
         # Each batched forward gets a span linked to the spans of the requests it serves.
         self.capture_trace = telemetry.current_span_context
         self.scheduler.batch_scope = telemetry.batch_span
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Forwards run at once, waiting for no other job (`max_wait_seconds` 0), for the block: a service's
+        warm-up, which measures the costs it publishes. With the wait, each of its forwards, the only job
+        there is, waited out the whole batching window first: a target service measured a 1.5B's step at
+        59.6 ms against 39.5 ms on a plain thread, its costs skewed by 20 ms a forward."""
+        wait, self.max_wait_seconds = self.max_wait_seconds, 0.0
+        try:
+            yield
+        finally:
+            self.max_wait_seconds = wait
 
     @classmethod
     def for_settings(cls, name: str, settings: object) -> ModelThread:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from specserve.runtime.batching import batched_call
 from specserve.serving.model_thread import ModelThread
 
 
@@ -30,5 +32,35 @@ def test_an_exception_reaches_the_caller():
         with pytest.raises(ValueError, match="bad tree"):
             model.run(lambda: (_ for _ in ()).throw(ValueError("bad tree")))
         assert model.run(lambda: 7) == 7  # the thread survives a failed call
+    finally:
+        model.close()
+
+
+class _Echo:
+    """A model whose forward costs nothing: what a forward waits shows alone."""
+
+    def forward_batch(self, segments):
+        return list(segments)
+
+
+def _forwards_seconds(model: ModelThread, count: int) -> float:
+    def job() -> float:
+        start = time.perf_counter()
+        for i in range(count):
+            assert batched_call(_Echo(), i) == i
+        return time.perf_counter() - start
+
+    return model.run(job)
+
+
+def test_a_lone_job_waits_out_the_batching_window_unless_the_thread_runs_alone():
+    """A service's warm-up measures its costs: its forwards must not wait for jobs that never come."""
+    wait = 0.02
+    model = ModelThread("test-model", max_wait_seconds=wait)
+    try:
+        assert _forwards_seconds(model, 6) >= 4 * wait  # what the warm-up measured before (the first went on)
+        with model.alone():
+            assert _forwards_seconds(model, 6) < wait
+        assert model.max_wait_seconds == wait  # serving batches again
     finally:
         model.close()
