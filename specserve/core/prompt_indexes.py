@@ -61,6 +61,8 @@ class _Prompt:
 
 
 class PromptIndexCache:
+    """Prompts' suffix indexes in frozen spans, per tenant (the module's docstring); thread-safe."""
+
     def __init__(
         self,
         max_tokens: int,
@@ -103,17 +105,17 @@ class PromptIndexCache:
         digests = block_digests(tenant, token_ids, self.block_tokens, blocks)
         keys = [(tenant, index.min_match, index.max_match, d) for d in digests]
         empty = IndexedPrefix.empty(index.min_match, index.max_match)
-        cached = self._longest(keys, token_ids) or empty
-        prefix = cached
-        if prefix.length < blocks * self.block_tokens:
-            if len(prefix.spans) >= self.max_spans:
-                prefix = empty
+        prefix = self._longest(keys, token_ids) or empty
+        if prefix.length < blocks * self.block_tokens and len(prefix.spans) >= self.max_spans:
+            prefix = empty  # a chain this long is indexed again as one span
+        reused = prefix.length
+        if reused < blocks * self.block_tokens:
             prefix = prefix.extended(token_ids, blocks * self.block_tokens)
             self._store(_Prompt(prefix, keys))
         index.extend_from(prefix, token_ids)
         if self._on_start is not None:
-            self._on_start(cached.length, len(token_ids) - cached.length)
-        return cached.length
+            self._on_start(reused, len(token_ids) - reused)
+        return reused
 
     def _longest(self, keys: Sequence[_Key], token_ids: Sequence[int]) -> IndexedPrefix | None:
         with self._lock:
