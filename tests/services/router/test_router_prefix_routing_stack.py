@@ -12,8 +12,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from pinned_costs import pinned_env
 from router_process import router_env, router_process
 
 from specserve.client import Client
@@ -33,9 +35,10 @@ def document(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, pinned_costs: Path) -> Iterator[LocalStack]:
     log_dir = tmp_path_factory.mktemp("prefix-routing-stack")
-    with LocalStack(log_dir=log_dir, roles=("target", "router"), target_replicas=2) as running:
+    env = pinned_env(pinned_costs)  # what this tests is not the costs: none measured at start
+    with LocalStack(log_dir=log_dir, roles=("target", "router"), target_replicas=2, env=env) as running:
         yield running
 
 

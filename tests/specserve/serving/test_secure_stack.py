@@ -33,6 +33,7 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+from pinned_costs import pinned_env
 
 from specserve.client import Client
 from specserve.errors import NotFound, Unauthenticated, Unavailable
@@ -112,7 +113,7 @@ def free_port_outside(base: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(pinned_costs: Path) -> Iterator[Stack]:
     base = free_base_port()
     command = [sys.executable, "-m", "specserve.cli", "stack", "--base-port", str(base), "--tls"]
     command += [arg for token in TOKENS for arg in ("--token", token)]
@@ -125,6 +126,7 @@ def stack() -> Iterator[Stack]:
         "SPECSERVE_DRAFT_METRICS_PORT": str(metrics_ports["draft"]),
         "SPECSERVE_ROUTER_REDIS_RETRY_SECONDS": "30",
         "SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS": "120",  # rides out the target's restart (model load)
+        **pinned_env(pinned_costs),  # what this tests is not the costs: none measured at start
     }
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     running = Stack(process, base, Path(), metrics_ports=metrics_ports)
