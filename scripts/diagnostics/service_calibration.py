@@ -3,7 +3,7 @@ process, one after the other on this host (the cost policy sizes every tree by t
 
     python scripts/diagnostics/service_calibration.py [--model NAME]
 
-The service runs as `specserve serve target` with a calibration file of its own (so it measures), and is
+The service runs as a local stack's target with a calibration file of its own (so it measures), and is
 stopped once SERVING; then this process measures the same model. Prints milliseconds per size.
 """
 
@@ -12,35 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from specserve.serving.stack import free_port, wait_serving
+from specserve.serving.stack import LocalStack
 from specserve.settings import EngineSettings
 
 SIZES = ("1", "2", "4", "8", "16")
 
 
 def in_service(model: str | None, out: Path) -> dict[str, float]:
-    port = free_port()
-    env = os.environ | {"SPECSERVE_CALIBRATION_PATH": str(out), "SPECSERVE_TARGET_PORT": str(port)}
-    if model:
-        env["SPECSERVE_MODEL"] = model
-    log = out.with_suffix(".log")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specserve.cli", "serve", "target"],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_serving(f"localhost:{port}", 900, process, log)
-    finally:
-        process.terminate()
-        process.wait(60)
+    """A local stack of the target alone (and its Redis), stopped once it serves: its start-up record."""
+    env = {"SPECSERVE_CALIBRATION_PATH": str(out)} | ({"SPECSERVE_MODEL": model} if model else {})
+    with LocalStack(log_dir=out.parent / "stack", env=env, roles=("target",)):
+        pass
     return json.loads(out.read_text())["verify_s"]
 
 
