@@ -29,6 +29,12 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+// The blocked loops below also take byte masks and 128-bit masked loads (AVX512BW, AVX512VL).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SPECSERVE_ATTEND_AVX512 1
+#else
+#define SPECSERVE_ATTEND_AVX512 0
+#endif
 
 namespace {
 
@@ -173,7 +179,7 @@ void attend_portable(const Task& t) {
   }
 }
 
-#if defined(__AVX512F__)
+#if SPECSERVE_ATTEND_AVX512
 // Sixteen vectors -> one vector whose lane i is the sum of s[i]'s lanes, by one fixed tree of adds (pairs
 // of lanes within 128 bits, then 128-bit blocks), whatever the vectors beside s[i].
 inline __m512 sum_lanes16(const __m512* s) {
@@ -197,10 +203,43 @@ inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<
 // Which of positions j0.. (n of them) row `row` sees, one bit each.
 inline __mmask16 seen(const Task& t, int64_t r, int64_t j0, int64_t n) {
   if (t.visible == nullptr) return first_lanes(n);
-  uint8_t bytes[16] = {};
-  std::memcpy(bytes, t.visible + (r / t.group) * t.length + j0, static_cast<size_t>(n));
-  return _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))),
-                                _mm512_set1_epi32(0xFF));
+  // a masked load of the row's bytes (a copy through the stack stalled on store forwarding)
+  const __m128i bytes = _mm_maskz_loadu_epi8(first_lanes(n), t.visible + (r / t.group) * t.length + j0);
+  return _mm_test_epi8_mask(bytes, bytes);
+}
+
+// Readers b0..b0+R-1's outputs: their weights p [R][stride] times the values in position order, over
+// their totals.
+template <int NV, int R>
+inline void weigh_values(const Task& t, int64_t b0, const float* scores, int64_t stride, const float* total) {
+  __m512 acc[R][NV];
+  for (int c = 0; c < R; ++c)
+    for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_setzero_ps();
+  const float* p = scores + b0 * stride;
+  for (int64_t j = 0; j < t.length; ++j) {
+    const float* vj = t.v + j * t.kv_pos;
+    __m512 values[NV];
+    for (int i = 0; i < NV; ++i) values[i] = _mm512_loadu_ps(vj + 16 * i);
+    for (int c = 0; c < R; ++c) {
+      const __m512 weight = _mm512_set1_ps(p[c * stride + j]);
+      for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_fmadd_ps(weight, values[i], acc[c][i]);
+    }
+  }
+  for (int c = 0; c < R; ++c) {
+    float* o = t.output(t.first + b0 + c);
+    const __m512 divisor = _mm512_set1_ps(total[b0 + c]);
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_div_ps(acc[c][i], divisor));
+  }
+}
+
+// The last `count` (< R + 1) readers from b0, together.
+template <int NV, int R>
+inline void weigh_last(const Task& t, int64_t b0, int64_t count, const float* scores, int64_t stride,
+                       const float* total) {
+  if constexpr (R > 0) {
+    if (count == R) return weigh_values<NV, R>(t, b0, scores, stride, total);
+    weigh_last<NV, R - 1>(t, b0, count, scores, stride, total);
+  }
 }
 
 // Head size 16 * NV, up to C readers' sums of values in registers at once.
@@ -242,8 +281,11 @@ void attend_avx512(const Task& t) {
       count = 0;
       for (int64_t j0 = 0; j0 < length; j0 += 16) {
         const __mmask16 mask = seen(t, t.first + b, j0, std::min<int64_t>(16, length - j0));
-        _mm512_mask_compressstoreu_ps(w + count, mask, _mm512_loadu_ps(row + j0));
-        count += __builtin_popcount(mask);
+        // compressed in a register, then stored: a compressing store to memory is microcoded on some
+        // CPUs (Zen 4: most of this kernel's time)
+        const int seen_count = __builtin_popcount(mask);
+        _mm512_mask_storeu_ps(w + count, first_lanes(seen_count), _mm512_maskz_compress_ps(mask, _mm512_loadu_ps(row + j0)));
+        count += seen_count;
       }
     }
     __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
@@ -257,40 +299,23 @@ void attend_avx512(const Task& t) {
       int64_t u = 0;
       for (int64_t j0 = 0; j0 < length; j0 += 16) {
         const __mmask16 mask = seen(t, t.first + b, j0, std::min<int64_t>(16, length - j0));
-        _mm512_storeu_ps(row + j0, _mm512_maskz_expandloadu_ps(mask, w + u));
-        u += __builtin_popcount(mask);
+        const int seen_count = __builtin_popcount(mask);
+        _mm512_storeu_ps(row + j0, _mm512_maskz_expand_ps(mask, _mm512_maskz_loadu_ps(first_lanes(seen_count), w + u)));
+        u += seen_count;
       }
     }
   }
-  // 3. the values, weighed in position order, C readers at a time
-  for (int64_t b0 = 0; b0 < readers; b0 += C) {
-    const int64_t c_count = std::min<int64_t>(C, readers - b0);
-    __m512 acc[C][NV];
-    for (int c = 0; c < C; ++c)
-      for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_setzero_ps();
-    const float* p = scores.data() + b0 * stride;
-    for (int64_t j = 0; j < length; ++j) {
-      const float* vj = t.v + j * t.kv_pos;
-      __m512 values[NV];
-      for (int i = 0; i < NV; ++i) values[i] = _mm512_loadu_ps(vj + 16 * i);
-      for (int c = 0; c < C; ++c) {
-        if (c >= c_count) break;
-        const __m512 weight = _mm512_set1_ps(p[c * stride + j]);
-        for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_fmadd_ps(weight, values[i], acc[c][i]);
-      }
-    }
-    for (int64_t c = 0; c < c_count; ++c) {
-      float* o = t.output(t.first + b0 + c);
-      const __m512 divisor = _mm512_set1_ps(total[b0 + c]);
-      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_div_ps(acc[c][i], divisor));
-    }
-  }
+  // 3. the values, weighed in position order, C readers at a time (a count known at compile time, so
+  //    their sums stay in registers)
+  int64_t b0 = 0;
+  for (; b0 + C <= readers; b0 += C) weigh_values<NV, C>(t, b0, scores.data(), stride, total.data());
+  weigh_last<NV, C - 1>(t, b0, readers - b0, scores.data(), stride, total.data());
 }
 #endif
 
 void attend_task(const Task& t) {
-#if defined(__AVX512F__)
-  if (t.d == 64) return attend_avx512<4, 4>(t);
+#if SPECSERVE_ATTEND_AVX512
+  if (t.d == 64) return attend_avx512<4, 6>(t);  // 6 readers' sums: 24 of the 32 vector registers
   if (t.d == 128) return attend_avx512<8, 2>(t);
 #endif
   attend_portable(t);
