@@ -42,10 +42,12 @@ def engine() -> Engine:
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_equals_transformers_generate(engine, prompt):
     # 32 tokens: several rounds of every method; longer answers are the shipped-draft and stack tests' job
-    # (this test alone took 3 of CI's 16 minutes at 48)
+    # (this test alone took 3 of CI's 16 minutes at 48). Each method runs on one of the prompts, in turn:
+    # every method against transformers on a real prompt, every prompt against several methods, a third
+    # of the dense forwards (the three prompts with every method took 72 of CI's seconds).
     reference = engine.generate(prompt, GenerationRequest.build(method=Method.HF, max_new_tokens=32))
     assert len(reference.token_ids) > 5
-    for method in LOSSLESS:
+    for method in LOSSLESS[PROMPTS.index(prompt) :: len(PROMPTS)]:
         result = engine.generate(prompt, GenerationRequest.build(method=method, max_new_tokens=32))
         assert result.token_ids == reference.token_ids, method
         assert result.text == reference.text
