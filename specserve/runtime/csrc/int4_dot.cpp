@@ -203,11 +203,18 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
     }
     __m512 scale, bias;
     group_scales<Bits, SK, G>(t, g, &scale, &bias);
+    // unrolled, so the R rows' chains of products run side by side and their sums stay in registers (a
+    // loop kept each row's sum in memory and ran one row's chain of dependent products at a time)
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const int32_t* words = reinterpret_cast<const int32_t*>(q + r * width + g * G);
-      __m512i dot = _mm512_setzero_si512();
-      for (int j = 0; j < kChunks; ++j) dot = _mm512_dpbusd_epi32(dot, c[j], _mm512_set1_epi32(words[j]));
-      const __m512 scaled = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot));
+      // two chains of products, added: integer sums, exact in any order
+      __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
+      for (int j = 0; j < kChunks; j += 2) {
+        dot0 = _mm512_dpbusd_epi32(dot0, c[j], _mm512_set1_epi32(words[j]));
+        dot1 = _mm512_dpbusd_epi32(dot1, c[j + 1], _mm512_set1_epi32(words[j + 1]));
+      }
+      const __m512 scaled = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)));
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d[r * (width / kGroup) + g * G / kGroup]), scaled, acc[r]);
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r * (width / G) + g]), bias, acc[r]);
     }
