@@ -299,3 +299,35 @@ def test_a_tree_nodes_attention_is_its_path_decoded_alone_bit_for_bit(prefix, he
         kept = list(range(prefix)) + [prefix + p for p in path]
         alone = cpu_kernels.attend(q[node : node + 1], keys[:, :, kept], values[:, :, kept], None, 0.125)
         assert torch.equal(together[node], alone[0]), node
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(2, 2, 64), (3, 1, 64), (4, 2, 128)])
+def test_attention_takes_any_number_of_readers_in_its_blocks(threads, heads, kv_heads, d):
+    """1 to 13 rows under a causal mask, so a key/value head's readers leave every remainder of the
+    blocks whose value sums are held together (6 at head size 64, 2 at 128): each row is still grouped-
+    query attention, and the same bits as the row attending alone."""
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(11)
+    prefix, rows = 21, 13
+    q = torch.randn(rows, heads, d, generator=generator)
+    keys, values = (torch.randn(1, kv_heads, prefix + rows, d, generator=generator) for _ in "kv")
+    visible = torch.ones(rows, prefix + rows, dtype=torch.bool).tril(prefix)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = [
+            cpu_kernels.attend(q[i : i + 1], keys, values, visible[i : i + 1], 0.125) for i in range(rows)
+        ]
+        for n in range(1, rows + 1):
+            together = cpu_kernels.attend(q[:n], keys, values, visible[:n], 0.125)
+            for i in range(n):
+                assert torch.equal(together[i], alone[i][0]), (n, i)
+    finally:
+        torch.set_num_threads(before)
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].double(), keys.double(), values.double(), attn_mask=visible[None, None],
+        scale=0.125, enable_gqa=True,
+    )[0].transpose(0, 1)  # fmt: skip
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-6)
