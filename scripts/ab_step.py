@@ -6,8 +6,9 @@ On a shared machine two separate runs compare two loads, not two forwards: here 
 baseline's code copied from git under the package name `specserve_base`, weights from the same cache)
 run one after the other for every repeat and size, alternating which goes first, after a 200-token
 prefix (--prefix), and the ratio new / baseline of the medians is printed per size (1 = a one-token
-step, more = a bushy tree, as `specserve calibrate` times). First, each size's logits are compared bit
-for bit: a change meant to keep the numbers must print True there. Weights as `SPECSERVE_WEIGHTS`
+step, more = a bushy tree, as `specserve calibrate` times; with --chain, a causal chain: a prompt's
+prefill). First, each size's logits are compared bit for bit: a change meant to keep the numbers must
+print True there. Weights as `SPECSERVE_WEIGHTS`
 says (auto, the default: the file's own on a CPU; as-shipped; dense).
 """
 
@@ -61,15 +62,15 @@ def load_runner(package: str) -> tuple[object, ModuleType]:
 
 
 def tree_step(
-    runner: object, calibrate: ModuleType, tokens: int, prefix: int = PREFIX
+    runner: object, calibrate: ModuleType, tokens: int, prefix: int = PREFIX, chain: bool = False
 ) -> Callable[[], torch.Tensor]:
-    """One forward of `tokens` tokens (a bushy tree when more than one) after `prefix` cached positions,
-    undone after."""
+    """One forward of `tokens` tokens (a bushy tree when more than one; with `chain`, one causal chain:
+    a prompt's prefill) after `prefix` cached positions, undone after."""
     cache = runner.new_cache(prefix + tokens + 1)  # type: ignore[attr-defined]
     ids = [100 + i % 1000 for i in range(prefix)]
     runner.forward(cache, ids, last_only=True)  # type: ignore[attr-defined]
     ids = list(range(5, 5 + tokens))
-    parents = calibrate.binary_tree_parents(tokens) if tokens > 1 else None
+    parents = calibrate.binary_tree_parents(tokens) if tokens > 1 and not chain else None
 
     def step() -> torch.Tensor:
         logits = runner.forward(cache, ids, parents)  # type: ignore[attr-defined]
@@ -86,6 +87,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--prefix", type=int, default=PREFIX, help="cached positions before each forward")
+    parser.add_argument(
+        "--chain", action="store_true", help="a forward's tokens as one causal chain (a prefill)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -94,7 +98,11 @@ def main() -> None:
         baseline_package(args.baseline, Path(tmp))
         sys.path.insert(0, tmp)
         runners = {"base": load_runner(BASE), "new": load_runner("specserve")}
-        steps = {(name, n): tree_step(*runners[name], n, args.prefix) for name in runners for n in sizes}
+        steps = {
+            (name, n): tree_step(*runners[name], n, args.prefix, args.chain)
+            for name in runners
+            for n in sizes
+        }
         for n in sizes:
             same = torch.equal(steps["base", n](), steps["new", n]())
             print(f"{n:2d} tokens: logits bit-identical to the baseline's: {same}", flush=True)

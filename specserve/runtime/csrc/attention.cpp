@@ -209,14 +209,16 @@ inline __mmask16 seen(const Task& t, int64_t r, int64_t j0, int64_t n) {
 }
 
 // Readers b0..b0+R-1's outputs: their weights p [R][stride] times the values in position order, over
-// their totals.
+// their totals. Positions from the last of their ends on are weighed 0 by all of them, and skipped.
 template <int NV, int R>
-inline void weigh_values(const Task& t, int64_t b0, const float* scores, int64_t stride, const float* total) {
+inline void weigh_values(const Task& t, int64_t b0, const float* scores, int64_t stride, const float* total,
+                         const int64_t* ends) {
   __m512 acc[R][NV];
   for (int c = 0; c < R; ++c)
     for (int i = 0; i < NV; ++i) acc[c][i] = _mm512_setzero_ps();
   const float* p = scores + b0 * stride;
-  for (int64_t j = 0; j < t.length; ++j) {
+  const int64_t end = *std::max_element(ends + b0, ends + b0 + R);
+  for (int64_t j = 0; j < end; ++j) {
     const float* vj = t.v + j * t.kv_pos;
     __m512 values[NV];
     for (int i = 0; i < NV; ++i) values[i] = _mm512_loadu_ps(vj + 16 * i);
@@ -235,10 +237,10 @@ inline void weigh_values(const Task& t, int64_t b0, const float* scores, int64_t
 // The last `count` (< R + 1) readers from b0, together.
 template <int NV, int R>
 inline void weigh_last(const Task& t, int64_t b0, int64_t count, const float* scores, int64_t stride,
-                       const float* total) {
+                       const float* total, const int64_t* ends) {
   if constexpr (R > 0) {
-    if (count == R) return weigh_values<NV, R>(t, b0, scores, stride, total);
-    weigh_last<NV, R - 1>(t, b0, count, scores, stride, total);
+    if (count == R) return weigh_values<NV, R>(t, b0, scores, stride, total, ends);
+    weigh_last<NV, R - 1>(t, b0, count, scores, stride, total, ends);
   }
 }
 
@@ -248,11 +250,21 @@ void attend_avx512(const Task& t) {
   const int64_t readers = t.last - t.first, length = t.length, stride = (length + 15) / 16 * 16;
   std::vector<float> scores(static_cast<size_t>(readers * stride));  // [reader][position], then weights
   std::vector<float> gathered(t.visible == nullptr ? 0 : static_cast<size_t>(stride));
+  // Where each reader's visible positions end: a prefill's rows see a causal triangle, and past its end
+  // a row's scores are not read and its weights are 0 (skipping them leaves every sum as it was).
+  std::vector<int64_t> ends(static_cast<size_t>(readers), length);
+  if (t.visible != nullptr) {
+    for (int64_t b = 0; b < readers; ++b) {
+      const uint8_t* row = t.visible + ((t.first + b) / t.group) * length;
+      while (ends[b] > 0 && row[ends[b] - 1] == 0) --ends[b];
+    }
+  }
   // 1. scores: the partial products of 16 positions, then their lanes summed together
   __m512 partial[16];
   for (int64_t j0 = 0; j0 < length; j0 += 16) {
     const int64_t n = std::min<int64_t>(16, length - j0);
     for (int64_t b = 0; b < readers; ++b) {
+      if (j0 >= ends[b]) continue;
       const float* q = t.query(t.first + b);
       __m512 qv[NV];
       for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
@@ -279,7 +291,7 @@ void attend_avx512(const Task& t) {
     if (t.visible != nullptr) {
       w = gathered.data();
       count = 0;
-      for (int64_t j0 = 0; j0 < length; j0 += 16) {
+      for (int64_t j0 = 0; j0 < ends[b]; j0 += 16) {
         const __mmask16 mask = seen(t, t.first + b, j0, std::min<int64_t>(16, length - j0));
         // compressed in a register, then stored: a compressing store to memory is microcoded on some
         // CPUs (Zen 4: most of this kernel's time)
@@ -308,8 +320,8 @@ void attend_avx512(const Task& t) {
   // 3. the values, weighed in position order, C readers at a time (a count known at compile time, so
   //    their sums stay in registers)
   int64_t b0 = 0;
-  for (; b0 + C <= readers; b0 += C) weigh_values<NV, C>(t, b0, scores.data(), stride, total.data());
-  weigh_last<NV, C - 1>(t, b0, readers - b0, scores.data(), stride, total.data());
+  for (; b0 + C <= readers; b0 += C) weigh_values<NV, C>(t, b0, scores.data(), stride, total.data(), ends.data());
+  weigh_last<NV, C - 1>(t, b0, readers - b0, scores.data(), stride, total.data(), ends.data());
 }
 #endif
 

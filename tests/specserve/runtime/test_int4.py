@@ -158,6 +158,29 @@ def test_a_tree_forward_gives_each_node_the_logits_of_its_path_decoded_alone(qua
         assert torch.equal(tree_logits[node], logits[-1]), node
 
 
+@pytest.mark.parametrize("hidden", [32, 256])
+def test_a_prompts_prefill_gives_each_position_the_logits_of_its_one_by_one_decode(hidden):
+    """A prompt in one causal forward (its rows see triangles that end before the cache does: the
+    attention skips what a row cannot see) and the same tokens decoded one at a time, bit for bit; at
+    hidden 256 the heads are 64 wide, the size the attention's vector loops take."""
+    from specserve.runtime import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip("no C++ compiler: the compiled layers do not run")
+    model = tiny_llama(vocab_size=64, hidden=hidden)
+    apply_as_shipped(model, quantize_model(model), kernel="int8-dot")
+    runner = ModelRunner(model)
+    assert runner.native is not None and runner.native.row_attention
+    prompt = [(7 * i + 3) % 60 for i in range(40)]  # past two blocks of 16 positions
+    cache = runner.new_cache(64)
+    runner.forward(cache, prompt[:3], last_only=True)
+    together = runner.forward(cache, prompt[3:])  # [37, V]
+    alone = runner.new_cache(64)
+    runner.forward(alone, prompt[:3], last_only=True)
+    for i, token in enumerate(prompt[3:]):
+        assert torch.equal(together[i], runner.forward(alone, [token])[-1]), i
+
+
 def test_greedy_speculative_output_equals_the_quantized_target_alone(quantized_target):
     draft = ModelRunner(noisy_copy(tiny_llama(vocab_size=64, hidden=32), scale=0.6))
     prompt = [3, 17, 5, 9, 41, 2, 33, 8]
