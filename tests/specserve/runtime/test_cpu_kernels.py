@@ -5,6 +5,8 @@ choice of kernel."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -122,22 +124,29 @@ def product_of(layout: str, n: int, width: int, seed: int, lib=None):
 LAYOUTS = ["4", "4h", "8", "8h", "Q4_K", "Q6_K"]
 
 
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's (and so the kernels' OpenMP) thread count for the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, layout):
     """1 to 21 rows (blocks of 8 and their remainders), against each row computed alone."""
     product = product_of(layout, 64, 512, seed=2)
     x = torch.randn(21, 512, generator=torch.Generator().manual_seed(3))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         alone = [product(x[i : i + 1]) for i in range(21)]
         for m in (1, 2, 7, 8, 9, 16, 21):
             together = product(x[:m])
             for i in range(m):
                 assert torch.equal(together[i], alone[i][0]), (m, i)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
@@ -269,6 +278,16 @@ def tree_case(n: int = 5, prefix: int = 7, heads: int = 6, kv_heads: int = 2, d:
     return fused[:, :heads], keys, values, visible
 
 
+def reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor):
+    """Grouped-query attention in float64 (torch's SDPA) -> [n, Hq, D], at the kernels' scale 0.125."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].double(), keys.double(), values.double(), attn_mask=visible[None, None],
+        scale=0.125, enable_gqa=True,
+    )[0].transpose(0, 1)  # fmt: skip
+
+
 # (prefix, heads, kv_heads, head size): the vector loops' head sizes (64, 128) and another one; prefixes
 # shorter than one block of 16 positions, across blocks, and with a partial last block
 ATTENTION_CASES = [(7, 6, 2, 64), (40, 9, 3, 64), (33, 12, 2, 128), (21, 4, 2, 40)]
@@ -276,16 +295,12 @@ ATTENTION_CASES = [(7, 6, 2, 64), (40, 9, 3, 64), (33, 12, 2, 128), (21, 4, 2, 4
 
 @pytest.mark.parametrize(("prefix", "heads", "kv_heads", "d"), ATTENTION_CASES)
 def test_attention_is_grouped_query_attention_under_a_trees_mask(prefix, heads, kv_heads, d):
-    import torch.nn.functional as F
-
     q, keys, values, visible = tree_case(prefix=prefix, heads=heads, kv_heads=kv_heads, d=d)
     got = cpu_kernels.attend(q, keys, values, visible, 0.125)
-    expected = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None].double(), keys.double(), values.double(), attn_mask=visible[None, None],
-        scale=0.125, enable_gqa=True,
-    )[0].transpose(0, 1)  # fmt: skip
     assert got.shape == q.shape and got.is_contiguous()
-    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got.double(), reference_attention(q, keys, values, visible), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(("prefix", "heads", "kv_heads", "d"), ATTENTION_CASES)
@@ -307,16 +322,12 @@ def test_attention_takes_any_number_of_readers_in_its_blocks(threads, heads, kv_
     """1 to 13 rows under a causal mask, so a key/value head's readers leave every remainder of the
     blocks whose value sums are held together (6 at head size 64, 2 at 128): each row is still grouped-
     query attention, and the same bits as the row attending alone."""
-    import torch.nn.functional as F
-
     generator = torch.Generator().manual_seed(11)
     prefix, rows = 21, 13
     q = torch.randn(rows, heads, d, generator=generator)
     keys, values = (torch.randn(1, kv_heads, prefix + rows, d, generator=generator) for _ in "kv")
     visible = torch.ones(rows, prefix + rows, dtype=torch.bool).tril(prefix)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         alone = [
             cpu_kernels.attend(q[i : i + 1], keys, values, visible[i : i + 1], 0.125) for i in range(rows)
         ]
@@ -324,10 +335,5 @@ def test_attention_takes_any_number_of_readers_in_its_blocks(threads, heads, kv_
             together = cpu_kernels.attend(q[:n], keys, values, visible[:n], 0.125)
             for i in range(n):
                 assert torch.equal(together[i], alone[i][0]), (n, i)
-    finally:
-        torch.set_num_threads(before)
-    expected = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None].double(), keys.double(), values.double(), attn_mask=visible[None, None],
-        scale=0.125, enable_gqa=True,
-    )[0].transpose(0, 1)  # fmt: skip
+    expected = reference_attention(q, keys, values, visible)
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-6)
