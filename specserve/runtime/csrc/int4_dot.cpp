@@ -138,6 +138,36 @@ void quantize_row(const float* x, int64_t width, int64_t egroup, int8_t* q, floa
   }
 }
 
+#if SPECSERVE_VNNI
+// The same quantization, 32 inputs at a time (the scalar loop's maximum is a serial chain of 32 scalar
+// compares a group, a sixth of an 8-row product of the default model's width): the maximum, the
+// products, the rounding (to nearest even, as nearbyint in the default mode), the clamp and the integer
+// sums are the scalar loop's operations, so the bits are its bits for any finite row.
+void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e) {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+  for (int64_t g = 0; g < width / kGroup; ++g) {
+    const __m512 x0 = _mm512_loadu_ps(x + g * kGroup), x1 = _mm512_loadu_ps(x + g * kGroup + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, magnitude), _mm512_and_ps(x1, magnitude)));
+    const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const auto codes = [&](__m512 v) {
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      return _mm512_cvtps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, r)));
+    };
+    const __m512i q0 = codes(x0), q1 = codes(x1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kGroup), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kGroup + 16), _mm512_cvtepi32_epi8(q1));
+    d[g] = amax / 127.0f;
+    if (egroup == kGroup) {
+      e[g] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    } else {
+      e[2 * g] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(q0));
+      e[2 * g + 1] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(q1));
+    }
+  }
+}
+#endif
+
 // Every row of x quantized (in parallel when there are enough of them to pay for it).
 void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, std::vector<int8_t>& q,
                    std::vector<float>& d, std::vector<float>& e) {
@@ -147,7 +177,11 @@ void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, 
   e.resize(static_cast<size_t>(rows * egroups));
 #pragma omp parallel for schedule(static) if (rows * width > 65536)  // a parallel region costs more than a few rows
   for (int64_t m = 0; m < rows; ++m) {
+#if SPECSERVE_VNNI
+    quantize_row_vector(x + m * width, width, egroup, q.data() + m * width, d.data() + m * groups, e.data() + m * egroups);
+#else
     quantize_row(x + m * width, width, egroup, q.data() + m * width, d.data() + m * groups, e.data() + m * egroups);
+#endif
   }
 }
 

@@ -161,6 +161,11 @@ def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
     portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march="x86-64-v3"))
     assert portable.specserve_int4_dot_vnni() == 0
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(5))
+    # rows whose quantization meets its edge cases: halves, which round to the even integer (amax 127
+    # makes the factor exactly 1), and groups of zeros (no scale)
+    halves = torch.arange(-63, 64, dtype=torch.float32) + 0.5
+    x[3] = torch.cat([torch.tensor([127.0]), halves[:31]]).repeat(16)
+    x[9, :256] = 0.0
     for layout in LAYOUTS:
         assert torch.equal(product_of(layout, 32, 512, 4, portable)(x), product_of(layout, 32, 512, 4)(x)), (
             layout
