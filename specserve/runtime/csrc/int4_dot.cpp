@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -168,9 +169,30 @@ void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* 
 }
 #endif
 
+// An allocator whose vectors leave new values uninitialized: the quantized rows are written whole before
+// they are read, so zero-filling them first was a pass over the rows that every product paid.
+template <class T>
+struct Uninitialized : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = Uninitialized<U>;
+  };
+  Uninitialized() = default;
+  template <class U>
+  Uninitialized(const Uninitialized<U>&) {}
+  template <class U>
+  void construct(U*) {}  // default-initialized: for these types, left as it is
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <class T>
+using Buffer = std::vector<T, Uninitialized<T>>;
+
 // Every row of x quantized (in parallel when there are enough of them to pay for it).
-void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, std::vector<int8_t>& q,
-                   std::vector<float>& d, std::vector<float>& e) {
+void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, Buffer<int8_t>& q,
+                   Buffer<float>& d, Buffer<float>& e) {
   const int64_t groups = width / kGroup, egroups = width / egroup;
   q.resize(static_cast<size_t>(rows * width));
   d.resize(static_cast<size_t>(rows * groups));
@@ -315,8 +337,8 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
   const int64_t scale_bytes = groups * kTile * (SK == kFloat ? 4 : SK == kHalf ? 2 : f);
   const int64_t bias_bytes = Bits == 4 && SK != kBlock ? scale_bytes : 0;
   const int64_t super_floats = SK == kBlock ? (width / kSuper) * f * kTile : 0;
-  std::vector<int8_t> q;
-  std::vector<float> d, e;
+  Buffer<int8_t> q;
+  Buffer<float> d, e;
   quantize_rows(x, rows, width, G, q, d, e);
 #pragma omp parallel for schedule(static)
   for (int64_t tile = 0; tile < tiles; ++tile) {
