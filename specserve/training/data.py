@@ -43,7 +43,7 @@ RAY_GCS_WAIT_S = 60
 
 
 class RayStartError(RuntimeError):
-    """A local Ray did not come up in RAY_START_ATTEMPTS fresh starts."""
+    """A local Ray did not come up in any of its fresh starts."""
 
 
 def init_ray(num_cpus: int | None = None, attempts: int = RAY_START_ATTEMPTS) -> None:
@@ -66,9 +66,10 @@ def init_ray(num_cpus: int | None = None, attempts: int = RAY_START_ATTEMPTS) ->
             # Both of Ray's start-up waits (the GCS port file, the raylet's registration) say "timed out"
             if "timed out" not in str(e).lower():
                 raise
-            failures.append(f"{e}{_gcs_log_tail(_latest_session())}")
+            session = _latest_session()
+            failures.append(f"{e}{_gcs_log_tail(session)}")
             ray.shutdown()
-            _stop_session_processes(_latest_session())
+            _stop_session_processes(session)
     raise RayStartError(f"a local Ray did not start in {attempts} attempts: " + " | ".join(failures))
 
 

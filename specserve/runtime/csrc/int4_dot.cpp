@@ -141,9 +141,9 @@ void quantize_row(const float* x, int64_t width, int64_t egroup, int8_t* q, floa
 
 #if SPECSERVE_VNNI
 // The same quantization, 32 inputs at a time (the scalar loop's maximum is a serial chain of 32 scalar
-// compares a group, a sixth of an 8-row product of the default model's width): the maximum, the
-// products, the rounding (to nearest even, as nearbyint in the default mode), the clamp and the integer
-// sums are the scalar loop's operations, so the bits are its bits for any finite row.
+// compares a group, run on one thread before the parallel tiles): the maximum, the products, the
+// rounding (to nearest even, as nearbyint in the default mode), the clamp and the integer sums are the
+// scalar loop's operations, so the bits are its bits for any finite row.
 void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e) {
   const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
