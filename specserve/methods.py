@@ -24,6 +24,7 @@ from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stop_names import StopPolicyName
 from specserve.core.stopping import StopSettings
 from specserve.core.suffix_drafter import suffix_drafter
+from specserve.core.text_suffix import TextCodec
 from specserve.drafts import DraftKind
 from specserve.eagle.drafter import EagleDrafter, HiddenStateSource
 from specserve.eagle.model import EagleDraft
@@ -75,6 +76,10 @@ class DraftSources(Protocol):
 
     def prompt_indexes(self) -> TenantPrompts | None:
         """Where a session's suffix index may start from its tenant's earlier prompts (None: nowhere)."""
+        ...
+
+    def text_codec(self) -> TextCodec | None:
+        """The serving tokenizer, for suffix candidates matched on characters (None: on token ids only)."""
         ...
 
 
@@ -285,6 +290,7 @@ def _with_suffix(model: DrafterFactory | None, draft: Draft) -> DrafterFactory:
             sampling,
             lambda: engine.cost_model_for(None if draft is Draft.NONE else draft.value),
             prompts=engine.prompt_indexes(),
+            codec=engine.text_codec(),
         )
 
     return make

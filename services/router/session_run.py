@@ -197,7 +197,7 @@ class SessionRun:
             self.drafter = self._drafter(self.draft, verifier, method.model_method)
         if not method.suffix:
             return verifier, self.drafter
-        return verifier, suffix_drafter(
+        suffix = suffix_drafter(
             self.drafter,
             router.limits.max_tree_nodes,
             record.request.sampling,
@@ -205,7 +205,12 @@ class SessionRun:
             lambda: CostModel(router.target_costs.of(verifier.address), draft_step_s=0.0),
             shared=router.suffix_cache_for(record.owner),
             prompts=router.prompt_indexes_for(record.owner),
+            codec=router.tokenizer.codec,
         )
+        grammar = self._grammar()
+        if grammar is not None:
+            suffix.constrain(grammar)  # its own guide: the loop's shapes the drafts
+        return verifier, suffix
 
     def _release_load(self) -> None:
         """The run's count on its replicas and among running requests, given back once. Done before the

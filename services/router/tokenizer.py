@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 from specserve.errors import InvalidArgument
 from specserve.grammar import GrammarCompiler
+from specserve.text_codec import TokenizerCodec
 from specserve.v1 import target_pb2
 
 
@@ -61,6 +62,11 @@ class RouterTokenizer:
             self.template = env.from_string(info.chat_template)
             variables = meta.find_undeclared_variables(env.parse(info.chat_template))
             self.native_tools = "tools" in variables and "<tool_call>" in info.chat_template
+
+    @functools.cached_property
+    def codec(self) -> TokenizerCodec:
+        """Token texts and encoding for suffix candidates matched on characters (core/text_suffix.py)."""
+        return TokenizerCodec(self.tokenizer)
 
     @functools.cached_property
     def grammar_compiler(self) -> GrammarCompiler:

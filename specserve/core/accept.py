@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -11,8 +11,18 @@ from specserve.core.sampling import logits_to_probs, make_generator, mask_disall
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.verify import verify_greedy, verify_sampled, verify_target_rooted
 
-# node -> the tokens a constraint allows after it ([V] bool), asked along the verification walk only
-AllowedAt = Callable[[int], torch.Tensor]
+
+class NodeMasks(Protocol):
+    """What a constraint allows after each node, asked along the verification walk only (node 0 first,
+    then one child of the node asked last)."""
+
+    def allowed(self, node: int) -> torch.Tensor:
+        """[V] bool: the tokens allowed after `node`."""
+        ...
+
+    def allows(self, node: int, token: int) -> bool:
+        """Whether `token` is allowed after `node` (without building the [V] mask)."""
+        ...
 
 
 def accept_draft(
@@ -20,22 +30,25 @@ def accept_draft(
     draft: DraftTree,
     params: SamplingParams,
     seed: int,
-    allowed_at: AllowedAt | None = None,
+    masks: NodeMasks | None = None,
 ) -> VerifyOutcome:
-    """With `allowed_at` (a constraint), each visited row is masked to what the constraint allows there
+    """With `masks` (a constraint), each visited row is masked to what the constraint allows there
     before it is judged: the output is the target's own constrained decoding."""
     tree = draft.tree
 
     def row(node: int) -> torch.Tensor:  # [V]
         logits = target_logits[node]
-        return logits if allowed_at is None else mask_disallowed(logits, allowed_at(node))
+        return logits if masks is None else mask_disallowed(logits, masks.allowed(node))
 
     if params.greedy:
-        # Unconstrained, one argmax over all rows; constrained, each visited row's own masked argmax.
-        argmax: list[int] = target_logits.argmax(-1).tolist() if allowed_at is None else []
+        argmax: list[int] = target_logits.argmax(-1).tolist()  # [N], one call for all rows
 
         def choice(node: int) -> int:
-            return argmax[node] if allowed_at is None else int(row(node).argmax())
+            # The masked argmax is the first best allowed token: when the row's own first best token is
+            # allowed it is that token, and no mask is built (most rows, under a JSON schema).
+            if masks is None or masks.allows(node, argmax[node]):
+                return argmax[node]
+            return int(row(node).argmax())
 
         outcome = verify_greedy(choice, tree.parent_ids, tree.token_ids)
         if not draft.target_roots:

@@ -49,6 +49,7 @@ from specserve.core.protocols import (
 )
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.suffix import SharedSuffixCache, SuffixIndex, SuffixProposal, merge_proposals
+from specserve.core.text_suffix import TextCodec, TextSuffixIndex
 from specserve.core.tree import TokenTree
 from specserve.errors import InvalidArgument
 
@@ -94,6 +95,7 @@ class SuffixDrafter:
         shared: TenantCache | None = None,
         batch_aware: bool = True,
         prompts: TenantPrompts | None = None,
+        codec: TextCodec | None = None,
     ) -> None:
         if max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
@@ -106,7 +108,9 @@ class SuffixDrafter:
         self.prompts = prompts  # where the index of a prompt the tenant sent before is kept
         # Whether the batch a round shares sizes its suffix candidates (greedy rounds only: suffix_drafter)
         self.batch_aware = batch_aware
+        self.codec = codec  # matches the session's text on characters once it is constrained
         self.index = self._new_index()
+        self.text_index: TextSuffixIndex | None = None  # (`constrain`)
         self.trust = settings.initial_trust
         self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
         # the suffix tokens the last round's tree predicted would be accepted (its trust's yardstick)
@@ -129,6 +133,9 @@ class SuffixDrafter:
         known = len(self.index)
         if len(token_ids) < known or list(token_ids[: len(self._head)]) != self._head:
             self.index, self._head, known = self._new_index(), [], 0
+            self.text_index = None if self.text_index is None else TextSuffixIndex(self.text_index.codec)
+        if self.text_index is not None:
+            self.text_index.extend(token_ids[len(self.text_index) :])
         if known == 0 and self.prompts is not None:  # the prompt: from the tenant's cached prefix
             self.prompts.cache.start(self.index, self.prompts.tenant, token_ids)
         else:
@@ -155,6 +162,10 @@ class SuffixDrafter:
     def _suffix_proposal(self, token_ids: Sequence[int]) -> SuffixProposal | None:
         s = self.settings
         own = self.index.propose(s.max_depth, s.max_nodes, s.min_score)
+        if own is None and self.text_index is not None:
+            # Only where the ids find nothing: a copy cut into other tokens (a JSON value's first word).
+            # Beside an id match, character matches mostly repeat it at a cost, or add short guesses.
+            own = self.text_index.propose(token_ids[-1], s.max_depth, s.max_nodes, s.min_score)
         if self.shared is None:
             return own
         other = self.shared.cache.propose(
@@ -233,7 +244,12 @@ class SuffixDrafter:
 
     def constrain(self, grammar: GrammarState) -> None:
         """ConstrainedDrafter: the model drafter masks its own drafts (suffix candidates are shaped by the
-        loop like any fixed candidates)."""
+        loop like any fixed candidates), and with a codec the session's text is matched on characters
+        where the ids find nothing. A grammar's syntax cuts copied words into other tokens: a JSON value
+        opens with `"` and `Maria` where the text has ` Maria`. In free text the ids find the copies,
+        and character matches, short and many, cost more than they gain (docs/benchmarks.md)."""
+        if self.codec is not None and self.text_index is None:
+            self.text_index = TextSuffixIndex(self.codec)
         if isinstance(self.inner, ConstrainedDrafter):
             self.inner.constrain(grammar)
 
@@ -254,6 +270,7 @@ def suffix_drafter(
     cost: Callable[[], CostModel],
     shared: TenantCache | None = None,
     prompts: TenantPrompts | None = None,
+    codec: TextCodec | None = None,
 ) -> SuffixDrafter:
     """A session's suffix candidates, alone (`inner` None) or in front of its model drafter.
 
@@ -264,10 +281,14 @@ def suffix_drafter(
     from `shared`, the tenant's earlier outputs. A sampled session's tree decides its random draws, so it
     is sized the same wherever it runs and whatever else runs (the nominal curve, alone) and drafts from
     its own text only: a seed gives the same text. Either may start its index from `prompts`, the
-    tenant's earlier prompts (core/prompt_indexes.py): that index is the one its own prompt would give."""
+    tenant's earlier prompts (core/prompt_indexes.py): that index is the one its own prompt would give.
+    With `codec` (the serving tokenizer), a constrained session's text is also matched on characters
+    where the ids find nothing (core/text_suffix.py; `SuffixDrafter.constrain`)."""
     if not sampling.greedy:
-        return SuffixDrafter(inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False, prompts=prompts)
-    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared, prompts=prompts)
+        return SuffixDrafter(
+            inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False, prompts=prompts, codec=codec
+        )
+    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared, prompts=prompts, codec=codec)
 
 
 def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTree:

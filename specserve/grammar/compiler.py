@@ -85,4 +85,4 @@ class GrammarCompiler:
     def guide(self, constraint: Constraint, num_prompt_tokens: int, max_tree_nodes: int) -> Guide:
         """A session's guide: the language starts after the prompt's `num_prompt_tokens` tokens; drafts
         it shapes keep at most `max_tree_nodes` nodes."""
-        return Guide(self.compile(constraint), num_prompt_tokens, max_tree_nodes)
+        return Guide(self.compile(constraint), num_prompt_tokens, max_tree_nodes, self.tokenizer)

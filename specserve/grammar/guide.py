@@ -17,9 +17,14 @@ from specserve.errors import FailedPrecondition
 
 class Guide:
     def __init__(
-        self, matcher: llguidance.LLMatcher, num_prompt_tokens: int, max_tree_nodes: int = 64
+        self,
+        matcher: llguidance.LLMatcher,
+        num_prompt_tokens: int,
+        max_tree_nodes: int = 64,
+        tokenizer: llguidance.LLTokenizer | None = None,
     ) -> None:
         self.matcher = matcher
+        self.tokenizer = tokenizer  # spells the forced text past the tokens it forces (`forced`)
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tree_nodes = max_tree_nodes  # the most nodes a shaped draft may have (core/grammar.py)
         self.num_consumed = 0  # generated tokens consumed, pushed path tokens included
@@ -61,8 +66,20 @@ class Guide:
 
     def forced(self) -> list[int]:
         """The continuation the language forces from here, in the tokenizer's canonical tokens (the
-        target may still spell it otherwise: these are drafts, verified like any other)."""
-        return list(self.matcher.compute_ff_tokens())
+        target may still spell it otherwise: these are drafts, verified like any other).
+
+        The matcher forces tokens only as far as no longer token could start there; the text it forces
+        goes on (after `":` a string value's ` "`, which a token such as ` "T` could also begin).
+        With the tokenizer, that rest is drafted too, in its canonical tokens: the likeliest spelling,
+        and the first token the model chooses for itself comes a token later."""
+        tokens = list(self.matcher.compute_ff_tokens())
+        if self.tokenizer is None:
+            return tokens
+        text = bytes(self.matcher.compute_ff_bytes())
+        spelled = bytes(self.tokenizer.decode_bytes(tokens))
+        if len(text) > len(spelled) and text.startswith(spelled):
+            tokens += self.tokenizer.tokenize_bytes(text[len(spelled) :])
+        return tokens
 
     def bitmask(self) -> bytes:
         """The tokens allowed next: bit i of the little-endian 32-bit words is token i."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specserve.core.grammar import GrammarState
@@ -12,42 +13,60 @@ from specserve.core.tree import TokenTree
 from specserve.errors import FailedPrecondition
 from specserve.grammar.guide import Guide
 
-_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # [8]
-
 
 def allowed_tokens(bitmask: bytes, vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """llguidance's bitmask (bit i of little-endian 32-bit words = token i) -> [vocab_size] bool. Ids past
     the tokenizer's vocabulary (a model's padded rows) are never allowed; FailedPrecondition when nothing
     is."""
-    packed = torch.frombuffer(bytearray(bitmask), dtype=torch.uint8)  # [W * 4]; bytes of LE words
-    bits = ((packed.unsqueeze(-1) >> _BIT_SHIFTS) & 1).flatten().bool()  # [W * 32]
-    if bits.numel() < vocab_size:
-        bits = torch.cat([bits, bits.new_zeros(vocab_size - bits.numel())])
-    allowed = bits[:vocab_size]
-    if not bool(allowed.any()):
+    # The bytes of little-endian words hold token i at byte i // 8, bit i % 8: one unpacking call.
+    bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")  # [W * 32]
+    allowed = np.zeros(vocab_size, dtype=bool)  # [vocab_size]
+    count = min(vocab_size, bits.size)
+    allowed[:count] = bits[:count]
+    if not allowed.any():
         raise FailedPrecondition("the constraint allows no token here (its language has ended)")
-    return allowed.to(device)
+    return torch.from_numpy(allowed).to(device)
+
+
+def bitmask_allows(bitmask: bytes, token: int) -> bool:
+    """Whether llguidance's bitmask allows `token` (ids past it never are)."""
+    byte = token >> 3
+    return token >= 0 and byte < len(bitmask) and bool(bitmask[byte] >> (token & 7) & 1)
 
 
 class PathMasks:
-    """The allowed tokens at the nodes of one verification walk, which visits node 0 and then one child
-    at a time (core/verify.py): the guide is pushed one token per step, so it ends at the accepted path.
-    The guide must stand at the tree's root (the committed text) when the walk starts."""
+    """The allowed tokens at the nodes of one verification walk (core/accept.py's NodeMasks), which
+    visits node 0 and then one child at a time (core/verify.py): the guide is pushed one token per step,
+    so it ends at the accepted path. The guide must stand at the tree's root (the committed text) when the
+    walk starts."""
 
-    def __init__(self, guide: Guide, tree: TokenTree, vocab_size: int) -> None:
+    def __init__(
+        self, guide: Guide, tree: TokenTree, vocab_size: int, device: torch.device | str = "cpu"
+    ) -> None:
         self.guide = guide
         self.tree = tree
         self.vocab_size = vocab_size
+        self.device = device
         self.node = 0
+        self._bitmask: bytes | None = None  # the walk's node's
 
-    def allowed(self, node: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """[V] bool at `node`: node 0, the current node again, or a child of it."""
+    def _at(self, node: int) -> bytes:
+        """The bitmask at `node`: node 0, the current node again, or a child of it."""
         if node != self.node:
             if self.tree.parent_ids[node] != self.node:
                 raise ValueError(f"node {node} does not continue the walk at node {self.node}")
             self.guide.push([self.tree.token_ids[node]])
-            self.node = node
-        return allowed_tokens(self.guide.bitmask(), self.vocab_size, device)
+            self.node, self._bitmask = node, None
+        if self._bitmask is None:
+            self._bitmask = self.guide.bitmask()
+        return self._bitmask
+
+    def allowed(self, node: int) -> torch.Tensor:
+        """[V] bool at `node`."""
+        return allowed_tokens(self._at(node), self.vocab_size, self.device)
+
+    def allows(self, node: int, token: int) -> bool:
+        return token < self.vocab_size and bitmask_allows(self._at(node), token)
 
 
 class SpineMasks:

@@ -373,6 +373,10 @@ class TargetCosted:
         """None: a draft replica drafts no suffix candidates (the router does, with its own cache)."""
         return None
 
+    def text_codec(self) -> None:
+        """None: as for prompt_indexes."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runtime, name)  # the settings and the drafts
 

@@ -15,6 +15,7 @@ from specserve.drafts import DraftKind
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.runtime.target_runtime import TargetRuntime
 from specserve.settings import EngineSettings
+from specserve.text_codec import TokenizerCodec
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,14 @@ class ServedModels(TargetRuntime):
         keeps them (Engine.prompt_index_cache)."""
         cache = getattr(self, "prompt_index_cache", None)
         return None if cache is None else TenantPrompts(cache, "")
+
+    @functools.cached_property
+    def codec(self) -> TokenizerCodec:
+        return TokenizerCodec(self.tokenizer.backend_tokenizer)
+
+    def text_codec(self) -> TokenizerCodec:
+        """The target's tokenizer: in process, suffix candidates are matched on characters too."""
+        return self.codec
 
     @functools.cached_property
     def cost_model(self) -> CostModel:

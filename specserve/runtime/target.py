@@ -145,15 +145,11 @@ class LocalVerifier:
             self.cache, tree.token_ids, None if tree.is_chain() else tree.parent_ids
         )  # [N, V]
         self.last_logits = logits if self.keep_logits else None
-        allowed_at = None
+        masks = None
         if self.guide is not None:
             self.guide.sync(self.token_ids)
-            masks = PathMasks(self.guide, tree, logits.shape[-1])
-
-            def allowed_at(node: int) -> torch.Tensor:
-                return masks.allowed(node, logits.device)
-
-        outcome = accept_draft(logits, draft, self.sampling, round_seed, allowed_at)
+            masks = PathMasks(self.guide, tree, logits.shape[-1], logits.device)
+        outcome = accept_draft(logits, draft, self.sampling, round_seed, masks)
         accepted = [tree.token_ids[i] for i in outcome.accepted_nodes[1:]]
         with self.commit_lock:
             self.cache.commit_path(start, outcome.accepted_nodes)

@@ -18,12 +18,24 @@ LOGITS = torch.tensor([[3.0, 2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 2.5, 2.0, 0.0, 1.0
 ALLOWED = [torch.tensor([False, True, True, False, True, False]), torch.tensor([True] * V)]  # per depth
 
 
-def _allowed_at(tree: TokenTree, visited: list[int]):
-    def allowed_at(node: int) -> torch.Tensor:
-        visited.append(node)
-        return ALLOWED[tree.depths()[node]]
+class DepthMasks:
+    """NodeMasks by depth (ALLOWED), recording the nodes asked for. `quick` False answers every `allows`
+    with no, so each visited row is decided by its whole mask: the rule without the shortcut."""
 
-    return allowed_at
+    def __init__(self, tree: TokenTree, visited: list[int], masks=ALLOWED, quick: bool = True) -> None:
+        self.depths, self.visited, self.masks, self.quick = tree.depths(), visited, masks, quick
+
+    def allowed(self, node: int) -> torch.Tensor:
+        if not self.visited or self.visited[-1] != node:
+            self.visited.append(node)
+        return self.masks[self.depths[node]]
+
+    def allows(self, node: int, token: int) -> bool:
+        return self.quick and bool(self.allowed(node)[token])
+
+
+def _allowed_at(tree: TokenTree, visited: list[int]) -> DepthMasks:
+    return DepthMasks(tree, visited)
 
 
 def test_greedy_takes_the_best_allowed_token():
@@ -36,6 +48,23 @@ def test_greedy_takes_the_best_allowed_token():
     assert visited == [0, 1]  # the walk asks only for the nodes it visits, in order
     unconstrained = accept_draft(LOGITS, DraftTree(tree), GREEDY, 0)
     assert unconstrained.accepted_nodes == [0] and unconstrained.next_token == 0
+
+
+def test_greedy_without_building_masks_is_the_masked_argmax():
+    # Random rows, masks and trees (ties included: logits from a few values): where a row's own argmax
+    # is allowed no mask is built, and the outcome is the one every row's whole mask gives.
+    g = torch.Generator().manual_seed(5)
+    for _ in range(300):
+        depth = int(torch.randint(1, 5, (), generator=g))
+        masks = [torch.rand(V, generator=g) < 0.6 for _ in range(depth + 1)]
+        for mask in masks:
+            mask[int(torch.randint(V, (), generator=g))] = True
+        tree = TokenTree.chain([9, *torch.randint(V, (depth,), generator=g).tolist()])
+        logits = torch.randint(0, 3, (depth + 1, V), generator=g).float()  # [N, V]
+        quick = accept_draft(logits, DraftTree(tree), GREEDY, 0, DepthMasks(tree, [], masks))
+        whole = accept_draft(logits, DraftTree(tree), GREEDY, 0, DepthMasks(tree, [], masks, quick=False))
+        assert (quick.accepted_nodes, quick.next_token) == (whole.accepted_nodes, whole.next_token)
+        assert masks[len(quick.accepted_nodes) - 1][quick.next_token]
 
 
 def test_choose_token_masks():

@@ -5,6 +5,7 @@ import pytest
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.errors import FailedPrecondition
 from specserve.grammar import GrammarCompiler
+from specserve.grammar.guide import Guide
 from specserve.grammar.masks import allowed_tokens
 
 
@@ -48,7 +49,17 @@ def test_a_complete_language_takes_its_end_of_sequence(compiler: GrammarCompiler
 
 def test_forced_is_the_only_continuation(compiler: GrammarCompiler):
     guide = compiler.guide(Constraint(ConstraintKind.REGEX, "hello world|hello there"), 0, 64)
-    assert compiler.tokenizer.decode_str(guide.forced()) == "hello"
+    assert compiler.tokenizer.decode_str(guide.forced()) == "hello "  # the space too: both go on with it
+    guide.push(compiler.tokenizer.tokenize_str("hello"))
+    assert compiler.tokenizer.decode_str(guide.forced()) == " "
+    guide.push(compiler.tokenizer.tokenize_str(" w"))
+    assert compiler.tokenizer.decode_str(guide.forced()) == "orld"
+
+
+def test_forced_without_a_tokenizer_is_the_matchers_tokens(compiler: GrammarCompiler):
+    constraint = Constraint(ConstraintKind.REGEX, "hello world|hello there")
+    guide = Guide(compiler.compile(constraint), 0, 64)
+    assert guide.forced() == list(guide.matcher.compute_ff_tokens())
 
 
 def test_popping_the_end_of_sequence_returns_to_the_open_text(compiler: GrammarCompiler):

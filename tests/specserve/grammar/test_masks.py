@@ -8,7 +8,7 @@ from specserve.core.sampling import mask_disallowed
 from specserve.core.tree import TokenTree
 from specserve.errors import FailedPrecondition
 from specserve.grammar import GrammarCompiler
-from specserve.grammar.masks import PathMasks, allowed_tokens
+from specserve.grammar.masks import PathMasks, allowed_tokens, bitmask_allows
 
 
 def test_allowed_tokens_decodes_the_bitmask():
@@ -18,6 +18,14 @@ def test_allowed_tokens_decodes_the_bitmask():
     assert allowed.shape == (48,) and allowed.nonzero().flatten().tolist() == [0, 33]
     with pytest.raises(FailedPrecondition, match="allows no token"):
         allowed_tokens(bytes(8), 40)
+
+
+def test_bitmask_allows_reads_the_same_bits():
+    g = torch.Generator().manual_seed(0)
+    words = torch.randint(-(2**31), 2**31 - 1, (5,), generator=g, dtype=torch.int64).to(torch.int32)
+    bitmask = words.numpy().tobytes()  # 160 tokens
+    allowed = allowed_tokens(bitmask, 170)  # 10 padded rows past the bitmask
+    assert [bitmask_allows(bitmask, t) for t in range(170)] == allowed.tolist()
 
 
 def test_masks_match_the_language(compiler: GrammarCompiler):
@@ -38,5 +46,6 @@ def test_path_masks_push_one_token_per_step_of_the_walk(compiler: GrammarCompile
     masks = PathMasks(guide, tree, compiler.vocab_size)
     assert masks.allowed(0)[cat]
     assert masks.allowed(1)[s] and guide.num_consumed == 1  # walked to "cat"
+    assert masks.allows(1, s) and not masks.allows(1, cat) and not masks.allows(1, compiler.vocab_size)
     with pytest.raises(ValueError, match="does not continue"):
         masks.allowed(2)  # "dog" is a sibling, not a child, of the walk's node
