@@ -12,6 +12,7 @@ from typing import Any
 from specserve.core.cost import GLIDE_DRAFT, CostModel
 from specserve.core.prompt_indexes import TenantPrompts
 from specserve.drafts import DraftKind
+from specserve.errors import NotFound
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.runtime.target_runtime import TargetRuntime
 from specserve.settings import EngineSettings
@@ -54,9 +55,13 @@ class ServedModels(TargetRuntime):
     def codec(self) -> TokenizerCodec:
         return TokenizerCodec(self.tokenizer.backend_tokenizer)
 
-    def text_codec(self) -> TokenizerCodec:
-        """The target's tokenizer: in process, suffix candidates are matched on characters too."""
-        return self.codec
+    def text_codec(self) -> TokenizerCodec | None:
+        """The target's tokenizer, for suffix candidates matched on characters (None for a model without
+        one, which cannot be constrained either)."""
+        try:
+            return self.codec
+        except NotFound:
+            return None
 
     @functools.cached_property
     def cost_model(self) -> CostModel:
