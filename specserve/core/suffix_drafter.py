@@ -21,6 +21,10 @@ How a round is built (`SuffixDrafter.propose`):
    suffix-only: the model drafter is not asked (no draft forward in process, no Propose call through the
    stack). Otherwise the model drafter proposes its own tree and the suffix candidates are merged into it
    (shared prefixes once), within `max_nodes`.
+4. A greedy session also weighs what the model's drafts have earned against what they cost, both
+   measured in the session (`ModelWorth`): where the tokens it adds per call take less time to decode
+   than the call takes, it is asked only now and then (1, 2, 4 ... up to 8 rounds apart) to see whether
+   that changed. Under a JSON schema, say, its drafts add little to the copies and the forced text.
 Model drafts of sampled kind (candidates drawn from q at T > 0) follow another acceptance rule and are
 never mixed with fixed candidates: such a round takes the model's tree when it drafted, else the suffix's.
 
@@ -31,9 +35,11 @@ and in the router (services/router/session_run.py) alike.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from specserve.core.backoff import DraftBackoff
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel, load_like_this, smoothed
 from specserve.core.grammar import ConstrainedDrafter, GrammarState
 from specserve.core.prompt_indexes import TenantPrompts
@@ -75,6 +81,39 @@ class SuffixSettings:
             raise InvalidArgument("suffix min_score must be in [0, 1] and trust_smoothing in (0, 1]")
 
 
+@dataclass
+class ModelWorth:
+    """A session's account of its model drafter: the tokens it added per call (accepted model tokens),
+    the seconds a call took, and the session's seconds per generated token, as running means. The
+    model pays while its tokens would take longer to decode than its call takes."""
+
+    gain: float = 1.0  # accepted model tokens per call (optimistic until measured)
+    call_s: float = 0.0
+    token_s: float | None = None
+    explore: DraftBackoff = field(default_factory=DraftBackoff)  # asked now and then while it does not pay
+    _last: tuple[float, int] | None = None  # (time, tokens) when a round was last proposed
+
+    def round_starts(self, num_tokens: int) -> None:
+        now = time.perf_counter()
+        if self._last is not None and num_tokens > self._last[1]:
+            per_token = (now - self._last[0]) / (num_tokens - self._last[1])
+            self.token_s = per_token if self.token_s is None else smoothed(self.token_s, per_token)
+        self._last = (now, num_tokens)
+
+    def pays(self) -> bool:
+        return self.token_s is None or self.gain * self.token_s >= self.call_s
+
+    def should_ask(self) -> bool:
+        return self.pays() or self.explore.should_ask()
+
+    def called(self, seconds: float) -> None:
+        self.call_s = seconds if self.call_s == 0.0 else smoothed(self.call_s, seconds)
+
+    def observe(self, accepted_model_tokens: int) -> None:
+        self.gain = smoothed(self.gain, accepted_model_tokens)
+        self.explore.observe(int(self.pays()))
+
+
 @dataclass(frozen=True)
 class TenantCache:
     """The shared cache of recent outputs and the tenant whose outputs this session may draft from."""
@@ -96,6 +135,7 @@ class SuffixDrafter:
         batch_aware: bool = True,
         prompts: TenantPrompts | None = None,
         codec: TextCodec | None = None,
+        weigh_model: bool = False,
     ) -> None:
         if max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
@@ -120,6 +160,9 @@ class SuffixDrafter:
         self.mean_nodes, self.mean_emitted = 1.0, 1.0
         self.num_model_calls = 0
         self.num_suffix_only_rounds = 0
+        # Greedy sessions only (suffix_drafter): it times rounds, and a sampled tree must not depend on time.
+        self.model_worth = ModelWorth() if weigh_model and inner is not None else None
+        self._model_called = False
 
     # -- the index follows the session ---------------------------------------------------------------
     def _new_index(self) -> SuffixIndex:
@@ -150,6 +193,12 @@ class SuffixDrafter:
         predicted, self._predicted = self._predicted, None
         if predicted is None:
             return  # not a round of this drafter's (the loop skipped asking it)
+        if self._model_called and self.model_worth is not None:
+            self.model_worth.observe(
+                outcome.num_accepted_tokens
+                - outcome.num_suffix_accepted_tokens
+                - outcome.num_forced_accepted_tokens
+            )
         self.mean_nodes = smoothed(self.mean_nodes, outcome.draft.tree.num_nodes)
         self.mean_emitted = smoothed(self.mean_emitted, len(outcome.accepted_nodes))  # + the bonus token
         if predicted <= 0:
@@ -198,16 +247,27 @@ class SuffixDrafter:
 
     def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         self._sync(token_ids)
+        worth = self.model_worth
+        if worth is not None:
+            worth.round_starts(len(token_ids))
         root = token_ids[-1]
         proposal = self._suffix_proposal(token_ids)
         k = self._sized(proposal, 1, batch_sessions) if proposal is not None else 0
         suffix_expected = sum(proposal.scores[1 : 1 + k]) * self.trust if proposal is not None else 0.0
-        if self.inner is None or suffix_expected >= self.settings.model_skip_tokens:
+        self._model_called = (
+            self.inner is not None
+            and suffix_expected < self.settings.model_skip_tokens
+            and (worth is None or worth.should_ask())
+        )
+        if self.inner is None or not self._model_called:
             self.num_suffix_only_rounds += self.inner is not None
             draft = _suffix_only(root, proposal, k)
         else:
             self.num_model_calls += 1
+            start = time.perf_counter()
             model = self.inner.propose(token_ids, round_seed, batch_sessions)
+            if worth is not None:
+                worth.called(time.perf_counter() - start)
             draft = self._merged(root, model, proposal, batch_sessions)
         predicted = sum(proposal.scores[1 : 1 + k]) if proposal is not None and draft.suffix_nodes else 0.0
         self._predicted = predicted
@@ -288,7 +348,9 @@ def suffix_drafter(
         return SuffixDrafter(
             inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False, prompts=prompts, codec=codec
         )
-    return SuffixDrafter(inner, max_tree_nodes, cost(), shared=shared, prompts=prompts, codec=codec)
+    return SuffixDrafter(
+        inner, max_tree_nodes, cost(), shared=shared, prompts=prompts, codec=codec, weigh_model=True
+    )
 
 
 def _suffix_only(root: int, proposal: SuffixProposal | None, k: int) -> DraftTree:

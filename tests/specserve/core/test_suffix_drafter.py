@@ -4,6 +4,7 @@ distribution with a real model: tests/specserve/runtime/test_suffix_drafting.py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -13,7 +14,13 @@ from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
 from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
-from specserve.core.suffix_drafter import SuffixDrafter, SuffixSettings, TenantCache, suffix_drafter
+from specserve.core.suffix_drafter import (
+    ModelWorth,
+    SuffixDrafter,
+    SuffixSettings,
+    TenantCache,
+    suffix_drafter,
+)
 from specserve.core.tree import TokenTree, tree_children
 
 FLAT_COST = CostModel(((1, 1.0), (8, 1.1), (16, 1.3), (64, 3.0)), draft_step_s=0.05)
@@ -170,3 +177,61 @@ def test_a_session_from_its_tenants_earlier_prompt_drafts_the_same_trees(samplin
         assert ours.tree == theirs.tree and ours.suffix_nodes == theirs.suffix_nodes
         text += list(ours.tree.token_ids[1:3]) or [5]
     assert cached.index.shared_tokens == len(document) // 8 * 8 and alone.index.shared_tokens == 0
+
+
+def test_model_worth_pays_while_its_tokens_outlast_its_call_and_explores_at_doubling_gaps():
+    worth = ModelWorth(gain=2.0, call_s=0.010, token_s=0.006)
+    assert worth.pays()  # 2 tokens x 6 ms >= 10 ms
+    worth.token_s = 0.004
+    assert not worth.pays()
+    asked = []
+    for _ in range(16):
+        asked.append(worth.should_ask())
+        if asked[-1]:
+            worth.observe(0)  # it adds nothing: its gaps double, up to DraftBackoff's cap
+    assert asked == [True, False, True, False, False, True] + [False] * 4 + [True] + [False] * 5
+    worth.gain, worth.call_s = 5.0, 0.001
+    worth.observe(5)
+    assert worth.pays() and all(worth.should_ask() for _ in range(4))
+
+
+class SlowDrafter(CountingDrafter):
+    def __init__(self, chain: Sequence[int], seconds: float) -> None:
+        super().__init__(chain)
+        self.seconds = seconds
+
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+        time.sleep(self.seconds)
+        return super().propose(token_ids, round_seed, batch_sessions)
+
+
+def _rounds(drafter: SuffixDrafter, accepted: int, round_s: float, rounds: int = 12) -> None:
+    """Rounds over text the suffix index never saw, each accepting `accepted` drafted tokens and taking
+    `round_s` to verify."""
+    text = list(range(1000, 1010))
+    for i in range(rounds):
+        draft = drafter.propose(text, round_seed=i, batch_sessions=1)
+        kept = min(accepted, draft.tree.num_nodes - 1)
+        time.sleep(round_s)
+        drafter.observe(RoundOutcome(draft, tuple(range(kept + 1)), 5000 + i))
+        text += [*draft.tree.token_ids[1 : 1 + kept], 5000 + i]
+
+
+def test_a_greedy_session_asks_its_model_less_where_its_drafts_cost_more_than_they_add():
+    costly = SlowDrafter([99, 98], seconds=0.02)  # 20 ms a call, nothing accepted, 2 ms rounds
+    drafter = suffix_drafter(costly, 16, GREEDY, lambda: FLAT_COST)
+    _rounds(drafter, accepted=0, round_s=0.002)
+    assert drafter.model_worth is not None and not drafter.model_worth.pays()
+    assert costly.calls <= 6 and drafter.num_suffix_only_rounds >= 6
+    useful = SlowDrafter([99, 98], seconds=0.0)  # free, both tokens accepted
+    drafter = suffix_drafter(useful, 16, GREEDY, lambda: FLAT_COST)
+    _rounds(drafter, accepted=2, round_s=0.002)
+    assert useful.calls == 12 and drafter.num_suffix_only_rounds == 0
+
+
+def test_a_sampled_session_asks_its_model_whatever_it_costs():
+    """A sampled tree decides its random draws: it must not depend on how long anything took."""
+    costly = SlowDrafter([99, 98], seconds=0.005)
+    drafter = suffix_drafter(costly, 16, SamplingParams(temperature=0.7), lambda: FLAT_COST)
+    _rounds(drafter, accepted=0, round_s=0.0, rounds=6)
+    assert drafter.model_worth is None and costly.calls == 6
