@@ -23,7 +23,7 @@ from specserve.core.protocols import Drafter
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stop_names import StopPolicyName
 from specserve.core.stopping import StopSettings
-from specserve.core.suffix_drafter import suffix_drafter
+from specserve.core.suffix_drafter import WorthBook, WorthPriors, suffix_drafter
 from specserve.core.text_suffix import TextCodec
 from specserve.drafts import DraftKind
 from specserve.eagle.drafter import EagleDrafter, HiddenStateSource
@@ -80,6 +80,10 @@ class DraftSources(Protocol):
 
     def text_codec(self) -> TextCodec | None:
         """The serving tokenizer, for suffix candidates matched on characters (None: on token ids only)."""
+        ...
+
+    def worth_priors(self) -> WorthPriors | None:
+        """What model drafts earned in this process's earlier sessions (None: each session from scratch)."""
         ...
 
 
@@ -284,6 +288,7 @@ def _with_suffix(model: DrafterFactory | None, draft: Draft) -> DrafterFactory:
         engine: DraftSources, capacity: int, target_kv: TargetSource, sampling: SamplingParams
     ) -> Drafter:
         inner = model(engine, capacity, target_kv, sampling) if model is not None else None
+        priors = engine.worth_priors()
         return suffix_drafter(
             inner,
             engine.settings.max_tree_nodes,
@@ -291,6 +296,7 @@ def _with_suffix(model: DrafterFactory | None, draft: Draft) -> DrafterFactory:
             lambda: engine.cost_model_for(None if draft is Draft.NONE else draft.value),
             prompts=engine.prompt_indexes(),
             codec=engine.text_codec(),
+            worth=None if priors is None else WorthBook(priors, draft.value),
         )
 
     return make

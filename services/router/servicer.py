@@ -31,7 +31,7 @@ from specserve.catalog import CATALOG, MethodSupport
 from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
 from specserve.core.request import GenerationRequest, RequestLimits
 from specserve.core.suffix import SharedSuffixCache
-from specserve.core.suffix_drafter import TenantCache
+from specserve.core.suffix_drafter import TenantCache, WorthPriors
 from specserve.errors import Cancelled, InvalidArgument, ResourceExhausted
 from specserve.results import FinishReason
 from specserve.serving.auth import current_caller
@@ -83,6 +83,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             else None
         )
         # The suffix indexes of prompts, per tenant: a session indexes only what its tenant had not sent.
+        # What model drafts earned in this router's earlier sessions: timings and counts, no text.
+        self.worth_priors = WorthPriors()
         self._prompt_indexes = (
             PromptIndexCache(settings.prompt_index_cache_tokens, on_start=metrics.count_prompt_index)
             if settings.prompt_index_cache_tokens > 0

@@ -30,7 +30,7 @@ from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.prompt_indexes import TenantPrompts
 from specserve.core.protocols import Drafter, RoundOutcome
-from specserve.core.suffix_drafter import suffix_drafter
+from specserve.core.suffix_drafter import WorthBook, WorthPriors, suffix_drafter
 from specserve.errors import Cancelled, SpecserveError
 from specserve.grammar import Guide
 from specserve.results import FinishReason, GenerationStats
@@ -65,6 +65,7 @@ class Router(Protocol):
     targets: ReplicaSet
     drafts: ReplicaSet | None  # None: no draft service
     draft_round_trips: RoundTripMean
+    worth_priors: WorthPriors
 
     @property
     def tokenizer(self) -> RouterTokenizer: ...
@@ -206,6 +207,7 @@ class SessionRun:
             shared=router.suffix_cache_for(record.owner),
             prompts=router.prompt_indexes_for(record.owner),
             codec=router.tokenizer.codec,
+            worth=WorthBook(router.worth_priors, method.model_method),
         )
         grammar = self._grammar()
         if grammar is not None:

@@ -35,6 +35,7 @@ and in the router (services/router/session_run.py) alike.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,45 @@ class ModelWorth:
         self.explore.observe(int(self.pays()))
 
 
+class WorthPriors:
+    """What the model drafts earned in a process's earlier sessions, per kind of session (`key`: the draft,
+    and whether a grammar constrains the session): a session starts from it rather than from an
+    optimistic guess. Where the model did not pay, a new session asks it first after `max_skip` rounds
+    instead of on its first round, whose call also carries the prompt's catch-up (under a JSON schema,
+    the one call most sessions would make). Numbers only: no text of any session."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[str, tuple[float, float, float]] = {}  # gain, call_s, token_s
+
+    def start(self, key: str) -> ModelWorth:
+        with self._lock:
+            known = self._known.get(key)
+        if known is None:
+            return ModelWorth()
+        worth = ModelWorth(gain=known[0], call_s=known[1], token_s=known[2])
+        if not worth.pays():
+            worth.explore.run = worth.explore.left = worth.explore.max_skip
+        return worth
+
+    def record(self, key: str, worth: ModelWorth) -> None:
+        if worth.token_s is not None and worth.call_s > 0:
+            with self._lock:
+                self._known[key] = (worth.gain, worth.call_s, worth.token_s)
+
+
+@dataclass(frozen=True)
+class WorthBook:
+    """Where a session's account of its model is started from and recorded (`WorthPriors`), under which
+    draft's name."""
+
+    priors: WorthPriors
+    draft: str
+
+    def key(self, constrained: bool) -> str:
+        return f"{self.draft}:constrained" if constrained else self.draft
+
+
 @dataclass(frozen=True)
 class TenantCache:
     """The shared cache of recent outputs and the tenant whose outputs this session may draft from."""
@@ -136,6 +176,7 @@ class SuffixDrafter:
         prompts: TenantPrompts | None = None,
         codec: TextCodec | None = None,
         weigh_model: bool = False,
+        worth_book: WorthBook | None = None,
     ) -> None:
         if max_tree_nodes < 1:
             raise InvalidArgument("max_tree_nodes must be >= 1")
@@ -151,6 +192,7 @@ class SuffixDrafter:
         self.codec = codec  # matches the session's text on characters once it is constrained
         self.index = self._new_index()
         self.text_index: TextSuffixIndex | None = None  # (`constrain`)
+        self._constrained = False
         self.trust = settings.initial_trust
         self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
         # the suffix tokens the last round's tree predicted would be accepted (its trust's yardstick)
@@ -161,8 +203,13 @@ class SuffixDrafter:
         self.num_model_calls = 0
         self.num_suffix_only_rounds = 0
         # Greedy sessions only (suffix_drafter): it times rounds, and a sampled tree must not depend on time.
-        self.model_worth = ModelWorth() if weigh_model and inner is not None else None
+        self.worth_book = worth_book if weigh_model else None
+        self.model_worth = self._start_worth(constrained=False) if weigh_model and inner is not None else None
         self._model_called = False
+
+    def _start_worth(self, constrained: bool) -> ModelWorth:
+        book = self.worth_book
+        return ModelWorth() if book is None else book.priors.start(book.key(constrained))
 
     # -- the index follows the session ---------------------------------------------------------------
     def _new_index(self) -> SuffixIndex:
@@ -199,6 +246,9 @@ class SuffixDrafter:
                 - outcome.num_suffix_accepted_tokens
                 - outcome.num_forced_accepted_tokens
             )
+            if self.worth_book is not None:
+                key = self.worth_book.key(self._constrained)
+                self.worth_book.priors.record(key, self.model_worth)
         self.mean_nodes = smoothed(self.mean_nodes, outcome.draft.tree.num_nodes)
         self.mean_emitted = smoothed(self.mean_emitted, len(outcome.accepted_nodes))  # + the bonus token
         if predicted <= 0:
@@ -308,6 +358,9 @@ class SuffixDrafter:
         where the ids find nothing. A grammar's syntax cuts copied words into other tokens: a JSON value
         opens with `"` and `Maria` where the text has ` Maria`. In free text the ids find the copies,
         and character matches, short and many, cost more than they gain (docs/benchmarks.md)."""
+        if self.model_worth is not None and not self._constrained:
+            self.model_worth = self._start_worth(constrained=True)
+        self._constrained = True
         if self.codec is not None and self.text_index is None:
             self.text_index = TextSuffixIndex(self.codec)
         if isinstance(self.inner, ConstrainedDrafter):
@@ -331,6 +384,7 @@ def suffix_drafter(
     shared: TenantCache | None = None,
     prompts: TenantPrompts | None = None,
     codec: TextCodec | None = None,
+    worth: WorthBook | None = None,
 ) -> SuffixDrafter:
     """A session's suffix candidates, alone (`inner` None) or in front of its model drafter.
 
@@ -343,13 +397,22 @@ def suffix_drafter(
     its own text only: a seed gives the same text. Either may start its index from `prompts`, the
     tenant's earlier prompts (core/prompt_indexes.py): that index is the one its own prompt would give.
     With `codec` (the serving tokenizer), a constrained session's text is also matched on characters
-    where the ids find nothing (core/text_suffix.py; `SuffixDrafter.constrain`)."""
+    where the ids find nothing (core/text_suffix.py; `SuffixDrafter.constrain`). A greedy session weighs
+    its model drafter (`ModelWorth`), starting from what the model earned in the process's earlier
+    sessions of its kind when `worth` says where that is kept."""
     if not sampling.greedy:
         return SuffixDrafter(
             inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False, prompts=prompts, codec=codec
         )
     return SuffixDrafter(
-        inner, max_tree_nodes, cost(), shared=shared, prompts=prompts, codec=codec, weigh_model=True
+        inner,
+        max_tree_nodes,
+        cost(),
+        shared=shared,
+        prompts=prompts,
+        codec=codec,
+        weigh_model=True,
+        worth_book=worth,
     )
 
 

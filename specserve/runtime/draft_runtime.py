@@ -377,6 +377,10 @@ class TargetCosted:
         """None: as for prompt_indexes."""
         return None
 
+    def worth_priors(self) -> None:
+        """None: as for prompt_indexes."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runtime, name)  # the settings and the drafts
 

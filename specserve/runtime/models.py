@@ -11,6 +11,7 @@ from typing import Any
 
 from specserve.core.cost import GLIDE_DRAFT, CostModel
 from specserve.core.prompt_indexes import TenantPrompts
+from specserve.core.suffix_drafter import WorthPriors
 from specserve.drafts import DraftKind
 from specserve.errors import NotFound
 from specserve.runtime.draft_runtime import DraftRuntime
@@ -62,6 +63,14 @@ class ServedModels(TargetRuntime):
             return self.codec
         except NotFound:
             return None
+
+    @functools.cached_property
+    def _worth_priors(self) -> WorthPriors:
+        return WorthPriors()
+
+    def worth_priors(self) -> WorthPriors:
+        """What model drafts earned in this engine's earlier sessions (one tenant: its user)."""
+        return self._worth_priors
 
     @functools.cached_property
     def cost_model(self) -> CostModel:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
+from specserve.core.backoff import MAX_SKIPPED_ROUNDS
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
 from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome
@@ -19,6 +21,8 @@ from specserve.core.suffix_drafter import (
     SuffixDrafter,
     SuffixSettings,
     TenantCache,
+    WorthBook,
+    WorthPriors,
     suffix_drafter,
 )
 from specserve.core.tree import TokenTree, tree_children
@@ -179,6 +183,15 @@ def test_a_session_from_its_tenants_earlier_prompt_drafts_the_same_trees(samplin
     assert cached.index.shared_tokens == len(document) // 8 * 8 and alone.index.shared_tokens == 0
 
 
+class NoGrammar:
+    """A constraint the model drafter never reads (CountingDrafter does not mask its drafts)."""
+
+    max_tree_nodes = 64
+
+
+NO_GRAMMAR: Any = NoGrammar()
+
+
 def test_model_worth_pays_while_its_tokens_outlast_its_call_and_explores_at_doubling_gaps():
     worth = ModelWorth(gain=2.0, call_s=0.010, token_s=0.006)
     assert worth.pays()  # 2 tokens x 6 ms >= 10 ms
@@ -235,3 +248,33 @@ def test_a_sampled_session_asks_its_model_whatever_it_costs():
     drafter = suffix_drafter(costly, 16, SamplingParams(temperature=0.7), lambda: FLAT_COST)
     _rounds(drafter, accepted=0, round_s=0.0, rounds=6)
     assert drafter.model_worth is None and costly.calls == 6
+
+
+def test_a_session_starts_from_what_the_model_earned_in_the_sessions_before_of_its_kind():
+    priors = WorthPriors()
+    book = WorthBook(priors, "eagle")
+    first = SlowDrafter([99, 98], seconds=0.02)
+    _rounds(suffix_drafter(first, 16, GREEDY, lambda: FLAT_COST, worth=book), accepted=0, round_s=0.002)
+    assert first.calls >= 1 and "eagle" in priors._known
+    # The next session of the kind asks the model first after DraftBackoff's longest gap, not at once.
+    second = SlowDrafter([99, 98], seconds=0.02)
+    drafter = suffix_drafter(second, 16, GREEDY, lambda: FLAT_COST, worth=book)
+    _rounds(drafter, accepted=0, round_s=0.002, rounds=MAX_SKIPPED_ROUNDS)
+    assert second.calls == 0
+    _rounds(drafter, accepted=0, round_s=0.002, rounds=1)
+    assert second.calls == 1
+    # A constrained session is another kind: nothing known yet, so its model is asked on its first round.
+    third = SlowDrafter([99, 98], seconds=0.0)
+    drafter = suffix_drafter(third, 16, GREEDY, lambda: FLAT_COST, worth=book)
+    drafter.constrain(NO_GRAMMAR)
+    _rounds(drafter, accepted=2, round_s=0.002, rounds=2)
+    assert third.calls == 2 and "eagle:constrained" in priors._known
+
+
+def test_a_session_where_the_model_paid_starts_asking_it():
+    priors = WorthPriors()
+    book = WorthBook(priors, "eagle")
+    _rounds(suffix_drafter(SlowDrafter([99, 98], 0.0), 16, GREEDY, lambda: FLAT_COST, worth=book), 2, 0.002)
+    useful = SlowDrafter([99, 98], seconds=0.0)
+    _rounds(suffix_drafter(useful, 16, GREEDY, lambda: FLAT_COST, worth=book), accepted=2, round_s=0.002)
+    assert useful.calls == 12
