@@ -82,9 +82,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if settings.suffix_cache_tokens > 0
             else None
         )
-        # The suffix indexes of prompts, per tenant: a session indexes only what its tenant had not sent.
         # What model drafts earned in this router's earlier sessions: timings and counts, no text.
         self.worth_priors = WorthPriors()
+        # The suffix indexes of prompts, per tenant: a session indexes only what its tenant had not sent.
         self._prompt_indexes = (
             PromptIndexCache(settings.prompt_index_cache_tokens, on_start=metrics.count_prompt_index)
             if settings.prompt_index_cache_tokens > 0
