@@ -175,7 +175,6 @@ class SuffixDrafter:
         batch_aware: bool = True,
         prompts: TenantPrompts | None = None,
         codec: TextCodec | None = None,
-        weigh_model: bool = False,
         worth_book: WorthBook | None = None,
     ) -> None:
         if max_tree_nodes < 1:
@@ -202,14 +201,13 @@ class SuffixDrafter:
         self.mean_nodes, self.mean_emitted = 1.0, 1.0
         self.num_model_calls = 0
         self.num_suffix_only_rounds = 0
-        # Greedy sessions only (suffix_drafter): it times rounds, and a sampled tree must not depend on time.
-        self.worth_book = worth_book if weigh_model else None
-        self.model_worth = self._start_worth(constrained=False) if weigh_model and inner is not None else None
+        # The model weighed (`worth_book`): greedy sessions only (suffix_drafter), as it times rounds and
+        # a sampled tree must not depend on time.
+        self.worth_book = worth_book
+        self.model_worth = None
+        if worth_book is not None and inner is not None:
+            self.model_worth = worth_book.priors.start(worth_book.key(constrained=False))
         self._model_called = False
-
-    def _start_worth(self, constrained: bool) -> ModelWorth:
-        book = self.worth_book
-        return ModelWorth() if book is None else book.priors.start(book.key(constrained))
 
     # -- the index follows the session ---------------------------------------------------------------
     def _new_index(self) -> SuffixIndex:
@@ -240,15 +238,13 @@ class SuffixDrafter:
         predicted, self._predicted = self._predicted, None
         if predicted is None:
             return  # not a round of this drafter's (the loop skipped asking it)
-        if self._model_called and self.model_worth is not None:
+        if self._model_called and self.worth_book is not None and self.model_worth is not None:
             self.model_worth.observe(
                 outcome.num_accepted_tokens
                 - outcome.num_suffix_accepted_tokens
                 - outcome.num_forced_accepted_tokens
             )
-            if self.worth_book is not None:
-                key = self.worth_book.key(self._constrained)
-                self.worth_book.priors.record(key, self.model_worth)
+            self.worth_book.priors.record(self.worth_book.key(self._constrained), self.model_worth)
         self.mean_nodes = smoothed(self.mean_nodes, outcome.draft.tree.num_nodes)
         self.mean_emitted = smoothed(self.mean_emitted, len(outcome.accepted_nodes))  # + the bonus token
         if predicted <= 0:
@@ -358,8 +354,8 @@ class SuffixDrafter:
         where the ids find nothing. A grammar's syntax cuts copied words into other tokens: a JSON value
         opens with `"` and `Maria` where the text has ` Maria`. In free text the ids find the copies,
         and character matches, short and many, cost more than they gain (docs/benchmarks.md)."""
-        if self.model_worth is not None and not self._constrained:
-            self.model_worth = self._start_worth(constrained=True)
+        if self.worth_book is not None and self.model_worth is not None and not self._constrained:
+            self.model_worth = self.worth_book.priors.start(self.worth_book.key(constrained=True))
         self._constrained = True
         if self.codec is not None and self.text_index is None:
             self.text_index = TextSuffixIndex(self.codec)
@@ -411,8 +407,7 @@ def suffix_drafter(
         shared=shared,
         prompts=prompts,
         codec=codec,
-        weigh_model=True,
-        worth_book=worth,
+        worth_book=worth or WorthBook(WorthPriors(), "session"),  # None: this session's own account
     )
 
 
