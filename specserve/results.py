@@ -28,6 +28,8 @@ class GenerationStats:
     num_forced_draft_tokens: int = 0  # of num_draft_tokens, those a constraint's grammar forced
     num_forced_accepted_tokens: int = 0  # of num_accepted_tokens, those a constraint's grammar forced
     num_generated_tokens: int = 0
+    # of num_target_forwards, rounds the target ran on its own after a call's first (AheadVerifier)
+    num_ahead_rounds: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, not a forward
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # time inside the drafter

@@ -24,7 +24,7 @@ from typing import Protocol
 import grpc
 
 from specserve.core.constraint import Constraint
-from specserve.core.protocols import READS_NOTHING, DraftTree, RoundOutcome, VerifyOutcome
+from specserve.core.protocols import READS_NOTHING, AheadPlan, DraftTree, RoundOutcome, VerifyOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
 from specserve.serving.convert import (
@@ -96,8 +96,12 @@ class RemoteVerifier:
         tenant: str = "",  # the session owner's principal: whose cached prefixes the target may use
         constraint: Constraint | None = None,
         num_prompt_tokens: int = 0,  # where the constrained text starts (a rebuild replays the rest)
+        max_tree_nodes: int = 64,  # the most nodes a tree the target verified on its own may have
+        max_ahead_rounds: int = 0,  # rounds a greedy session's target may run on its own (core/ahead.py)
     ) -> None:
         self.session_id = session_id
+        self.max_tree_nodes = max_tree_nodes
+        self.max_ahead_rounds = max_ahead_rounds
         self.tenant = tenant
         self.cached_tokens = 0  # of the fresh prompt, those the target took from its prefix cache
         self.constraint = constraint_to_pb(constraint)  # sent with every Prefill, fresh or rebuild
@@ -150,7 +154,22 @@ class RemoteVerifier:
         self.history = list(token_ids)
         self._rebuild()
 
+    @property
+    def ahead_limit(self) -> int:
+        """AheadVerifier: the rounds the target may run on its own after each Verify (core/ahead.py):
+        none for a sampled or constrained session, or one that asks for logprobs."""
+        if not self.sampling.greedy or self.constraint is not None or self.logprobs is not None:
+            return 0
+        return self.max_ahead_rounds
+
     def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
+        return self.verify_ahead(draft, round_seed, AheadPlan(0), 0)[0][1]
+
+    def verify_ahead(
+        self, draft: DraftTree, round_seed: int, plan: AheadPlan, max_tokens: int
+    ) -> list[tuple[DraftTree, VerifyOutcome]]:
+        """AheadVerifier: `draft`'s round, then those the target ran on its own (suffix candidates from
+        the session's text), each as a tree of suffix candidates and its outcome."""
         request = target_pb2.VerifyRequest(
             session_id=self.session_id,
             tree=wire_tree(draft),
@@ -159,6 +178,11 @@ class RemoteVerifier:
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
         )
+        if plan.total and self.ahead_limit:
+            request.ahead_rounds = plan.rounds
+            request.ahead_copy_rounds = plan.copy_rounds
+            request.ahead_copy_tokens = plan.copy_tokens
+            request.ahead_max_tokens = max_tokens
         start = time.perf_counter()
         response = self._call("Verify", request, rebuild=self._rebuild)
         verify_s = time.perf_counter() - start
@@ -170,7 +194,15 @@ class RemoteVerifier:
         self.last_round_bytes = self.counters.rpc_bytes - self._bytes_before_round
         self._bytes_before_round = self.counters.rpc_bytes
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [response.next_token]
-        return outcome
+        done = [(draft, outcome)]
+        for message in response.ahead:
+            tree = tree_from_pb(message.tree, self.max_tree_nodes)  # suffix candidates only
+            ahead = DraftTree(tree.tree, suffix_nodes=frozenset(range(1, tree.tree.num_nodes)))
+            verified = VerifyOutcome(list(message.accepted_nodes), message.next_token)
+            done.append((ahead, verified))
+            self.history += [tree.tree.token_ids[i] for i in verified.accepted_nodes[1:]]
+            self.history.append(message.next_token)
+        return done
 
     def take_logprobs(self) -> list[common_pb2.TokenLogprob]:
         """The log-probabilities of the tokens the last Prefill or Verify committed (when asked for)."""

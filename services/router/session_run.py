@@ -16,7 +16,8 @@ import logging
 import queue
 import threading
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -137,6 +138,9 @@ class SessionRun:
         self.verifier: RemoteVerifier | None = None
         self.drafter: RemoteDrafter | None = None
         self._load_released = False
+        # Rounds emitted inside a round's scope, not yet in Redis nor with the client (`_round_scope`)
+        self._pending: list[Round] = []
+        self._in_round = False
 
     def run(self) -> None:
         """Until the session finishes, fails or is cancelled; everything it holds is freed."""
@@ -259,6 +263,8 @@ class SessionRun:
             constraint=self.record.request.constraint,
             num_prompt_tokens=len(self.record.prompt_ids),
             tenant=self.record.owner,
+            max_tree_nodes=router.limits.max_tree_nodes + 1,  # a Verify's bound (root included)
+            max_ahead_rounds=router.settings.max_ahead_rounds,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:
@@ -287,9 +293,18 @@ class SessionRun:
         return max(verifier.batch_sessions, self.router.targets.load(verifier.address))
 
     # -- rounds ----------------------------------------------------------------------------------------
-    def _round_scope(self, position: int) -> AbstractContextManager[object]:
+    @contextmanager
+    def _round_scope(self, position: int) -> Iterator[None]:
+        """A round of the loop, with the rounds its Verify call ran on the target after it: their
+        tokens go to Redis in one append when the last is emitted, then to the client's queue."""
         attributes = {telemetry.ATTR_SESSION: self.session_id, "specserve.position": position}
-        return telemetry.span(telemetry.SPAN_ROUND, **attributes)
+        with telemetry.span(telemetry.SPAN_ROUND, **attributes):
+            self._in_round = True
+            try:
+                yield
+            finally:
+                self._in_round = False
+                self._flush()
 
     def _on_round(self, outcome: RoundOutcome) -> None:
         """The loop's account of the round, before its tokens are emitted; the wire's from the verifier."""
@@ -304,7 +319,8 @@ class SessionRun:
         )
 
     def _emit(self, token_ids: list[int]) -> None:
-        """New tokens: metrics, then Redis, then the client's queue (a resumed stream never misses any)."""
+        """New tokens: metrics, then Redis, then the client's queue (a resumed stream never misses any);
+        inside a round's scope the last two wait for its end (`_flush`)."""
         metrics = self.router.metrics
         now = time.perf_counter()
         if self._first:
@@ -313,15 +329,8 @@ class SessionRun:
         else:
             metrics.inter_token_latency.observe((now - self._last_emit) / len(token_ids))
         self._last_emit = now
-        t0 = time.perf_counter()
         verifier = self.verifier
         assert verifier is not None
-        draft = self.draft.address if self.draft is not None else ""
-        running = self.router.state.append(self.session_id, token_ids, target=verifier.address, draft=draft)
-        self.counters.redis_s += time.perf_counter() - t0
-        metrics.redis_latency.observe(time.perf_counter() - t0)
-        if not running or self.cancel.is_set():
-            raise Cancelled(f"session {self.session_id} was cancelled")
         outcome, self._this_round = self._this_round, None
         num_draft = 0 if outcome is None else outcome.draft.num_draft_tokens
         num_accepted = 0 if outcome is None else outcome.num_accepted_tokens
@@ -335,7 +344,7 @@ class SessionRun:
         kept_accepted = min(num_accepted, len(token_ids))
         kept_forced = max(0, kept_accepted - (num_accepted - forced_accepted))
         kept_suffix = max(0, kept_accepted - kept_forced - (num_accepted - forced_accepted - suffix_accepted))
-        self.out.put(
+        self._pending.append(
             Round(
                 token_ids,
                 num_draft,
@@ -347,6 +356,26 @@ class SessionRun:
                 forced_drafted,
             )
         )
+        if not self._in_round:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The rounds emitted since the last flush: to Redis in one append, then to the client's queue."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        verifier = self.verifier
+        assert verifier is not None
+        draft = self.draft.address if self.draft is not None else ""
+        tokens = [token for item in pending for token in item.token_ids]
+        t0 = time.perf_counter()
+        running = self.router.state.append(self.session_id, tokens, target=verifier.address, draft=draft)
+        self.counters.redis_s += time.perf_counter() - t0
+        self.router.metrics.redis_latency.observe(time.perf_counter() - t0)
+        if not running or self.cancel.is_set():
+            raise Cancelled(f"session {self.session_id} was cancelled")
+        for item in pending:
+            self.out.put(item)
 
     # -- the end -----------------------------------------------------------------------------------------
     def _finish(self, finish: FinishChecker, stats: GenerationStats) -> None:

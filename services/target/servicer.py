@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,10 +12,14 @@ import grpc
 
 from services.target.feed import kv_feed
 from services.target.sessions import SessionStore, TargetSession
+from specserve.core.ahead import Round, run_ahead
+from specserve.core.cost import CostModel
 from specserve.core.logprobs import path_logprobs, token_logprobs
-from specserve.core.protocols import DraftTree, VerifyOutcome
+from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
 from specserve.core.request import MAX_TOP_LOGPROBS
-from specserve.errors import FailedPrecondition, InvalidArgument, NotFound
+from specserve.core.sampling_params import GREEDY
+from specserve.core.suffix_drafter import suffix_drafter
+from specserve.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from specserve.grammar import Guide
 from specserve.results import TokenLogprob
 from specserve.runtime.target_runtime import TargetRuntime
@@ -26,6 +31,7 @@ from specserve.serving.convert import (
     logprobs_to_pb,
     sampling_from_pb,
     tree_from_pb,
+    tree_to_pb,
 )
 from specserve.serving.metrics import TargetMetrics
 from specserve.serving.model_thread import ModelThread
@@ -202,9 +208,16 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         draft = tree_from_pb(request.tree, limits.max_tree_nodes + 1)
         check_token_ids(draft.tree.token_ids, self.models.target_model.config.vocab_size, "tree token ids")
         num_top = _top_logprobs(request.logprobs, request.top_logprobs)
+        ahead = _ahead_plan(request)
         start = time.perf_counter()
         with self.store.lock:
             session = self.store.get(request.session_id)
+            if ahead.total and (
+                num_top is not None or not session.verifier.sampling.greedy or session.verifier.guide
+            ):
+                raise InvalidArgument(
+                    "ahead_rounds needs a greedy session without a constraint and without logprobs"
+                )
             self.recent.touch(request.session_id)
             if request.committed_length != session.committed_length + 1:
                 raise FailedPrecondition(
@@ -227,10 +240,19 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     telemetry.ATTR_TREE_SIZE: draft.tree.num_nodes,
                 },
             ) as span:
-                outcome, logprobs = self._run(
-                    context, self._verify, session, draft, request.tree, request.step_seed, num_top
+                outcome, logprobs, rounds = self._run(
+                    context,
+                    self._verify,
+                    session,
+                    draft,
+                    request.tree,
+                    request.step_seed,
+                    num_top,
+                    ahead,
+                    request.ahead_max_tokens,
                 )
                 span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
+                span.set_attribute(telemetry.ATTR_AHEAD_ROUNDS, len(rounds))
         finally:
             self._done(session)
         handler_seconds = time.perf_counter() - start
@@ -242,6 +264,56 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             committed_length=session.committed_length + 1,
             logprobs=logprobs_to_pb(logprobs),
             batch_sessions=self.recent.count(),
+            ahead=[
+                target_pb2.AheadRound(
+                    tree=tree_to_pb(d), accepted_nodes=v.accepted_nodes, next_token=v.next_token
+                )
+                for d, v in rounds
+            ],
+        )
+
+    def _run_ahead(
+        self, session: TargetSession, first: Round, plan: AheadPlan, max_tokens: int
+    ) -> list[Round]:
+        """On the model thread: the rounds this target runs on its own after `first` (core/ahead.py),
+        drafted from the session's own tokens, each admitted to the KV budget like a Verify's tree."""
+        verifier = session.verifier
+        drafter = session.ahead_drafter
+        if drafter is None:
+            limits = self.models.settings
+            points = self.models.verify_points  # this replica's own curve (what it publishes)
+            drafter = session.ahead_drafter = suffix_drafter(
+                None, limits.max_tree_nodes, GREEDY, lambda: CostModel(points, draft_step_s=0.0)
+            )
+
+        def admit(draft: DraftTree) -> bool:
+            end = session.committed_length + draft.tree.num_nodes
+            if end > session.capacity:
+                return False
+            with self.store.lock:
+                try:
+                    self.store.admit(session, end)
+                except ResourceExhausted:
+                    return False  # the budget is full: the router's next call goes on
+            return True
+
+        def verify(draft: DraftTree) -> VerifyOutcome:
+            outcome = verifier.verify(draft, 0)  # greedy: no seed is read
+            if session.closed:
+                raise NotFound(f"session {session.session_id!r} was released while it was being verified")
+            return outcome
+
+        return run_ahead(
+            first,
+            lambda: verifier.token_ids,
+            drafter,
+            verify,
+            plan,
+            max_tokens,
+            self.models.eos_token_ids,
+            lambda: drafter.expected_suffix_tokens,
+            admit,
+            self.recent.count,
         )
 
     def _run(self, context: grpc.ServicerContext | None, fn: Callable[..., R], *args: object) -> R:
@@ -267,9 +339,12 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         message: common_pb2.DraftTree,
         round_seed: int,
         num_top: int | None,
-    ) -> tuple[VerifyOutcome, list[TokenLogprob]]:
+        ahead: AheadPlan,
+        ahead_max_tokens: int,
+    ) -> tuple[VerifyOutcome, list[TokenLogprob], list[Round]]:
         """On the model thread: the message's sparse probabilities become dense rows there too; the
-        committed tokens' log-probabilities come from the same forward's logits when asked."""
+        committed tokens' log-probabilities come from the same forward's logits when asked. Then the
+        `ahead` rounds the target runs on its own (in the same job: no hand-off between them)."""
         models = self.models
         dense = with_dense_probs(
             draft, message, models.target_model.config.vocab_size, models.target_runner.device
@@ -289,7 +364,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 num_top,
             )
         verifier.last_logits = None
-        return outcome, logprobs
+        rounds = []
+        if ahead.total:
+            rounds = self._run_ahead(session, (draft, outcome), ahead, ahead_max_tokens)[1:]
+        return outcome, logprobs, rounds
 
     def StreamKV(
         self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext
@@ -335,6 +413,21 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def close(self) -> None:
         self.model.close()
         self.store.clear()
+
+
+def _ahead_plan(request: target_pb2.VerifyRequest) -> AheadPlan:
+    plan = AheadPlan(request.ahead_rounds, request.ahead_copy_rounds, request.ahead_copy_tokens)
+    if plan.rounds < 0 or plan.copy_rounds < 0 or not 0 <= plan.total <= MAX_AHEAD_ROUNDS:
+        raise InvalidArgument(
+            f"ahead_rounds and ahead_copy_rounds must be >= 0 and add up to at most {MAX_AHEAD_ROUNDS}"
+        )
+    if not math.isfinite(plan.copy_tokens) or plan.copy_tokens < 0:
+        raise InvalidArgument(f"ahead_copy_tokens must be finite and >= 0, got {plan.copy_tokens}")
+    if plan.total and request.ahead_max_tokens < 1:
+        raise InvalidArgument(
+            f"ahead_max_tokens must be >= 1 with ahead rounds, got {request.ahead_max_tokens}"
+        )
+    return plan
 
 
 def _top_logprobs(wanted: bool, top: int) -> int | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specserve.core.sampling_params import SamplingParams
+from specserve.core.suffix_drafter import SuffixDrafter
 from specserve.errors import InvalidArgument, NotFound, ResourceExhausted
 from specserve.grammar import Guide
 from specserve.runtime.prefix_cache import PrefixCache, block_tokens_for
@@ -37,6 +38,9 @@ class TargetSession:
     committed_at: float = field(default_factory=time.time)  # wall clock of the newest commit
     closed: bool = False
     in_flight: int = 0  # requests running on the model thread; such a session is never evicted
+    # Drafts the rounds it runs on its own (core/ahead.py), from this session's tokens only; made on the
+    # first Verify that asks for them.
+    ahead_drafter: SuffixDrafter | None = None
 
     @property
     def committed_length(self) -> int:

@@ -70,6 +70,11 @@ class FinishChecker:
     def done(self) -> bool:
         return self.reason is not None
 
+    @property
+    def tokens_left(self) -> int:
+        """Tokens the request may still generate (its max_new_tokens less those generated)."""
+        return max(0, self.max_new_tokens - len(self.generated))
+
     def final_text(self) -> str:
         """The generated text, special tokens skipped, cut before a matched stop string."""
         assert self.decode is not None, "the final text needs a decode function"

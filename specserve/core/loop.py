@@ -9,7 +9,15 @@ from contextlib import AbstractContextManager, nullcontext
 from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
 from specserve.core.grammar import GrammarState, forced_draft, shape_draft
-from specserve.core.protocols import Drafter, DraftTree, RootSeededDrafter, RoundOutcome, Verifier
+from specserve.core.protocols import (
+    AheadVerifier,
+    Drafter,
+    DraftTree,
+    PlansAhead,
+    RootSeededDrafter,
+    RoundOutcome,
+    Verifier,
+)
 from specserve.core.rng import draft_round_seed, verify_round_seed
 from specserve.errors import FailedPrecondition
 from specserve.results import GenerationStats
@@ -98,25 +106,43 @@ def speculative_generate(
             if grammar is not None and forced is None and drafter is not None:
                 draft = shape_draft(draft, grammar)
             t1 = time.perf_counter()
-            verified = verifier.verify(draft, verify_round_seed(request_seed, position))
+            seed = verify_round_seed(request_seed, position)
+            if (
+                isinstance(verifier, AheadVerifier)
+                and verifier.ahead_limit > 0
+                and isinstance(drafter, PlansAhead)
+                and grammar is None
+                and not draft.target_roots
+            ):
+                # The rounds after this one that would ask no draft model run where the target is.
+                plan = drafter.take_rounds_without_model(verifier.ahead_limit)
+                rounds = verifier.verify_ahead(draft, seed, plan, finish.tokens_left)
+            else:
+                rounds = [(draft, verifier.verify(draft, seed))]
             t2 = time.perf_counter()
-            outcome = RoundOutcome.of(draft, verified)  # the one account of the round, for every reader
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
-            stats.num_target_forwards += 1
-            stats.num_draft_tokens += draft.num_draft_tokens
-            stats.num_accepted_tokens += outcome.num_accepted_tokens
-            stats.num_suffix_draft_tokens += outcome.num_suffix_draft_tokens
-            stats.num_suffix_accepted_tokens += outcome.num_suffix_accepted_tokens
-            stats.num_forced_draft_tokens += outcome.num_forced_draft_tokens
-            stats.num_forced_accepted_tokens += outcome.num_forced_accepted_tokens
-            if drafter is not None:
-                shaped = forced is not None or proposed is not draft
-                drafter.observe(_as_proposed(proposed, outcome, forced) if shaped else outcome)
-            if on_round is not None:
-                on_round(outcome)
-            root_candidates = verified.root_candidates
-            emit(outcome.emitted_token_ids)
+            for i, (verified_draft, verified) in enumerate(rounds):
+                # the one account of the round, for every reader
+                outcome = RoundOutcome.of(verified_draft, verified)
+                stats.num_target_forwards += 1
+                stats.num_ahead_rounds += i > 0
+                stats.num_draft_tokens += verified_draft.num_draft_tokens
+                stats.num_accepted_tokens += outcome.num_accepted_tokens
+                stats.num_suffix_draft_tokens += outcome.num_suffix_draft_tokens
+                stats.num_suffix_accepted_tokens += outcome.num_suffix_accepted_tokens
+                stats.num_forced_draft_tokens += outcome.num_forced_draft_tokens
+                stats.num_forced_accepted_tokens += outcome.num_forced_accepted_tokens
+                if drafter is not None:
+                    # A round the verifier ran on its own reaches the drafter as it was verified.
+                    shaped = i == 0 and (forced is not None or proposed is not draft)
+                    drafter.observe(_as_proposed(proposed, outcome, forced) if shaped else outcome)
+                if on_round is not None:
+                    on_round(outcome)
+                root_candidates = verified.root_candidates
+                emit(outcome.emitted_token_ids)
+                if finish.done:
+                    break
 
     stats.elapsed_s = time.perf_counter() - start
     return stats

@@ -255,3 +255,48 @@ class Verifier(Protocol):
         ...
 
     def release(self) -> None: ...
+
+
+# Rounds a verifier may run on its own after the one it is given (AheadVerifier): a bound on how long a
+# call stays away from the loop (and its client's stream), whatever a drafter would allow.
+MAX_AHEAD_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class AheadPlan:
+    """Rounds after this one that a drafter would draft from suffix candidates alone (PlansAhead)."""
+
+    rounds: int  # whatever their candidates
+    copy_rounds: int = 0  # then rounds while each one's candidates expect `copy_tokens` or more
+    copy_tokens: float = 0.0  # accepted tokens (where the drafter would not ask its model either)
+
+    @property
+    def total(self) -> int:
+        return self.rounds + self.copy_rounds
+
+
+@runtime_checkable
+class AheadVerifier(Verifier, Protocol):
+    """A verifier that can run rounds of its own after the one it is given: suffix candidates from the
+    session's own text, drafted and verified where the target is (services/target), so a round that
+    would not ask a draft model costs no round trip. Greedy, unconstrained sessions only."""
+
+    ahead_limit: int  # rounds verify_ahead may run on its own after one (0: none, for this session)
+
+    def verify_ahead(
+        self, draft: DraftTree, round_seed: int, plan: AheadPlan, max_tokens: int
+    ) -> list[tuple[DraftTree, VerifyOutcome]]:
+        """`draft`'s outcome, then those of the rounds `plan` allows, each with the tree it verified;
+        they stop once `max_tokens` tokens are committed (the first round's included) or an
+        end-of-sequence token is."""
+        ...
+
+
+@runtime_checkable
+class PlansAhead(Drafter, Protocol):
+    """A drafter that knows when its next rounds would ask no draft model (core/suffix_drafter.py)."""
+
+    def take_rounds_without_model(self, limit: int) -> AheadPlan:
+        """The rounds after this one (at most `limit` in all) that would draft suffix candidates only.
+        Its certain ones count as rounds it skipped: the caller lets a verifier run them."""
+        ...

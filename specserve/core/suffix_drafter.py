@@ -46,6 +46,7 @@ from specserve.core.grammar import ConstrainedDrafter, GrammarState
 from specserve.core.prompt_indexes import TenantPrompts
 from specserve.core.protocols import (
     READS_NOTHING,
+    AheadPlan,
     CandidateKind,
     Drafter,
     DraftTree,
@@ -341,6 +342,30 @@ class SuffixDrafter:
         )
         suffix_nodes = frozenset(i for i, origin in enumerate(origins) if origin == 1)
         return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=suffix_nodes)
+
+    def take_rounds_without_model(self, limit: int) -> AheadPlan:
+        """PlansAhead: the rounds after this one that would not ask the model drafter, as its account
+        stands (it does not pay, and is asked only once its skipped rounds run out: those are taken
+        from that count), then rounds while suffix candidates alone expect `model_skip_tokens`, as in
+        `propose`; every round when there is no model. A sampled session's rounds stay its loop's: where
+        its tree is drafted must not change its draws (suffix_drafter gives every greedy session a
+        book)."""
+        if self.worth_book is None or limit <= 0:
+            return AheadPlan(0)
+        if self.inner is None:
+            return AheadPlan(limit)
+        worth = self.model_worth
+        taken = 0
+        if worth is not None and not worth.pays():
+            taken = min(limit, worth.explore.left)
+            worth.explore.left -= taken
+        return AheadPlan(taken, limit - taken, self.settings.model_skip_tokens)
+
+    @property
+    def expected_suffix_tokens(self) -> float:
+        """What the last round's suffix candidates were expected to add (the score `propose` skips the
+        model at: SuffixSettings.model_skip_tokens)."""
+        return (self._predicted or 0.0) * self.trust
 
     def open_round(self, token_ids: Sequence[int], batch_sessions: int) -> int:
         """Passes the round's sizing on to a model drafter that sizes rounds (RoundOpeningDrafter)."""

@@ -206,6 +206,7 @@ def stats_to_pb(stats: GenerationStats, **extra: float | int) -> router_pb2.Gene
         num_forced_draft_tokens=stats.num_forced_draft_tokens,
         num_forced_accepted_tokens=stats.num_forced_accepted_tokens,
         num_cached_tokens=stats.num_cached_tokens,
+        num_ahead_rounds=stats.num_ahead_rounds,
         mean_accepted_length=stats.mean_accepted_length,
         elapsed_seconds=stats.elapsed_s,
         tokens_per_second=stats.tokens_per_s,

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from specserve.catalog import DEFAULT_METHOD
 from specserve.config import load_settings
 from specserve.core.prompt_indexes import PROMPT_INDEX_TOKENS
+from specserve.core.protocols import MAX_AHEAD_ROUNDS
 from specserve.errors import InvalidArgument
 
 S = TypeVar("S", bound="ServerSettings")
@@ -241,6 +242,9 @@ class RouterServiceSettings(ServerSettings):
     # unless that replica holds more than prefix_routing_slack sessions beyond the least loaded one.
     prefix_routing: bool = True
     prefix_routing_slack: int = 2
+    # Rounds a greedy session's target may run on its own after each Verify, where they would ask no
+    # draft model (core/ahead.py); 0 = every round is the router's (a call each). Up to 8.
+    max_ahead_rounds: int = MAX_AHEAD_ROUNDS
 
     def validate(self) -> RouterServiceSettings:
         super().validate()
@@ -264,4 +268,6 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("suffix_cache_tokens must be >= 0 and suffix_cache_tenants >= 1")
         if self.prompt_index_cache_tokens < 0:
             raise InvalidArgument("prompt_index_cache_tokens must be >= 0 (0 = off)")
+        if not 0 <= self.max_ahead_rounds <= MAX_AHEAD_ROUNDS:
+            raise InvalidArgument(f"max_ahead_rounds must be in [0, {MAX_AHEAD_ROUNDS}]")
         return self

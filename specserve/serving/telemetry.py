@@ -40,6 +40,7 @@ ATTR_SESSION = "specserve.session_id"
 ATTR_METHOD = "specserve.method"
 ATTR_DRAFT_LENGTH = "specserve.draft_length"
 ATTR_ACCEPTED_LENGTH = "specserve.accepted_length"
+ATTR_AHEAD_ROUNDS = "specserve.ahead_rounds"  # rounds a target ran on its own after a Verify's tree
 ATTR_TREE_SIZE = "specserve.tree_size"
 ATTR_BYTES = "specserve.bytes"
 ATTR_POSITIONS = "specserve.positions"

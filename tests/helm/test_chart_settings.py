@@ -116,6 +116,7 @@ SPECIAL = {
     "device": "cuda:1",
     "max_context": 8192,
     "max_prompt_tokens": 4096,
+    "max_ahead_rounds": 3,
 }
 
 

@@ -79,6 +79,11 @@ def test_engine_and_service_settings_read_their_variables() -> None:
     )
     with pytest.raises(InvalidArgument, match="prompt_index_cache_tokens"):
         RouterServiceSettings.from_env({"SPECSERVE_ROUTER_PROMPT_INDEX_CACHE_TOKENS": "-1"})
+    assert RouterServiceSettings().max_ahead_rounds == 8
+    assert RouterServiceSettings.from_env({"SPECSERVE_ROUTER_MAX_AHEAD_ROUNDS": "0"}).max_ahead_rounds == 0
+    for bad in ("-1", "9"):
+        with pytest.raises(InvalidArgument, match="max_ahead_rounds"):
+            RouterServiceSettings.from_env({"SPECSERVE_ROUTER_MAX_AHEAD_ROUNDS": bad})
     with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
         TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
     assert EngineSettings.from_env({"SPECSERVE_WEIGHTS": "as-shipped"}).weights == "as-shipped"

@@ -246,6 +246,8 @@ def usage(prompt_tokens: int, stats: router_pb2.GenerationStats, method: str, se
             # ... and those a constraint's grammar forced (its only continuation)
             "num_forced_draft_tokens": stats.num_forced_draft_tokens,
             "num_forced_accepted_tokens": stats.num_forced_accepted_tokens,
+            # of num_rounds, those the target ran on its own (suffix candidates, no round trip each)
+            "num_ahead_rounds": stats.num_ahead_rounds,
             "mean_accepted_length": stats.mean_accepted_length,
             "tokens_per_second": stats.tokens_per_second,
             "elapsed_seconds": stats.elapsed_seconds,

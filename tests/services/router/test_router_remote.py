@@ -26,7 +26,7 @@ from services.router.remote import (
     WireDraftTree,
     wire_tree,
 )
-from specserve.core.protocols import CandidateKind, DraftTree, RoundOutcome
+from specserve.core.protocols import AheadPlan, CandidateKind, DraftTree, RoundOutcome
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 from specserve.serving.stack import free_port
@@ -232,3 +232,63 @@ def test_the_opening_proposes_one_time_work_is_not_charged_to_every_round() -> N
             drafter.propose(token_ids, 0, 1)
             token_ids.append(5)
         assert 0 < drafter.overhead_s < SlowOpeningDraft.OPENING_SECONDS / 3
+
+
+class AheadTarget(OneTokenTarget):
+    """Verifies any tree by accepting its whole first path and choosing 7; answers rounds ahead with
+    two-node chains (root, 5), each accepted, whatever the plan allowed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verifies: list[target_pb2.VerifyRequest] = []
+
+    def Verify(self, request, context):
+        self.verifies.append(request)
+        tree = request.tree
+        path = [0, *[i for i, p in enumerate(tree.parent_ids) if i and p == i - 1]]
+        ahead = []
+        root = 7
+        for _ in range(request.ahead_rounds + request.ahead_copy_rounds):
+            chain = common_pb2.DraftTree(token_ids=[root, 5], parent_ids=[-1, 0], kind=tree.kind)
+            ahead.append(target_pb2.AheadRound(tree=chain, accepted_nodes=[0, 1], next_token=7))
+        committed = request.committed_length + len(path) + 2 * len(ahead)
+        return target_pb2.VerifyResponse(
+            accepted_nodes=path, next_token=7, committed_length=committed, ahead=ahead
+        )
+
+
+def test_rounds_ahead_are_asked_for_a_greedy_session_only_and_come_back_as_suffix_rounds() -> None:
+    server = grpc.server(ThreadPoolExecutor(2))
+    servicer = AheadTarget()
+    target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server)
+    address = f"localhost:{server.add_insecure_port('localhost:0')}"
+    server.start()
+    channel = grpc.insecure_channel(address)
+    replicas = ReplicaSet([address])
+
+    def verifier(**kwargs) -> RemoteVerifier:
+        held = HeldReplica(replicas, "session-1", preferred=address)
+        stub_for = lambda _: target_pb2_grpc.TargetServiceStub(channel)  # noqa: E731
+        sampling = kwargs.pop("sampling", SamplingParams())
+        return RemoteVerifier("s", stub_for, held, sampling, 64, 10.0, RoundCounters(), **kwargs)
+
+    try:
+        greedy = verifier(max_ahead_rounds=8)
+        assert greedy.ahead_limit == 8 and verifier().ahead_limit == 0  # 0 unless the router allows
+        assert verifier(max_ahead_rounds=8, sampling=SamplingParams(temperature=0.5)).ahead_limit == 0
+        assert verifier(max_ahead_rounds=8, logprobs=2).ahead_limit == 0
+        greedy.prefill([1, 2, 3], round_seed=0)
+        rounds = greedy.verify_ahead(DraftTree(TokenTree.chain([7, 4])), 0, AheadPlan(2, 1, 1.5), 50)
+        sent = servicer.verifies[-1]
+        assert (sent.ahead_rounds, sent.ahead_copy_rounds, sent.ahead_copy_tokens) == (2, 1, 1.5)
+        assert sent.ahead_max_tokens == 50
+        assert len(rounds) == 4 and rounds[0][1].accepted_nodes == [0, 1]
+        for draft, outcome in rounds[1:]:
+            assert draft.tree.token_ids == (7, 5) and draft.suffix_nodes == frozenset({1})
+            assert outcome.next_token == 7
+        assert greedy.history == [1, 2, 3, 7, 4, 7, 5, 7, 5, 7, 5, 7]
+        greedy.verify(DraftTree.root_only(7), 0)  # a plain round asks for none
+        assert servicer.verifies[-1].ahead_rounds == servicer.verifies[-1].ahead_max_tokens == 0
+    finally:
+        channel.close()
+        server.stop(None)

@@ -162,6 +162,25 @@ def test_suffix_only_rounds_make_no_draft_call(stack, default_engine):
     assert proposes <= rounds - suffix_only, (proposes, rounds, suffix_only)
 
 
+@pytest.mark.timeout(300)
+def test_rounds_that_ask_no_draft_model_run_on_the_target(stack, default_engine):
+    """A greedy session's rounds that would ask no draft model (the suffix method has none) run on the
+    target after the round the router sends, without a call each; the output is the in-process
+    engine's, whose rounds run one by one. A sampled session's rounds all stay the router's."""
+    prompt = "Repeat this line four times, one per line: the quick brown fox jumps over the lazy dog"
+    local = default_engine.generate(prompt, GenerationRequest.build(method="suffix", max_new_tokens=48))
+    verifies_before = metric(stack, "target", "specserve:verify_latency_seconds_count")
+    with Client(stack.router_address) as client:
+        remote = client.generate(prompt, method="suffix", max_new_tokens=48)
+        verifies = metric(stack, "target", "specserve:verify_latency_seconds_count") - verifies_before
+        sampled = client.generate(prompt, method="suffix", max_new_tokens=16, temperature=0.8, seed=5)
+    assert remote.token_ids == local.token_ids
+    rounds = remote.stats["num_target_forwards"] - 1  # the prefill is not a round
+    assert remote.stats["num_ahead_rounds"] > rounds / 2
+    assert verifies == rounds - remote.stats["num_ahead_rounds"]  # one Verify call for each of the rest
+    assert sampled.stats["num_ahead_rounds"] == 0
+
+
 def stream_until_killed(
     client: Client,
     role: str,

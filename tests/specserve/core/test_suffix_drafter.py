@@ -13,7 +13,7 @@ import pytest
 from specserve.core.backoff import MAX_SKIPPED_ROUNDS
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
-from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome
+from specserve.core.protocols import READS_NOTHING, AheadPlan, CandidateKind, DraftTree, RoundOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import (
@@ -278,3 +278,37 @@ def test_a_session_where_the_model_paid_starts_asking_it():
     useful = SlowDrafter([99, 98], seconds=0.0)
     _rounds(suffix_drafter(useful, 16, GREEDY, lambda: FLAT_COST, worth=book), accepted=2, round_s=0.002)
     assert useful.calls == 12
+
+
+def test_the_rounds_without_a_model_are_planned_ahead_only_for_a_greedy_session():
+    """What a verifier may run on its own after a round (core/ahead.py): every round without a model;
+    with one, the rounds its account skips anyway (taken from that count), then rounds while the
+    suffix alone expects what `propose` skips the model at; nothing for a sampled session."""
+    assert suffix_drafter(None, 16, GREEDY, lambda: FLAT_COST).take_rounds_without_model(8) == AheadPlan(8)
+    sampled = suffix_drafter(None, 16, SamplingParams(temperature=0.7), lambda: FLAT_COST)
+    assert sampled.take_rounds_without_model(8) == AheadPlan(0)
+
+    paying = suffix_drafter(SlowDrafter([99, 98], 0.0), 16, GREEDY, lambda: FLAT_COST)
+    _rounds(paying, accepted=2, round_s=0.002)
+    skip = SuffixSettings().model_skip_tokens
+    assert paying.take_rounds_without_model(8) == AheadPlan(0, 8, skip)  # asked on every round
+
+    costly = suffix_drafter(SlowDrafter([99, 98], 0.02), 16, GREEDY, lambda: FLAT_COST)
+    _rounds(costly, accepted=0, round_s=0.002)
+    worth = costly.model_worth
+    assert worth is not None and not worth.pays()
+    worth.explore.left = 5
+    assert costly.take_rounds_without_model(8) == AheadPlan(5, 3, skip)
+    assert worth.explore.left == 0 and worth.should_ask()  # the rounds taken were its skipped ones
+    worth.explore.left = 12
+    assert costly.take_rounds_without_model(8) == AheadPlan(8, 0, skip) and worth.explore.left == 4
+
+
+def test_the_suffix_expectation_is_the_last_proposal_s_score_times_trust():
+    drafter = SuffixDrafter(None, 16, FLAT_COST)
+    assert drafter.expected_suffix_tokens == 0.0
+    draft = drafter.propose(REPEATING, round_seed=0, batch_sessions=1)
+    assert draft.suffix_nodes and drafter.expected_suffix_tokens > 1.0
+    assert drafter.expected_suffix_tokens == pytest.approx(drafter._predicted * drafter.trust)
+    drafter.propose(list(range(500, 520)), round_seed=1, batch_sessions=1)  # nothing seen before
+    assert drafter.expected_suffix_tokens == 0.0

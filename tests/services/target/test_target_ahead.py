@@ -1,0 +1,128 @@
+"""Rounds the target runs on its own after a Verify's tree (VerifyRequest.ahead_rounds), over real gRPC
+on the shared stack's target: they commit what one round at a time commits, stop at the token budget,
+and are refused where they would not be lossless or reproducible."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+
+from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
+
+pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+FIXED = common_pb2.CANDIDATE_KIND_FIXED
+# Text that repeats itself, so the target's own suffix candidates have something to copy.
+PROMPT_IDS = [1, 9690, 198, 504, 2365, 6354, 16848, 690, 260, 23790, 2767, 30] * 3
+
+
+@pytest.fixture(scope="module")
+def stub(channels) -> target_pb2_grpc.TargetServiceStub:
+    return target_pb2_grpc.TargetServiceStub(channels["target"])
+
+
+@pytest.fixture(scope="module")
+def info(stub) -> target_pb2.ModelInfo:
+    return stub.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=60)
+
+
+class Session:
+    def __init__(self, stub, info, name: str, **prefill) -> None:
+        self.stub, self.id = stub, name
+        capacity = len(PROMPT_IDS) + 1 + info.max_tree_nodes + 128
+        request = target_pb2.PrefillRequest(
+            session_id=name, token_ids=PROMPT_IDS, capacity=capacity, **prefill
+        )
+        response = stub.Prefill(request, timeout=60)
+        self.tokens = [*PROMPT_IDS, response.next_token]
+
+    def verify(self, **fields) -> target_pb2.VerifyResponse:
+        tree = common_pb2.DraftTree(token_ids=[self.tokens[-1]], parent_ids=[-1], kind=FIXED)
+        request = target_pb2.VerifyRequest(
+            session_id=self.id, tree=tree, committed_length=len(self.tokens), **fields
+        )
+        response = self.stub.Verify(request, timeout=60)
+        rounds = [(tree, response)] + [(r.tree, r) for r in response.ahead]
+        for tree_, round_ in rounds:
+            self.tokens += [tree_.token_ids[i] for i in round_.accepted_nodes[1:]] + [round_.next_token]
+        assert response.committed_length == len(self.tokens)
+        return response
+
+    def release(self) -> None:
+        self.stub.Release(target_pb2.ReleaseRequest(session_id=self.id), timeout=60)
+
+
+def test_rounds_ahead_commit_what_one_round_at_a_time_commits(stub, info):
+    plain, ahead = Session(stub, info, "ahead-plain"), Session(stub, info, "ahead-rounds")
+    try:
+        for _ in range(3):
+            response = ahead.verify(ahead_rounds=4, ahead_max_tokens=1000)
+            assert len(response.ahead) == 4
+        copying = ahead.verify(ahead_copy_rounds=8, ahead_copy_tokens=1.0, ahead_max_tokens=1000)
+        while len(plain.tokens) < len(ahead.tokens):
+            assert not plain.verify().ahead  # no rounds of its own unless asked
+        assert plain.tokens[: len(ahead.tokens)] == ahead.tokens
+        # Rounds from the session's own text: the repeated prompt is copied, several tokens a round.
+        drafted = sum(len(r.tree.token_ids) - 1 for r in copying.ahead)
+        assert len(ahead.tokens) - len(PROMPT_IDS) > 16 and (not copying.ahead or drafted > 0)
+    finally:
+        plain.release()
+        ahead.release()
+
+
+def test_rounds_ahead_stop_at_the_token_budget(stub, info):
+    session = Session(stub, info, "ahead-budget")
+    try:
+        before = len(session.tokens)
+        response = session.verify(ahead_rounds=8, ahead_max_tokens=2)
+        assert len(response.ahead) <= 1  # the first round commits at least one token, the next another
+        assert 2 <= len(session.tokens) - before <= 1 + info.max_tree_nodes + 1
+    finally:
+        session.release()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"ahead_rounds": 9, "ahead_max_tokens": 10}, id="more-than-eight"),
+        pytest.param({"ahead_rounds": 5, "ahead_copy_rounds": 4, "ahead_max_tokens": 10}, id="nine-in-all"),
+        pytest.param({"ahead_rounds": -1, "ahead_max_tokens": 10}, id="negative"),
+        pytest.param({"ahead_rounds": 2}, id="no-token-budget"),
+        pytest.param(
+            {"ahead_copy_rounds": 2, "ahead_copy_tokens": math.nan, "ahead_max_tokens": 10},
+            id="nan-copy-tokens",
+        ),
+        pytest.param({"ahead_rounds": 2, "ahead_max_tokens": 10, "logprobs": True}, id="with-logprobs"),
+    ],
+)
+def test_bad_ahead_requests_are_invalid_argument(stub, info, expect_status, fields):
+    session = Session(stub, info, "ahead-invalid")
+    try:
+        tree = common_pb2.DraftTree(token_ids=[session.tokens[-1]], parent_ids=[-1], kind=FIXED)
+        request = target_pb2.VerifyRequest(
+            session_id=session.id, tree=tree, committed_length=len(session.tokens), **fields
+        )
+        expect_status(INVALID, stub.Verify, request)
+        assert not session.verify().ahead  # nothing was committed: the session goes on where it was
+    finally:
+        session.release()
+
+
+def test_a_sampled_session_runs_no_round_ahead(stub, info, expect_status):
+    """A sampled session's tree decides its draws: where its rounds are drafted must not change them."""
+    session = Session(stub, info, "ahead-sampled", sampling=common_pb2.SamplingParams(temperature=0.7))
+    try:
+        tree = common_pb2.DraftTree(token_ids=[session.tokens[-1]], parent_ids=[-1], kind=FIXED)
+        request = target_pb2.VerifyRequest(
+            session_id=session.id,
+            tree=tree,
+            committed_length=len(session.tokens),
+            ahead_rounds=2,
+            ahead_max_tokens=10,
+        )
+        assert "greedy" in expect_status(INVALID, stub.Verify, request)
+    finally:
+        session.release()

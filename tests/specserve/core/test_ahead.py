@@ -1,0 +1,174 @@
+"""Rounds a verifier runs on its own after the one it is given (core/ahead.py), on a tiny random target:
+the output stays the target's own, and they stop where the plan, the token budget, an end-of-sequence
+token or the KV room says."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from tiny_llama import tiny_llama
+
+from specserve.core.ahead import Round, committed_tokens, run_ahead
+from specserve.core.cost import NOMINAL_CPU_COST
+from specserve.core.finish import FinishChecker
+from specserve.core.loop import speculative_generate
+from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
+from specserve.core.sampling_params import GREEDY, SamplingParams
+from specserve.core.suffix_drafter import SuffixDrafter, suffix_drafter
+from specserve.runtime.runner import ModelRunner
+from specserve.runtime.target import LocalVerifier
+
+PROMPT = [3, 17, 5, 9, 41, 2, 33, 8, 3, 17, 5, 9]
+CAPACITY = 256
+MAX_NODES = 16
+
+
+@pytest.fixture(scope="module")
+def target() -> ModelRunner:
+    return ModelRunner(tiny_llama())
+
+
+class AheadLocalVerifier:
+    """A LocalVerifier that runs the rounds it is allowed on its own, as the target service does
+    (services/target/servicer.py), with its own suffix drafter over the session's tokens."""
+
+    def __init__(self, target: ModelRunner, sampling: SamplingParams = GREEDY) -> None:
+        self.local = LocalVerifier(target, CAPACITY, sampling=sampling)
+        self.drafter = suffix_drafter(None, MAX_NODES, GREEDY, lambda: NOMINAL_CPU_COST)
+        self.ahead_limit = MAX_AHEAD_ROUNDS if sampling.greedy else 0
+        self.plans: list[AheadPlan] = []
+
+    def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
+        return self.local.prefill(prompt_ids, round_seed)
+
+    def resume(self, token_ids: Sequence[int]) -> None:
+        self.local.resume(token_ids)
+
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
+        return self.local.verify(draft, round_seed)
+
+    def verify_ahead(
+        self, draft: DraftTree, round_seed: int, plan: AheadPlan, max_tokens: int
+    ) -> list[Round]:
+        self.plans.append(plan)
+        first = (draft, self.local.verify(draft, round_seed))
+        return run_ahead(
+            first,
+            lambda: self.local.token_ids,
+            self.drafter,
+            lambda d: self.local.verify(d, 0),
+            plan,
+            max_tokens,
+            frozenset(),
+            lambda: self.drafter.expected_suffix_tokens,
+        )
+
+    def release(self) -> None:
+        self.local.release()
+
+
+def reference(target: ModelRunner, max_new_tokens: int = 48) -> list[int]:
+    finish = FinishChecker(max_new_tokens, frozenset())
+    speculative_generate(PROMPT, LocalVerifier(target, CAPACITY, sampling=GREEDY), None, 0, finish)
+    return finish.generated
+
+
+@pytest.mark.parametrize("max_new_tokens", [48, 5])
+def test_rounds_run_ahead_leave_the_greedy_output_the_targets(target, max_new_tokens):
+    verifier = AheadLocalVerifier(target)
+    drafter = suffix_drafter(None, MAX_NODES, GREEDY, lambda: NOMINAL_CPU_COST)
+    finish = FinishChecker(max_new_tokens, frozenset())
+    stats = speculative_generate(PROMPT, verifier, drafter, 0, finish)
+    assert finish.generated == reference(target, max_new_tokens)
+    assert stats.num_ahead_rounds > 0 and verifier.plans[0] == AheadPlan(8)  # no model: every round
+    assert stats.num_generated_tokens == max_new_tokens  # the last call's extra tokens are not emitted
+    # each call's rounds after its first are the loop's rounds too, and the drafter saw every one
+    assert stats.num_target_forwards > len(verifier.plans) + 1
+
+
+def test_a_sampled_session_runs_no_round_ahead(target):
+    params = SamplingParams(temperature=0.8)
+    verifier = AheadLocalVerifier(target, params)
+    drafter = suffix_drafter(None, MAX_NODES, params, lambda: NOMINAL_CPU_COST)
+    stats = speculative_generate(PROMPT, verifier, drafter, 7, FinishChecker(24, frozenset()))
+    assert stats.num_ahead_rounds == 0 and verifier.plans == []
+
+
+def first_round(verifier: LocalVerifier) -> Round:
+    draft = DraftTree.root_only(verifier.token_ids[-1])
+    return draft, verifier.verify(draft, 0)
+
+
+def ahead(target: ModelRunner, plan: AheadPlan, max_tokens: int = 100, **kwargs) -> list[Round]:
+    local = LocalVerifier(target, CAPACITY, sampling=GREEDY)
+    local.prefill(PROMPT, 0)
+    drafter = kwargs.pop("drafter", SuffixDrafter(None, MAX_NODES, NOMINAL_CPU_COST))
+    stop = kwargs.pop("stop_token_ids", frozenset())
+    return run_ahead(
+        first_round(local),
+        lambda: local.token_ids,
+        drafter,
+        lambda d: local.verify(d, 0),
+        plan,
+        max_tokens,
+        stop,
+        **kwargs,
+    )
+
+
+def tokens_of(rounds: list[Round]) -> list[int]:
+    return [t for round_ in rounds for t in committed_tokens(*round_)]
+
+
+def test_rounds_ahead_commit_what_plain_decoding_does_and_stop_at_the_budget(target):
+    expected = reference(target)
+    rounds = ahead(target, AheadPlan(6))
+    assert len(rounds) == 7
+    made = tokens_of(rounds)
+    assert made == expected[1 : 1 + len(made)]  # the prefill emitted expected[0]
+    assert 3 <= len(tokens_of(ahead(target, AheadPlan(6), max_tokens=3))) < 3 + MAX_NODES
+    assert len(ahead(target, AheadPlan(6), max_tokens=1)) == 1  # the first round used the budget
+
+
+def test_rounds_ahead_stop_after_an_end_of_sequence_token(target):
+    expected = reference(target)
+    stop = expected[4]
+    rounds = ahead(target, AheadPlan(8), stop_token_ids=frozenset({stop}))
+    made = tokens_of(rounds)
+    assert stop in made and stop not in tokens_of(rounds[:-1])
+
+
+def test_rounds_ahead_stop_where_the_kv_has_no_room(target):
+    assert len(ahead(target, AheadPlan(8), admit=lambda draft: False)) == 1
+    admitted: list[DraftTree] = []
+    rounds = ahead(target, AheadPlan(8), admit=lambda d: admitted.append(d) or len(admitted) <= 2)
+    assert len(rounds) == 3
+
+
+class ExpectingDrafter(SuffixDrafter):
+    """Suffix candidates whose expectation is scripted: what a round's proposal claims it will add."""
+
+    def __init__(self, expectations: Sequence[float]) -> None:
+        super().__init__(None, MAX_NODES, NOMINAL_CPU_COST)
+        self.expectations, self.observed = list(expectations), 0
+
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+        self.current = self.expectations.pop(0)
+        return super().propose(token_ids, round_seed, batch_sessions)
+
+    @property
+    def expected_suffix_tokens(self) -> float:
+        return self.current
+
+    def observe(self, outcome) -> None:
+        self.observed += 1
+        super().observe(outcome)
+
+
+def test_copy_rounds_go_on_only_while_the_suffix_expects_enough(target):
+    drafter = ExpectingDrafter([0.0, 0.0, 3.0, 2.0, 0.5, 5.0])
+    plan = AheadPlan(2, 6, copy_tokens=1.0)
+    rounds = ahead(target, plan, drafter=drafter, expected_tokens=lambda: drafter.expected_suffix_tokens)
+    # two certain rounds (whatever they expect), two copy rounds, then one that falls short: unverified
+    assert len(rounds) == 5 and drafter.observed == 4
