@@ -29,6 +29,12 @@ class DraftBackoff:
             return False
         return True
 
+    def take(self, limit: int) -> int:
+        """Uses up to `limit` of the rounds still to skip at once (rounds run elsewhere: core/ahead.py)."""
+        taken = min(max(0, limit), self.left)
+        self.left -= taken
+        return taken
+
     def observe(self, num_draft_tokens: int) -> None:
         """Called with the size of every proposal the drafter made."""
         if num_draft_tokens > 0:

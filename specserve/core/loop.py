@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 
 from specserve.core.backoff import DraftBackoff
 from specserve.core.finish import FinishChecker
@@ -114,8 +115,11 @@ def speculative_generate(
                 and grammar is None
                 and not draft.target_roots
             ):
-                # The rounds after this one that would ask no draft model run where the target is.
-                plan = drafter.take_rounds_without_model(verifier.ahead_limit)
+                # The rounds after this one that would ask no draft model run where the target is:
+                # those the loop skips its drafter for, then those the drafter would not ask its model.
+                skipped = backoff.take(verifier.ahead_limit)
+                plan = drafter.take_rounds_without_model(verifier.ahead_limit - skipped)
+                plan = replace(plan, rounds=skipped + plan.rounds)
                 rounds = verifier.verify_ahead(draft, seed, plan, finish.tokens_left)
             else:
                 rounds = [(draft, verifier.verify(draft, seed))]

@@ -81,7 +81,9 @@ def test_rounds_run_ahead_leave_the_greedy_output_the_targets(target, max_new_to
     finish = FinishChecker(max_new_tokens, frozenset())
     stats = speculative_generate(PROMPT, verifier, drafter, 0, finish)
     assert finish.generated == reference(target, max_new_tokens)
-    assert stats.num_ahead_rounds > 0 and verifier.plans[0] == AheadPlan(8)  # no model: every round
+    # No model: every round may run ahead (those the loop skips its drafter for, or all eight)
+    assert stats.num_ahead_rounds > 0 and verifier.plans
+    assert all(plan.rounds >= 1 and plan.copy_rounds == 0 for plan in verifier.plans)
     assert stats.num_generated_tokens == max_new_tokens  # the last call's extra tokens are not emitted
     # each call's rounds after its first are the loop's rounds too, and the drafter saw every one
     assert stats.num_target_forwards > len(verifier.plans) + 1

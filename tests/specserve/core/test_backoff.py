@@ -85,3 +85,13 @@ def test_skipped_rounds_verify_the_root_alone_and_the_drafter_catches_up(tempera
         assert generated == alone
     else:  # a root-alone round samples as the target does: same seed, same tokens until drafts start
         assert generated[:20] == alone[:20]
+
+
+def test_skipped_rounds_taken_at_once_are_used_up():
+    backoff = DraftBackoff()
+    assert backoff.take(8) == 0
+    for _ in range(3):
+        backoff.observe(0)  # runs of 1, 2, then 4 rounds to skip
+    assert backoff.left == 4
+    assert backoff.take(3) == 3 and backoff.take(8) == 1 and backoff.take(8) == 0
+    assert backoff.should_ask()  # the run is over: the drafter is asked again
