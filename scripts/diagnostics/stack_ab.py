@@ -39,6 +39,8 @@ def main() -> None:
     request = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=args.max_new_tokens)
     engine = Engine()
     totals = {name: [0, 0.0] for name in [IN_PROCESS, *arms]}  # tokens, seconds
+    rounds = {name: [0, 0] for name in arms}  # the stacks' rounds, and those the target ran on its own
+    identical = dict.fromkeys(arms, 0)  # prompts whose output is the in-process engine's
 
     stacks = []
     try:
@@ -50,16 +52,19 @@ def main() -> None:
         for client in clients.values():
             client.generate("warm up", max_new_tokens=8)
         for i, prompt in enumerate(prompts, 1):
+            local: list[int] = []
             for name in totals:
                 start = time.perf_counter()
                 if name == IN_PROCESS:
-                    tokens = engine.generate(prompt.text, request).token_ids
+                    tokens = local = engine.generate(prompt.text, request).token_ids
                 else:
-                    tokens = (
-                        clients[name]
-                        .generate(prompt.text, max_new_tokens=args.max_new_tokens, temperature=0.0)
-                        .token_ids
+                    completion = clients[name].generate(
+                        prompt.text, max_new_tokens=args.max_new_tokens, temperature=0.0
                     )
+                    tokens = completion.token_ids
+                    rounds[name][0] += int(completion.stats["num_target_forwards"]) - 1  # not the prefill
+                    rounds[name][1] += int(completion.stats["num_ahead_rounds"])
+                    identical[name] += tokens == local
                 totals[name][0] += len(tokens)
                 totals[name][1] += time.perf_counter() - start
             rates = {name: round(n / s, 2) for name, (n, s) in totals.items()}
@@ -71,6 +76,8 @@ def main() -> None:
     result = {name: {"tokens_per_s": n / s} for name, (n, s) in totals.items()}
     for name in arms:
         result[name]["vs_in_process"] = result[name]["tokens_per_s"] / result[IN_PROCESS]["tokens_per_s"]
+        result[name]["rounds"], result[name]["ahead_rounds"] = rounds[name]
+        result[name]["identical"] = f"{identical[name]}/{len(prompts)}"
     result["arms"] = arms
     (args.out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

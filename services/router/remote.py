@@ -98,10 +98,12 @@ class RemoteVerifier:
         num_prompt_tokens: int = 0,  # where the constrained text starts (a rebuild replays the rest)
         max_tree_nodes: int = 64,  # the most nodes a tree the target verified on its own may have
         max_ahead_rounds: int = 0,  # rounds a greedy session's target may run on its own (core/ahead.py)
+        max_ahead_seconds: float = 0.0,  # how long a call may run before such a round starts (0: any)
     ) -> None:
         self.session_id = session_id
         self.max_tree_nodes = max_tree_nodes
         self.max_ahead_rounds = max_ahead_rounds
+        self.max_ahead_seconds = max_ahead_seconds
         self.tenant = tenant
         self.cached_tokens = 0  # of the fresh prompt, those the target took from its prefix cache
         self.constraint = constraint_to_pb(constraint)  # sent with every Prefill, fresh or rebuild
@@ -183,6 +185,7 @@ class RemoteVerifier:
             request.ahead_copy_rounds = plan.copy_rounds
             request.ahead_copy_tokens = plan.copy_tokens
             request.ahead_max_tokens = max_tokens
+            request.ahead_max_seconds = self.max_ahead_seconds
         start = time.perf_counter()
         response = self._call("Verify", request, rebuild=self._rebuild)
         verify_s = time.perf_counter() - start

@@ -265,6 +265,7 @@ class SessionRun:
             tenant=self.record.owner,
             max_tree_nodes=router.limits.max_tree_nodes + 1,  # a Verify's bound (root included)
             max_ahead_rounds=router.settings.max_ahead_rounds,
+            max_ahead_seconds=router.settings.max_ahead_ms / 1000,
         )
 
     def _drafter(self, draft: HeldReplica, verifier: RemoteVerifier, method: str) -> RemoteDrafter:

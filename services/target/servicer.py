@@ -250,6 +250,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     num_top,
                     ahead,
                     request.ahead_max_tokens,
+                    start + request.ahead_max_seconds if request.ahead_max_seconds else math.inf,
                 )
                 span.set_attribute(telemetry.ATTR_ACCEPTED_LENGTH, len(outcome.accepted_nodes) - 1)
                 span.set_attribute(telemetry.ATTR_AHEAD_ROUNDS, len(rounds))
@@ -273,7 +274,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
 
     def _run_ahead(
-        self, session: TargetSession, first: Round, plan: AheadPlan, max_tokens: int
+        self, session: TargetSession, first: Round, plan: AheadPlan, max_tokens: int, deadline: float
     ) -> list[Round]:
         """On the model thread: the rounds this target runs on its own after `first` (core/ahead.py),
         drafted from the session's own tokens, each admitted to the KV budget like a Verify's tree."""
@@ -314,6 +315,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             lambda: drafter.expected_suffix_tokens,
             admit,
             self.recent.count,
+            deadline,
         )
 
     def _run(self, context: grpc.ServicerContext | None, fn: Callable[..., R], *args: object) -> R:
@@ -341,6 +343,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         num_top: int | None,
         ahead: AheadPlan,
         ahead_max_tokens: int,
+        ahead_deadline: float,
     ) -> tuple[VerifyOutcome, list[TokenLogprob], list[Round]]:
         """On the model thread: the message's sparse probabilities become dense rows there too; the
         committed tokens' log-probabilities come from the same forward's logits when asked. Then the
@@ -366,7 +369,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         verifier.last_logits = None
         rounds = []
         if ahead.total:
-            rounds = self._run_ahead(session, (draft, outcome), ahead, ahead_max_tokens)[1:]
+            rounds = self._run_ahead(session, (draft, outcome), ahead, ahead_max_tokens, ahead_deadline)[1:]
         return outcome, logprobs, rounds
 
     def StreamKV(
@@ -423,6 +426,8 @@ def _ahead_plan(request: target_pb2.VerifyRequest) -> AheadPlan:
         )
     if not math.isfinite(plan.copy_tokens) or plan.copy_tokens < 0:
         raise InvalidArgument(f"ahead_copy_tokens must be finite and >= 0, got {plan.copy_tokens}")
+    if not math.isfinite(request.ahead_max_seconds) or request.ahead_max_seconds < 0:
+        raise InvalidArgument(f"ahead_max_seconds must be finite and >= 0, got {request.ahead_max_seconds}")
     if plan.total and request.ahead_max_tokens < 1:
         raise InvalidArgument(
             f"ahead_max_tokens must be >= 1 with ahead rounds, got {request.ahead_max_tokens}"

@@ -15,6 +15,8 @@ the session's own on the target, over its own tokens: no other session's text re
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 
 from specserve.core.protocols import AheadPlan, Drafter, DraftTree, RoundOutcome, VerifyOutcome
@@ -38,17 +40,25 @@ def run_ahead(
     expected_tokens: Callable[[], float] = lambda: 0.0,
     admit: Callable[[DraftTree], bool] = lambda draft: True,
     batch_sessions: Callable[[], int] = lambda: 1,
+    deadline: float = math.inf,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[Round]:
     """`first` (a round already verified), then the rounds `plan` allows, each drafted by `drafter`
     from `token_ids()` (the session's committed tokens, the root last) and verified by `verify`: its
     `rounds` whatever they draft, then its `copy_rounds` while `expected_tokens()` (what the drafter's
     last proposal expects to be accepted) is at least `copy_tokens`; the first that falls short is
     left to the caller's loop, unverified. They stop once `max_tokens` tokens are committed (first's
-    included), after a round that commits one of `stop_token_ids`, or where `admit` finds no room for
-    a round's tree. The drafter observes each round it verified."""
+    included), after a round that commits one of `stop_token_ids`, where `admit` finds no room for a
+    round's tree, or at `deadline` on `clock` (no round starts after it: the caller's stream waits for
+    these rounds). The drafter observes each round it verified."""
     done = [first]
     made = committed_tokens(*first)
-    while len(done) <= plan.total and len(made) < max_tokens and not stop_token_ids.intersection(made):
+    while (
+        len(done) <= plan.total
+        and len(made) < max_tokens
+        and not stop_token_ids.intersection(made)
+        and clock() < deadline
+    ):
         draft = drafter.propose(token_ids(), 0, batch_sessions())  # greedy: no seed is read
         if len(done) > plan.rounds and expected_tokens() < plan.copy_tokens:
             break  # a round whose drafter would ask its model: the caller's

@@ -245,6 +245,9 @@ class RouterServiceSettings(ServerSettings):
     # Rounds a greedy session's target may run on its own after each Verify, where they would ask no
     # draft model (core/ahead.py); 0 = every round is the router's (a call each). Up to 8.
     max_ahead_rounds: int = MAX_AHEAD_ROUNDS
+    # ... and how long a Verify call may run before such a round starts (0 = no bound): a stream's tokens
+    # come in bursts of at most about this long plus a round (under load a round is a batch's forward).
+    max_ahead_ms: float = 60.0
 
     def validate(self) -> RouterServiceSettings:
         super().validate()
@@ -270,4 +273,6 @@ class RouterServiceSettings(ServerSettings):
             raise InvalidArgument("prompt_index_cache_tokens must be >= 0 (0 = off)")
         if not 0 <= self.max_ahead_rounds <= MAX_AHEAD_ROUNDS:
             raise InvalidArgument(f"max_ahead_rounds must be in [0, {MAX_AHEAD_ROUNDS}]")
+        if not 0 <= self.max_ahead_ms < float("inf"):
+            raise InvalidArgument(f"max_ahead_ms must be finite and >= 0, got {self.max_ahead_ms}")
         return self

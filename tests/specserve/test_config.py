@@ -84,6 +84,10 @@ def test_engine_and_service_settings_read_their_variables() -> None:
     for bad in ("-1", "9"):
         with pytest.raises(InvalidArgument, match="max_ahead_rounds"):
             RouterServiceSettings.from_env({"SPECSERVE_ROUTER_MAX_AHEAD_ROUNDS": bad})
+    assert RouterServiceSettings.from_env({"SPECSERVE_ROUTER_MAX_AHEAD_MS": "0"}).max_ahead_ms == 0
+    for bad in ("-1", "inf"):
+        with pytest.raises(InvalidArgument, match="max_ahead_ms"):
+            RouterServiceSettings.from_env({"SPECSERVE_ROUTER_MAX_AHEAD_MS": bad})
     with pytest.raises(InvalidArgument, match="SPECSERVE_TARGET_MAX_SESSIONS"):
         TargetServiceSettings.from_env({"SPECSERVE_TARGET_MAX_SESSIONS": "many"})
     assert EngineSettings.from_env({"SPECSERVE_WEIGHTS": "as-shipped"}).weights == "as-shipped"

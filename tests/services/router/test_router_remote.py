@@ -273,7 +273,7 @@ def test_rounds_ahead_are_asked_for_a_greedy_session_only_and_come_back_as_suffi
         return RemoteVerifier("s", stub_for, held, sampling, 64, 10.0, RoundCounters(), **kwargs)
 
     try:
-        greedy = verifier(max_ahead_rounds=8)
+        greedy = verifier(max_ahead_rounds=8, max_ahead_seconds=0.05)
         assert greedy.ahead_limit == 8 and verifier().ahead_limit == 0  # 0 unless the router allows
         assert verifier(max_ahead_rounds=8, sampling=SamplingParams(temperature=0.5)).ahead_limit == 0
         assert verifier(max_ahead_rounds=8, logprobs=2).ahead_limit == 0
@@ -281,7 +281,7 @@ def test_rounds_ahead_are_asked_for_a_greedy_session_only_and_come_back_as_suffi
         rounds = greedy.verify_ahead(DraftTree(TokenTree.chain([7, 4])), 0, AheadPlan(2, 1, 1.5), 50)
         sent = servicer.verifies[-1]
         assert (sent.ahead_rounds, sent.ahead_copy_rounds, sent.ahead_copy_tokens) == (2, 1, 1.5)
-        assert sent.ahead_max_tokens == 50
+        assert sent.ahead_max_tokens == 50 and sent.ahead_max_seconds == pytest.approx(0.05)
         assert len(rounds) == 4 and rounds[0][1].accepted_nodes == [0, 1]
         for draft, outcome in rounds[1:]:
             assert draft.tree.token_ids == (7, 5) and draft.suffix_nodes == frozenset({1})

@@ -73,6 +73,15 @@ def test_rounds_ahead_commit_what_one_round_at_a_time_commits(stub, info):
         ahead.release()
 
 
+def test_no_round_ahead_starts_once_the_call_ran_its_time(stub, info):
+    session = Session(stub, info, "ahead-time")
+    try:
+        assert not session.verify(ahead_rounds=8, ahead_max_tokens=100, ahead_max_seconds=1e-6).ahead
+        assert len(session.verify(ahead_rounds=8, ahead_max_tokens=100, ahead_max_seconds=60).ahead) == 8
+    finally:
+        session.release()
+
+
 def test_rounds_ahead_stop_at_the_token_budget(stub, info):
     session = Session(stub, info, "ahead-budget")
     try:
@@ -96,6 +105,12 @@ def test_rounds_ahead_stop_at_the_token_budget(stub, info):
             id="nan-copy-tokens",
         ),
         pytest.param({"ahead_rounds": 2, "ahead_max_tokens": 10, "logprobs": True}, id="with-logprobs"),
+        pytest.param(
+            {"ahead_rounds": 2, "ahead_max_tokens": 10, "ahead_max_seconds": -1.0}, id="negative-seconds"
+        ),
+        pytest.param(
+            {"ahead_rounds": 2, "ahead_max_tokens": 10, "ahead_max_seconds": math.inf}, id="infinite-seconds"
+        ),
     ],
 )
 def test_bad_ahead_requests_are_invalid_argument(stub, info, expect_status, fields):

@@ -174,3 +174,9 @@ def test_copy_rounds_go_on_only_while_the_suffix_expects_enough(target):
     rounds = ahead(target, plan, drafter=drafter, expected_tokens=lambda: drafter.expected_suffix_tokens)
     # two certain rounds (whatever they expect), two copy rounds, then one that falls short: unverified
     assert len(rounds) == 5 and drafter.observed == 4
+
+
+def test_no_round_ahead_starts_after_the_deadline(target):
+    ticks = iter(range(100))
+    rounds = ahead(target, AheadPlan(8), deadline=3.0, clock=lambda: float(next(ticks)))
+    assert len(rounds) == 4  # rounds started at clock 0, 1 and 2; none at 3
