@@ -213,7 +213,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         with self.store.lock:
             session = self.store.get(request.session_id)
             if ahead.total and (
-                num_top is not None or not session.verifier.sampling.greedy or session.verifier.guide
+                num_top is not None
+                or not session.verifier.sampling.greedy
+                or session.verifier.guide is not None
             ):
                 raise InvalidArgument(
                     "ahead_rounds needs a greedy session without a constraint and without logprobs"

@@ -29,11 +29,9 @@ class DraftBackoff:
             return False
         return True
 
-    def take(self, limit: int) -> int:
-        """Uses up to `limit` of the rounds still to skip at once (rounds run elsewhere: core/ahead.py)."""
-        taken = min(max(0, limit), self.left)
-        self.left -= taken
-        return taken
+    def skip(self, count: int) -> None:
+        """`count` of the rounds still to skip ran elsewhere (core/ahead.py): they are used up."""
+        self.left -= min(max(0, count), self.left)
 
     def observe(self, num_draft_tokens: int) -> None:
         """Called with the size of every proposal the drafter made."""

@@ -117,10 +117,14 @@ def speculative_generate(
             ):
                 # The rounds after this one that would ask no draft model run where the target is:
                 # those the loop skips its drafter for, then those the drafter would not ask its model.
-                skipped = backoff.take(verifier.ahead_limit)
-                plan = drafter.take_rounds_without_model(verifier.ahead_limit - skipped)
-                plan = replace(plan, rounds=skipped + plan.rounds)
+                # Those that ran count as skipped (the verifier may stop early: time, room, the end).
+                skipped = min(verifier.ahead_limit, backoff.left)
+                own = drafter.rounds_without_model(verifier.ahead_limit - skipped)
+                plan = replace(own, rounds=skipped + own.rounds)
                 rounds = verifier.verify_ahead(draft, seed, plan, finish.tokens_left)
+                ran = len(rounds) - 1
+                backoff.skip(min(ran, skipped))
+                drafter.skip_rounds(min(max(0, ran - skipped), own.rounds))
             else:
                 rounds = [(draft, verifier.verify(draft, seed))]
             t2 = time.perf_counter()

@@ -296,7 +296,11 @@ class AheadVerifier(Verifier, Protocol):
 class PlansAhead(Drafter, Protocol):
     """A drafter that knows when its next rounds would ask no draft model (core/suffix_drafter.py)."""
 
-    def take_rounds_without_model(self, limit: int) -> AheadPlan:
-        """The rounds after this one (at most `limit` in all) that would draft suffix candidates only.
-        Its certain ones count as rounds it skipped: the caller lets a verifier run them."""
+    def rounds_without_model(self, limit: int) -> AheadPlan:
+        """The rounds after this one (at most `limit` in all) that would draft suffix candidates only."""
+        ...
+
+    def skip_rounds(self, count: int) -> None:
+        """`count` of the plan's certain rounds ran elsewhere (a verifier ran them on its own): they
+        count as rounds that did not ask the model."""
         ...

@@ -343,23 +343,24 @@ class SuffixDrafter:
         suffix_nodes = frozenset(i for i, origin in enumerate(origins) if origin == 1)
         return DraftTree(tree, CandidateKind.FIXED, suffix_nodes=suffix_nodes)
 
-    def take_rounds_without_model(self, limit: int) -> AheadPlan:
+    def rounds_without_model(self, limit: int) -> AheadPlan:
         """PlansAhead: the rounds after this one that would not ask the model drafter, as its account
-        stands (it does not pay, and is asked only once its skipped rounds run out: those are taken
-        from that count), then rounds while suffix candidates alone expect `model_skip_tokens`, as in
-        `propose`; every round when there is no model. A sampled session's rounds stay its loop's: where
-        its tree is drafted must not change its draws (suffix_drafter gives every greedy session a
-        book)."""
+        stands (it does not pay, and is asked only once its skipped rounds run out), then rounds while
+        suffix candidates alone expect `model_skip_tokens`, as in `propose`; every round when there is
+        no model. A sampled session's rounds stay its loop's: where its tree is drafted must not change
+        its draws (suffix_drafter gives every greedy session a book)."""
         if self.worth_book is None or limit <= 0:
             return AheadPlan(0)
         if self.inner is None:
             return AheadPlan(limit)
         worth = self.model_worth
-        taken = 0
-        if worth is not None and not worth.pays():
-            taken = min(limit, worth.explore.left)
-            worth.explore.left -= taken
-        return AheadPlan(taken, limit - taken, self.settings.model_skip_tokens)
+        certain = 0 if worth is None or worth.pays() else min(limit, worth.explore.left)
+        return AheadPlan(certain, limit - certain, self.settings.model_skip_tokens)
+
+    def skip_rounds(self, count: int) -> None:
+        """PlansAhead: rounds that ran elsewhere without the model use up its account's skipped ones."""
+        if self.model_worth is not None:
+            self.model_worth.explore.skip(count)
 
     @property
     def expected_suffix_tokens(self) -> float:

@@ -5,6 +5,7 @@ token or the KV room says."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from tiny_llama import tiny_llama
@@ -16,6 +17,7 @@ from specserve.core.loop import speculative_generate
 from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix_drafter import SuffixDrafter, suffix_drafter
+from specserve.core.tree import TokenTree
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
@@ -180,3 +182,42 @@ def test_no_round_ahead_starts_after_the_deadline(target):
     ticks = iter(range(100))
     rounds = ahead(target, AheadPlan(8), deadline=3.0, clock=lambda: float(next(ticks)))
     assert len(rounds) == 4  # rounds started at clock 0, 1 and 2; none at 3
+
+
+class CertainDrafter(SuffixDrafter):
+    """Always proposes (so the loop never skips it) and plans three certain rounds and two copy rounds;
+    records the rounds it is told ran elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__(None, MAX_NODES, NOMINAL_CPU_COST)
+        self.skipped: list[int] = []
+
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+        return DraftTree(TokenTree.chain([token_ids[-1], 1]), suffix_nodes=frozenset({1}))
+
+    def rounds_without_model(self, limit: int) -> AheadPlan:
+        return AheadPlan(3, 2, 0.0)
+
+    def skip_rounds(self, count: int) -> None:
+        self.skipped.append(count)
+
+
+class OneRoundAhead(AheadLocalVerifier):
+    """Runs at most one round on its own per call, whatever the plan allows (as a deadline would)."""
+
+    def __init__(self, target: ModelRunner) -> None:
+        super().__init__(target)
+        self.asked: list[AheadPlan] = []
+
+    def verify_ahead(self, draft, round_seed, plan, max_tokens):
+        self.asked.append(plan)
+        one = replace(plan, rounds=min(plan.rounds, 1), copy_rounds=0)
+        return super().verify_ahead(draft, round_seed, one, max_tokens)
+
+
+def test_only_the_rounds_that_ran_count_as_skipped(target):
+    drafter = CertainDrafter()
+    verifier = OneRoundAhead(target)
+    stats = speculative_generate(PROMPT, verifier, drafter, 0, FinishChecker(24, frozenset()))
+    assert verifier.asked and all(plan == AheadPlan(3, 2, 0.0) for plan in verifier.asked)
+    assert set(drafter.skipped) <= {0, 1} and sum(drafter.skipped) == stats.num_ahead_rounds > 0

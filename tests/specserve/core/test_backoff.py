@@ -87,11 +87,16 @@ def test_skipped_rounds_verify_the_root_alone_and_the_drafter_catches_up(tempera
         assert generated[:20] == alone[:20]
 
 
-def test_skipped_rounds_taken_at_once_are_used_up():
+def test_skipped_rounds_that_ran_elsewhere_are_used_up():
     backoff = DraftBackoff()
-    assert backoff.take(8) == 0
+    backoff.skip(8)
+    assert backoff.left == 0
     for _ in range(3):
         backoff.observe(0)  # runs of 1, 2, then 4 rounds to skip
     assert backoff.left == 4
-    assert backoff.take(3) == 3 and backoff.take(8) == 1 and backoff.take(8) == 0
+    backoff.skip(3)
+    assert backoff.left == 1 and not backoff.should_ask()  # the last skipped round
     assert backoff.should_ask()  # the run is over: the drafter is asked again
+    backoff.observe(0)
+    backoff.skip(20)
+    assert backoff.left == 0

@@ -282,26 +282,29 @@ def test_a_session_where_the_model_paid_starts_asking_it():
 
 def test_the_rounds_without_a_model_are_planned_ahead_only_for_a_greedy_session():
     """What a verifier may run on its own after a round (core/ahead.py): every round without a model;
-    with one, the rounds its account skips anyway (taken from that count), then rounds while the
-    suffix alone expects what `propose` skips the model at; nothing for a sampled session."""
-    assert suffix_drafter(None, 16, GREEDY, lambda: FLAT_COST).take_rounds_without_model(8) == AheadPlan(8)
+    with one, the rounds its account skips anyway, then rounds while the suffix alone expects what
+    `propose` skips the model at; nothing for a sampled session. Those that ran use the skipped up."""
+    assert suffix_drafter(None, 16, GREEDY, lambda: FLAT_COST).rounds_without_model(8) == AheadPlan(8)
     sampled = suffix_drafter(None, 16, SamplingParams(temperature=0.7), lambda: FLAT_COST)
-    assert sampled.take_rounds_without_model(8) == AheadPlan(0)
+    assert sampled.rounds_without_model(8) == AheadPlan(0)
 
     paying = suffix_drafter(SlowDrafter([99, 98], 0.0), 16, GREEDY, lambda: FLAT_COST)
     _rounds(paying, accepted=2, round_s=0.002)
     skip = SuffixSettings().model_skip_tokens
-    assert paying.take_rounds_without_model(8) == AheadPlan(0, 8, skip)  # asked on every round
+    assert paying.rounds_without_model(8) == AheadPlan(0, 8, skip)  # asked on every round
 
     costly = suffix_drafter(SlowDrafter([99, 98], 0.02), 16, GREEDY, lambda: FLAT_COST)
     _rounds(costly, accepted=0, round_s=0.002)
     worth = costly.model_worth
     assert worth is not None and not worth.pays()
     worth.explore.left = 5
-    assert costly.take_rounds_without_model(8) == AheadPlan(5, 3, skip)
-    assert worth.explore.left == 0 and worth.should_ask()  # the rounds taken were its skipped ones
+    assert costly.rounds_without_model(8) == AheadPlan(5, 3, skip)
+    assert costly.rounds_without_model(3) == AheadPlan(3, 0, skip) and worth.explore.left == 5
+    costly.skip_rounds(5)
+    assert worth.explore.left == 0 and worth.should_ask()  # the rounds that ran were its skipped ones
     worth.explore.left = 12
-    assert costly.take_rounds_without_model(8) == AheadPlan(8, 0, skip) and worth.explore.left == 4
+    costly.skip_rounds(8)
+    assert costly.rounds_without_model(8) == AheadPlan(4, 4, skip)
 
 
 def test_the_suffix_expectation_is_the_last_proposal_s_score_times_trust():
