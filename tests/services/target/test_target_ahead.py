@@ -9,7 +9,7 @@ import math
 import grpc
 import pytest
 
-from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, target_pb2
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
@@ -17,16 +17,6 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 FIXED = common_pb2.CANDIDATE_KIND_FIXED
 # Text that repeats itself, so the target's own suffix candidates have something to copy.
 PROMPT_IDS = [1, 9690, 198, 504, 2365, 6354, 16848, 690, 260, 23790, 2767, 30] * 3
-
-
-@pytest.fixture(scope="module")
-def stub(channels) -> target_pb2_grpc.TargetServiceStub:
-    return target_pb2_grpc.TargetServiceStub(channels["target"])
-
-
-@pytest.fixture(scope="module")
-def info(stub) -> target_pb2.ModelInfo:
-    return stub.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=60)
 
 
 class Session:

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, target_pb2
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
 PROMPT_IDS = [1, 9690, 198, 19556, 28, 638, 359, 346, 47, 2]
 SESSION = "kv-feed-tokens"
-
-
-@pytest.fixture(scope="module")
-def stub(channels) -> target_pb2_grpc.TargetServiceStub:
-    return target_pb2_grpc.TargetServiceStub(channels["target"])
 
 
 def read_until(feed, end: int) -> list[target_pb2.KVChunk]:

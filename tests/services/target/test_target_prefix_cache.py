@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, target_pb2
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
 CHUNK = 256  # the stack target's prefill chunk
 DOCUMENT = [1000 + (37 * i) % 20000 for i in range(2 * CHUNK + 40)]  # 552 tokens no other test sends
 CAPACITY = 1024
-
-
-@pytest.fixture(scope="module")
-def stub(channels) -> target_pb2_grpc.TargetServiceStub:
-    return target_pb2_grpc.TargetServiceStub(channels["target"])
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.core.rng import verify_round_seed
-from specserve.v1 import common_pb2, draft_pb2, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, draft_pb2, target_pb2
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
@@ -18,11 +18,6 @@ CAPACITY = 256
 SEED = 99
 SAMPLED = common_pb2.SamplingParams(temperature=1.0)
 ROUNDS = 8
-
-
-@pytest.fixture(scope="module")
-def stub(channels) -> target_pb2_grpc.TargetServiceStub:
-    return target_pb2_grpc.TargetServiceStub(channels["target"])
 
 
 def test_rounds_carry_no_sampling_on_the_wire() -> None:

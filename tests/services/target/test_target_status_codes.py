@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specserve.v1 import common_pb2, target_pb2
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
 
@@ -16,16 +16,6 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 PROMPT_IDS = [1, 9690, 198, 19556, 28, 638, 359, 346, 47, 2]  # a short ChatML-looking prompt
 SESSION = "target-status-codes"
 FIXED = common_pb2.CANDIDATE_KIND_FIXED
-
-
-@pytest.fixture(scope="module")
-def stub(channels) -> target_pb2_grpc.TargetServiceStub:
-    return target_pb2_grpc.TargetServiceStub(channels["target"])
-
-
-@pytest.fixture(scope="module")
-def info(stub) -> target_pb2.ModelInfo:
-    return stub.GetModelInfo(target_pb2.GetModelInfoRequest(), timeout=60)
 
 
 @pytest.fixture(scope="module")
