@@ -29,6 +29,10 @@ class DraftBackoff:
             return False
         return True
 
+    def hold_off(self) -> None:
+        """Starts as after a long run of empty proposals: the next `max_skip` rounds skip the drafter."""
+        self.run = self.left = self.max_skip
+
     def skip(self, count: int) -> None:
         """`count` of the rounds still to skip ran elsewhere (core/ahead.py): they are used up."""
         self.left -= min(max(0, count), self.left)

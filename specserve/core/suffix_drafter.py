@@ -90,7 +90,7 @@ class ModelWorth:
     model pays while its tokens would take longer to decode than its call takes."""
 
     gain: float = 1.0  # accepted model tokens per call (optimistic until measured)
-    call_s: float = 0.0
+    call_s: float | None = None  # None until a call was timed
     token_s: float | None = None
     explore: DraftBackoff = field(default_factory=DraftBackoff)  # asked now and then while it does not pay
     _last: tuple[float, int] | None = None  # (time, tokens) when a round was last proposed
@@ -103,13 +103,13 @@ class ModelWorth:
         self._last = (now, num_tokens)
 
     def pays(self) -> bool:
-        return self.token_s is None or self.gain * self.token_s >= self.call_s
+        return self.token_s is None or self.call_s is None or self.gain * self.token_s >= self.call_s
 
     def should_ask(self) -> bool:
         return self.pays() or self.explore.should_ask()
 
     def called(self, seconds: float) -> None:
-        self.call_s = seconds if self.call_s == 0.0 else smoothed(self.call_s, seconds)
+        self.call_s = seconds if self.call_s is None else smoothed(self.call_s, seconds)
 
     def observe(self, accepted_model_tokens: int) -> None:
         self.gain = smoothed(self.gain, accepted_model_tokens)
@@ -134,11 +134,11 @@ class WorthPriors:
             return ModelWorth()
         worth = ModelWorth(gain=known[0], call_s=known[1], token_s=known[2])
         if not worth.pays():
-            worth.explore.run = worth.explore.left = worth.explore.max_skip
+            worth.explore.hold_off()
         return worth
 
     def record(self, key: str, worth: ModelWorth) -> None:
-        if worth.token_s is not None and worth.call_s > 0:
+        if worth.token_s is not None and worth.call_s is not None:
             with self._lock:
                 self._known[key] = (worth.gain, worth.call_s, worth.token_s)
 

@@ -100,3 +100,5 @@ def test_skipped_rounds_that_ran_elsewhere_are_used_up():
     backoff.observe(0)
     backoff.skip(20)
     assert backoff.left == 0
+    backoff.hold_off()  # as after a long run of empty proposals
+    assert backoff.left == backoff.run == backoff.max_skip

@@ -193,6 +193,7 @@ NO_GRAMMAR: Any = NoGrammar()
 
 
 def test_model_worth_pays_while_its_tokens_outlast_its_call_and_explores_at_doubling_gaps():
+    assert ModelWorth(token_s=0.006).pays()  # no call timed yet: it is asked
     worth = ModelWorth(gain=2.0, call_s=0.010, token_s=0.006)
     assert worth.pays()  # 2 tokens x 6 ms >= 10 ms
     worth.token_s = 0.004
