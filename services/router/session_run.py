@@ -147,7 +147,8 @@ class SessionRun:
         router, request = self.router, self.record.request
         router.metrics.running_requests.inc()
         try:
-            verifier, drafter = self._place()
+            grammar = self._grammar()
+            verifier, drafter = self._place(grammar)
             finish = FinishChecker.for_request(
                 request.stopping, router.eos_token_ids, router.tokenizer.decode
             )
@@ -165,7 +166,7 @@ class SessionRun:
                     round_scope=self._round_scope,
                     on_round=self._on_round,
                     batch_sessions=lambda: self._target_load(verifier),
-                    grammar=self._grammar(),
+                    grammar=grammar,
                 )
             stats.num_cached_tokens = verifier.cached_tokens
             self._finish(finish, stats)
@@ -183,7 +184,7 @@ class SessionRun:
         return compiler.guide(constraint, len(self.record.prompt_ids), self.router.limits.max_tree_nodes)
 
     # -- placement and roles -------------------------------------------------------------------------
-    def _place(self) -> tuple[RemoteVerifier, Drafter | None]:
+    def _place(self, grammar: Guide | None) -> tuple[RemoteVerifier, Drafter | None]:
         """The replicas this run uses, chosen once (where the session was, else the least loaded), and
         the loop's roles on them. Suffix candidates are drafted here, in front of the draft service: the
         router sees every token, and a suffix-only round then costs no Propose call."""
@@ -213,9 +214,10 @@ class SessionRun:
             codec=router.tokenizer.codec,
             worth=WorthBook(router.worth_priors, method.model_method),
         )
-        grammar = self._grammar()
         if grammar is not None:
-            suffix.constrain(grammar)  # its own guide: the loop's shapes the drafts
+            # The loop's guide: the model drafter here is remote and never walks it (the draft service
+            # keeps its own); the suffix drafter only learns it is constrained.
+            suffix.constrain(grammar)
         return verifier, suffix
 
     def _release_load(self) -> None:
