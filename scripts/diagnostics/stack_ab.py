@@ -2,8 +2,8 @@
 
 Each prompt runs on the in-process engine, then on stack A, then on stack B, so the three share the
 machine's conditions prompt by prompt (as `specserve bench` interleaves its methods). Greedy, the
-default method, the MT-Bench first turns (one per category). docs/benchmarks.md (the distributed
-stack) quotes:
+default method (or `--method`), the MT-Bench first turns (one per category). docs/benchmarks.md (the
+distributed stack) quotes:
 
     python scripts/diagnostics/stack_ab.py --out /tmp/ab \
         --a 'prepare ahead' SPECSERVE_DRAFT_PREPARE_AHEAD=true \
@@ -33,10 +33,11 @@ def main() -> None:
     parser.add_argument("--a", nargs="+", required=True, metavar=("NAME", "VAR=VALUE"))
     parser.add_argument("--b", nargs="+", metavar=("NAME", "VAR=VALUE"), help="omitted: stack A alone")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--method", default=DEFAULT_METHOD, help="the method, in process and on the stacks")
     args = parser.parse_args()
     arms = {spec[0]: dict(v.split("=", 1) for v in spec[1:]) for spec in (args.a, args.b) if spec}
     prompts = per_category(load_prompts(), 1)
-    request = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=args.max_new_tokens)
+    request = GenerationRequest.build(method=args.method, max_new_tokens=args.max_new_tokens)
     engine = Engine()
     totals = {name: [0, 0.0] for name in [IN_PROCESS, *arms]}  # tokens, seconds
     rounds = {name: [0, 0] for name in arms}  # the stacks' rounds, and those the target ran on its own
@@ -48,9 +49,9 @@ def main() -> None:
             (args.out / f"stack-{i}").mkdir(parents=True, exist_ok=True)
             stacks.append((name, LocalStack(log_dir=args.out / f"stack-{i}", env=env).__enter__()))
         clients = {name: Client(stack.router_address) for name, stack in stacks}
-        engine.generate("warm up", GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=8))
+        engine.generate("warm up", GenerationRequest.build(method=args.method, max_new_tokens=8))
         for client in clients.values():
-            client.generate("warm up", max_new_tokens=8)
+            client.generate("warm up", method=args.method, max_new_tokens=8)
         for i, prompt in enumerate(prompts, 1):
             local: list[int] = []
             for name in totals:
@@ -59,7 +60,7 @@ def main() -> None:
                     tokens = local = engine.generate(prompt.text, request).token_ids
                 else:
                     completion = clients[name].generate(
-                        prompt.text, max_new_tokens=args.max_new_tokens, temperature=0.0
+                        prompt.text, method=args.method, max_new_tokens=args.max_new_tokens, temperature=0.0
                     )
                     tokens = completion.token_ids
                     rounds[name][0] += int(completion.stats["num_target_forwards"]) - 1  # not the prefill
