@@ -120,6 +120,7 @@ class RemoteVerifier:
         # RoundOutcome says what it drafted and accepted).
         self.last_verify_s = 0.0
         self.last_round_bytes = 0
+        self.last_call_rounds = 0  # rounds the last Verify call verified (its own and the target's)
         self._bytes_before_round = 0
         self.history: list[int] = []  # committed tokens; the last is the root
         self.logprobs = logprobs
@@ -205,6 +206,7 @@ class RemoteVerifier:
             done.append((ahead, verified))
             self.history += [tree.tree.token_ids[i] for i in verified.accepted_nodes[1:]]
             self.history.append(message.next_token)
+        self.last_call_rounds = len(done)
         return done
 
     def take_logprobs(self) -> list[common_pb2.TokenLogprob]:

@@ -257,11 +257,12 @@ class RouterMetrics:
         self.prompt_index_cached_tokens.inc(cached)
         self.prompt_index_indexed_tokens.inc(indexed)
 
-    def observe_round(
-        self, num_draft_tokens: int, num_accepted: int, verify_seconds: float, round_bytes: int
-    ) -> None:
-        self.verify_rpc_latency.observe(verify_seconds)
-        self.round_bytes.observe(round_bytes)
+    def observe_round(self, num_draft_tokens: int, num_accepted: int, call: tuple[float, int] | None) -> None:
+        """`call`: the seconds and bytes of the Verify call (and its Propose) the round went out in;
+        None for a round the target ran on its own after another's call."""
+        if call is not None:
+            self.verify_rpc_latency.observe(call[0])
+            self.round_bytes.observe(call[1])
         self.num_drafts.inc()
         self.num_draft_tokens.inc(num_draft_tokens)
         self.num_accepted_tokens.inc(num_accepted)

@@ -170,14 +170,17 @@ def test_rounds_that_ask_no_draft_model_run_on_the_target(stack, default_engine)
     prompt = "Repeat this line four times, one per line: the quick brown fox jumps over the lazy dog"
     local = default_engine.generate(prompt, GenerationRequest.build(method="suffix", max_new_tokens=48))
     verifies_before = metric(stack, "target", "specserve:verify_latency_seconds_count")
+    calls_before = metric(stack, "router", "specserve:verify_rpc_latency_seconds_count")
     with Client(stack.router_address) as client:
         remote = client.generate(prompt, method="suffix", max_new_tokens=48)
         verifies = metric(stack, "target", "specserve:verify_latency_seconds_count") - verifies_before
+        calls = metric(stack, "router", "specserve:verify_rpc_latency_seconds_count") - calls_before
         sampled = client.generate(prompt, method="suffix", max_new_tokens=16, temperature=0.8, seed=5)
     assert remote.token_ids == local.token_ids
     rounds = remote.stats["num_target_forwards"] - 1  # the prefill is not a round
     assert remote.stats["num_ahead_rounds"] > rounds / 2
     assert verifies == rounds - remote.stats["num_ahead_rounds"]  # one Verify call for each of the rest
+    assert calls == verifies  # the router times each call once, not once per round it carried
     assert sampled.stats["num_ahead_rounds"] == 0
 
 
