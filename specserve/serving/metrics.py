@@ -230,9 +230,11 @@ class RouterMetrics:
             verify_rpc_latency=_histogram(
                 r, "verify_rpc_latency_seconds", "Target Verify call, as the router sees it"
             ),
-            redis_latency=_histogram(r, "redis_latency_seconds", "Session-state writes to Redis per round"),
+            redis_latency=_histogram(
+                r, "redis_latency_seconds", "Session-state writes to Redis, one per call's rounds"
+            ),
             round_bytes=_histogram(
-                r, "round_bytes", "Propose + Verify bytes on the wire per round", _BYTES_BUCKETS
+                r, "round_bytes", "Propose + Verify bytes on the wire per Verify call", _BYTES_BUCKETS
             ),
             running_requests=_gauge(r, "num_requests_running", "Generations in progress"),
             draft_fallbacks=_counter(
