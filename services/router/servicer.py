@@ -71,6 +71,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.drafts = ReplicaSet(settings.draft_addresses) if settings.draft_addresses else None
         self.draft_round_trips = RoundTripMean()  # where each session's draft overhead estimate starts
         self._channels: dict[str, grpc.Channel] = {}
+        self._target_stubs: dict[str, target_pb2_grpc.TargetServiceStub] = {}  # one per channel, kept
         self._lock = threading.Lock()
         self._cancel_events: dict[str, threading.Event] = {}
         # Generations run here; the server's own concurrency limit keeps this bounded.
@@ -157,7 +158,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             return self._channels[address]
 
     def target_stub(self, address: str) -> target_pb2_grpc.TargetServiceStub:
-        return target_pb2_grpc.TargetServiceStub(self._channel(address, self.settings.tls_target_name))
+        """The stub of the router's channel to a target (channels are kept for the router's life, and a
+        stub made per call costs a multi-callable per method each round)."""
+        stub = self._target_stubs.get(address)
+        if stub is None:
+            channel = self._channel(address, self.settings.tls_target_name)
+            stub = self._target_stubs.setdefault(address, target_pb2_grpc.TargetServiceStub(channel))
+        return stub
 
     def draft_channel(self, address: str) -> grpc.Channel:
         return self._channel(address, self.settings.tls_draft_name)
