@@ -116,11 +116,9 @@ class RemoteVerifier:
         self.timeout_s = timeout_s
         self.counters = counters
         self.is_cancelled = is_cancelled
-        # What the last round cost on the wire: its Verify's seconds, Propose + Verify bytes (the loop's
-        # RoundOutcome says what it drafted and accepted).
-        self.last_verify_s = 0.0
-        self.last_round_bytes = 0
-        self.last_call_rounds = 0  # rounds the last Verify call verified (its own and the target's)
+        # What the last Verify call cost on the wire, its seconds and Propose + Verify bytes, until taken
+        # (`take_call`; the loop's RoundOutcome says what it drafted and accepted).
+        self._last_call: tuple[float, int] | None = None
         self._bytes_before_round = 0
         self.history: list[int] = []  # committed tokens; the last is the root
         self.logprobs = logprobs
@@ -194,8 +192,7 @@ class RemoteVerifier:
         outcome = outcome_from_pb(response)
         self._logprobs = list(response.logprobs)
         self.batch_sessions = response.batch_sessions
-        self.last_verify_s = verify_s
-        self.last_round_bytes = self.counters.rpc_bytes - self._bytes_before_round
+        self._last_call = (verify_s, self.counters.rpc_bytes - self._bytes_before_round)
         self._bytes_before_round = self.counters.rpc_bytes
         self.history += [draft.tree.token_ids[i] for i in outcome.accepted_nodes[1:]] + [response.next_token]
         done = [(draft, outcome)]
@@ -206,8 +203,13 @@ class RemoteVerifier:
             done.append((ahead, verified))
             self.history += [tree.tree.token_ids[i] for i in verified.accepted_nodes[1:]]
             self.history.append(message.next_token)
-        self.last_call_rounds = len(done)
         return done
+
+    def take_call(self) -> tuple[float, int] | None:
+        """The last Verify call's seconds and bytes, once: its first round reports them, not the rounds the
+        target ran after it."""
+        taken, self._last_call = self._last_call, None
+        return taken
 
     def take_logprobs(self) -> list[common_pb2.TokenLogprob]:
         """The log-probabilities of the tokens the last Prefill or Verify committed (when asked for)."""

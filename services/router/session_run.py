@@ -141,7 +141,6 @@ class SessionRun:
         # Rounds emitted inside a round's scope, not yet in Redis nor with the client (`_round_scope`)
         self._pending: list[Round] = []
         self._in_round = False
-        self._call_rounds_left = 0  # of the last Verify call's rounds, those the loop has not seen yet
 
     def run(self) -> None:
         """Until the session finishes, fails or is cancelled; everything it holds is freed."""
@@ -315,15 +314,8 @@ class SessionRun:
         self._this_round = outcome
         verifier = self.verifier
         assert verifier is not None
-        # A Verify call's wire figures go with its first round, not with the rounds the target ran after it.
-        first = self._call_rounds_left == 0
-        if first:
-            self._call_rounds_left = verifier.last_call_rounds
-        self._call_rounds_left -= 1
         self.router.metrics.observe_round(
-            outcome.draft.num_draft_tokens,
-            outcome.num_accepted_tokens,
-            (verifier.last_verify_s, verifier.last_round_bytes) if first else None,
+            outcome.draft.num_draft_tokens, outcome.num_accepted_tokens, verifier.take_call()
         )
 
     def _emit(self, token_ids: list[int]) -> None:

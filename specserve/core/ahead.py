@@ -65,7 +65,8 @@ def run_ahead(
         if not admit(draft):
             break
         verified = verify(draft)
-        drafter.observe(RoundOutcome.of(draft, verified))
+        outcome = RoundOutcome.of(draft, verified)
+        drafter.observe(outcome)
         done.append((draft, verified))
-        made += committed_tokens(draft, verified)
+        made += outcome.emitted_token_ids
     return done

@@ -76,6 +76,9 @@ def speculative_generate(
         emit([first])
     stats.verify_s += time.perf_counter() - t0
 
+    # Rounds may run where the target is when both sides can (decided once: the checks walk protocols).
+    ahead = verifier if isinstance(verifier, AheadVerifier) and grammar is None else None
+    planner = drafter if isinstance(drafter, PlansAhead) else None
     root_candidates: tuple[int, ...] = ()  # the target's candidates after a target-rooted round
     backoff = DraftBackoff()  # skips a drafter that keeps proposing nothing (under load)
     while not finish.done:
@@ -108,23 +111,17 @@ def speculative_generate(
                 draft = shape_draft(draft, grammar)
             t1 = time.perf_counter()
             seed = verify_round_seed(request_seed, position)
-            if (
-                isinstance(verifier, AheadVerifier)
-                and verifier.ahead_limit > 0
-                and isinstance(drafter, PlansAhead)
-                and grammar is None
-                and not draft.target_roots
-            ):
+            if ahead is not None and planner is not None and ahead.ahead_limit > 0 and not draft.target_roots:
                 # The rounds after this one that would ask no draft model run where the target is:
                 # those the loop skips its drafter for, then those the drafter would not ask its model.
                 # Those that ran count as skipped (the verifier may stop early: time, room, the end).
-                skipped = min(verifier.ahead_limit, backoff.left)
-                own = drafter.rounds_without_model(verifier.ahead_limit - skipped)
+                skipped = min(ahead.ahead_limit, backoff.left)
+                own = planner.rounds_without_model(ahead.ahead_limit - skipped)
                 plan = replace(own, rounds=skipped + own.rounds)
-                rounds = verifier.verify_ahead(draft, seed, plan, finish.tokens_left)
+                rounds = ahead.verify_ahead(draft, seed, plan, finish.tokens_left)
                 ran = len(rounds) - 1
                 backoff.skip(min(ran, skipped))
-                drafter.skip_rounds(min(max(0, ran - skipped), own.rounds))
+                planner.skip_rounds(min(max(0, ran - skipped), own.rounds))
             else:
                 rounds = [(draft, verifier.verify(draft, seed))]
             t2 = time.perf_counter()
