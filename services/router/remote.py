@@ -185,6 +185,8 @@ class RemoteVerifier:
             request.ahead_copy_tokens = plan.copy_tokens
             request.ahead_max_tokens = max_tokens
             request.ahead_max_seconds = self.max_ahead_seconds
+            request.ahead_skip_run = plan.skip_run
+            request.ahead_skip_left = plan.skip_left
         start = time.perf_counter()
         response = self._call("Verify", request, rebuild=self._rebuild)
         verify_s = time.perf_counter() - start

@@ -13,6 +13,7 @@ import grpc
 from services.target.feed import kv_feed
 from services.target.sessions import SessionStore, TargetSession
 from specserve.core.ahead import Round, run_ahead
+from specserve.core.backoff import MAX_SKIPPED_ROUNDS
 from specserve.core.cost import CostModel
 from specserve.core.logprobs import path_logprobs, token_logprobs
 from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
@@ -421,10 +422,21 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
 
 def _ahead_plan(request: target_pb2.VerifyRequest) -> AheadPlan:
-    plan = AheadPlan(request.ahead_rounds, request.ahead_copy_rounds, request.ahead_copy_tokens)
+    plan = AheadPlan(
+        request.ahead_rounds,
+        request.ahead_copy_rounds,
+        request.ahead_copy_tokens,
+        request.ahead_skip_run,
+        request.ahead_skip_left,
+    )
     if plan.rounds < 0 or plan.copy_rounds < 0 or not 0 <= plan.total <= MAX_AHEAD_ROUNDS:
         raise InvalidArgument(
             f"ahead_rounds and ahead_copy_rounds must be >= 0 and add up to at most {MAX_AHEAD_ROUNDS}"
+        )
+    if not (0 <= plan.skip_run <= MAX_SKIPPED_ROUNDS and 0 <= plan.skip_left <= MAX_SKIPPED_ROUNDS):
+        raise InvalidArgument(
+            f"ahead_skip_run and ahead_skip_left must be in [0, {MAX_SKIPPED_ROUNDS}], got "
+            f"{plan.skip_run} and {plan.skip_left}"
         )
     if not math.isfinite(plan.copy_tokens) or plan.copy_tokens < 0:
         raise InvalidArgument(f"ahead_copy_tokens must be finite and >= 0, got {plan.copy_tokens}")

@@ -37,6 +37,15 @@ class DraftBackoff:
         """`count` of the rounds still to skip ran elsewhere (core/ahead.py): they are used up."""
         self.left -= min(max(0, count), self.left)
 
+    def follow(self, num_draft_tokens: int) -> bool:
+        """Follows a round that ran elsewhere from this state (core/ahead.py), as this loop would have run
+        it: a skipped round (the root alone) uses up one, any other was the drafter's proposal of
+        `num_draft_tokens` and is observed. Returns whether the drafter was asked."""
+        if not self.should_ask():
+            return False
+        self.observe(num_draft_tokens)
+        return True
+
     def observe(self, num_draft_tokens: int) -> None:
         """Called with the size of every proposal the drafter made."""
         if num_draft_tokens > 0:

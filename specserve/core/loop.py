@@ -112,16 +112,15 @@ def speculative_generate(
             t1 = time.perf_counter()
             seed = verify_round_seed(request_seed, position)
             if ahead is not None and planner is not None and ahead.ahead_limit > 0 and not draft.target_roots:
-                # The rounds after this one that would ask no draft model run where the target is:
-                # those the loop skips its drafter for, then those the drafter would not ask its model.
-                # Those that ran count as skipped (the verifier may stop early: time, room, the end).
-                skipped = min(ahead.ahead_limit, backoff.left)
-                own = planner.rounds_without_model(ahead.ahead_limit - skipped)
-                plan = replace(own, rounds=skipped + own.rounds)
+                # The rounds after this one that would ask no draft model run where the target is, as
+                # this loop would run them: those it skips its drafter for (the root alone), and those
+                # the drafter would not ask its model for. The loop follows those that ran (the
+                # verifier may stop early: time, room, the end).
+                own = planner.rounds_without_model(ahead.ahead_limit)
+                plan = replace(own, skip_run=backoff.run, skip_left=backoff.left)
                 rounds = ahead.verify_ahead(draft, seed, plan, finish.tokens_left)
-                ran = len(rounds) - 1
-                backoff.skip(min(ran, skipped))
-                planner.skip_rounds(min(max(0, ran - skipped), own.rounds))
+                asked = sum(backoff.follow(ran.num_draft_tokens) for ran, _ in rounds[1:])
+                planner.skip_rounds(min(asked, own.rounds))
             else:
                 rounds = [(draft, verifier.verify(draft, seed))]
             t2 = time.perf_counter()

@@ -264,11 +264,16 @@ MAX_AHEAD_ROUNDS = 8
 
 @dataclass(frozen=True)
 class AheadPlan:
-    """Rounds after this one that a drafter would draft from suffix candidates alone (PlansAhead)."""
+    """Rounds after this one that a drafter would draft from suffix candidates alone (PlansAhead), and
+    where the loop stands in skipping a drafter that proposed nothing (core/backoff.py, `skip_run` and
+    `skip_left` as DraftBackoff has them): a round it would skip verifies the root alone there too, so
+    the rounds are the loop's own, wherever they run. `total` bounds them all."""
 
-    rounds: int  # whatever their candidates
+    rounds: int  # rounds the drafter is asked, whatever their candidates
     copy_rounds: int = 0  # then rounds while each one's candidates expect `copy_tokens` or more
     copy_tokens: float = 0.0  # accepted tokens (where the drafter would not ask its model either)
+    skip_run: int = 0  # DraftBackoff.run
+    skip_left: int = 0  # DraftBackoff.left
 
     @property
     def total(self) -> int:

@@ -72,6 +72,17 @@ def test_no_round_ahead_starts_once_the_call_ran_its_time(stub, info):
         session.release()
 
 
+def test_rounds_the_router_would_skip_its_drafter_for_verify_the_root_alone(stub, info):
+    session = Session(stub, info, "ahead-skipped")
+    try:
+        response = session.verify(ahead_rounds=6, ahead_max_tokens=1000, ahead_skip_run=4, ahead_skip_left=3)
+        trees = [len(r.tree.token_ids) for r in response.ahead]
+        assert len(trees) == 6 and trees[:3] == [1, 1, 1]  # then the drafter copies the repeated prompt
+        assert any(size > 1 for size in trees[3:])
+    finally:
+        session.release()
+
+
 def test_rounds_ahead_stop_at_the_token_budget(stub, info):
     session = Session(stub, info, "ahead-budget")
     try:
@@ -100,6 +111,10 @@ def test_rounds_ahead_stop_at_the_token_budget(stub, info):
         ),
         pytest.param(
             {"ahead_rounds": 2, "ahead_max_tokens": 10, "ahead_max_seconds": math.inf}, id="infinite-seconds"
+        ),
+        pytest.param({"ahead_rounds": 2, "ahead_max_tokens": 10, "ahead_skip_run": 9}, id="skip-run-nine"),
+        pytest.param(
+            {"ahead_rounds": 2, "ahead_max_tokens": 10, "ahead_skip_left": -1}, id="skip-left-negative"
         ),
     ],
 )

@@ -16,7 +16,7 @@ from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
 from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
-from specserve.core.suffix_drafter import SuffixDrafter, suffix_drafter
+from specserve.core.suffix_drafter import SuffixDrafter, WorthBook, WorthPriors, suffix_drafter
 from specserve.core.tree import TokenTree
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
@@ -151,7 +151,8 @@ def test_rounds_ahead_stop_where_the_kv_has_no_room(target):
 
 
 class ExpectingDrafter(SuffixDrafter):
-    """Suffix candidates whose expectation is scripted: what a round's proposal claims it will add."""
+    """A one-token guess every round (never nothing, so no round is skipped) whose expectation is
+    scripted: what a round's proposal claims it will add."""
 
     def __init__(self, expectations: Sequence[float]) -> None:
         super().__init__(None, MAX_NODES, NOMINAL_CPU_COST)
@@ -159,7 +160,7 @@ class ExpectingDrafter(SuffixDrafter):
 
     def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
         self.current = self.expectations.pop(0)
-        return super().propose(token_ids, round_seed, batch_sessions)
+        return DraftTree(TokenTree.chain([token_ids[-1], 1]), suffix_nodes=frozenset({1}))
 
     @property
     def expected_suffix_tokens(self) -> float:
@@ -176,6 +177,62 @@ def test_copy_rounds_go_on_only_while_the_suffix_expects_enough(target):
     rounds = ahead(target, plan, drafter=drafter, expected_tokens=lambda: drafter.expected_suffix_tokens)
     # two certain rounds (whatever they expect), two copy rounds, then one that falls short: unverified
     assert len(rounds) == 5 and drafter.observed == 4
+
+
+class EmptyDrafter(SuffixDrafter):
+    """Proposes nothing (the root alone), and records each round it is asked for, by committed length."""
+
+    def __init__(self) -> None:
+        super().__init__(None, MAX_NODES, NOMINAL_CPU_COST)
+        self.asked_at: list[int] = []
+
+    def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
+        self.asked_at.append(len(token_ids))
+        return DraftTree.root_only(token_ids[-1])
+
+
+def test_rounds_the_loop_would_skip_verify_the_root_alone_and_ask_no_drafter(target):
+    drafter = EmptyDrafter()
+    rounds = ahead(target, AheadPlan(8, skip_run=2, skip_left=2), drafter=drafter)
+    assert len(rounds) == 9 and all(draft.tree.num_nodes == 1 for draft, _ in rounds)
+    # two rounds left of a run of two, then asked (nothing: a run of four), then asked again
+    assert len(drafter.asked_at) == 2
+    first_length = len(PROMPT) + 2  # the prefill's token and the first round's
+    assert drafter.asked_at == [first_length + 2, first_length + 2 + 1 + 4]
+
+
+def sized_by_count() -> SuffixDrafter:
+    """Suffix candidates sized by their count alone (no cost, so not by trust either): two of them
+    over the same tokens propose the same trees, whichever rounds each has seen."""
+    return SuffixDrafter(None, MAX_NODES, None, worth_book=WorthBook(WorthPriors(), "session"))
+
+
+class RecordingVerifier(LocalVerifier):
+    def __init__(self, target: ModelRunner) -> None:
+        super().__init__(target, CAPACITY, sampling=GREEDY)
+        self.trees: list[list[int]] = []
+
+    def verify(self, draft: DraftTree, round_seed: int) -> VerifyOutcome:
+        self.trees.append(list(draft.tree.token_ids))
+        return super().verify(draft, round_seed)
+
+
+class RecordingAheadVerifier(AheadLocalVerifier):
+    def __init__(self, target: ModelRunner) -> None:
+        super().__init__(target)
+        self.local = RecordingVerifier(target)
+        self.drafter = sized_by_count()
+
+
+def test_rounds_ahead_are_the_rounds_the_loop_runs_in_process(target):
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 5, 6]  # repeats: some rounds find candidates, some not
+    alone = RecordingVerifier(target)
+    speculative_generate(prompt, alone, sized_by_count(), 0, FinishChecker(40, frozenset()))
+    beside = RecordingAheadVerifier(target)
+    stats = speculative_generate(prompt, beside, sized_by_count(), 0, FinishChecker(40, frozenset()))
+    assert stats.num_ahead_rounds > 0
+    assert beside.local.trees[: len(alone.trees)] == alone.trees  # tree by tree, root alone or drafted
+    assert any(len(tree) == 1 for tree in alone.trees) and any(len(tree) > 1 for tree in alone.trees)
 
 
 def test_no_round_ahead_starts_after_the_deadline(target):
@@ -207,6 +264,7 @@ class OneRoundAhead(AheadLocalVerifier):
 
     def __init__(self, target: ModelRunner) -> None:
         super().__init__(target)
+        self.drafter = CertainDrafter()  # proposes every round here too: no round is skipped
         self.asked: list[AheadPlan] = []
 
     def verify_ahead(self, draft, round_seed, plan, max_tokens):

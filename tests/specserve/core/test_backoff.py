@@ -100,5 +100,23 @@ def test_skipped_rounds_that_ran_elsewhere_are_used_up():
     backoff.observe(0)
     backoff.skip(20)
     assert backoff.left == 0
-    backoff.hold_off()  # as after a long run of empty proposals
-    assert backoff.left == backoff.run == backoff.max_skip
+
+
+def test_rounds_that_ran_elsewhere_are_followed_as_the_loop_would_have_run_them():
+    proposals = [0, 0, 3, 0, 0, 0, 2, 0, 0]  # the draft tokens of each proposal, in turn
+    here = DraftBackoff()
+    asked_here, sizes = [], iter(proposals)
+    for index in range(20):
+        if here.should_ask():
+            asked_here.append(index)
+            here.observe(next(sizes))
+    # The same rounds run elsewhere, each as the tree it verified: the root alone where skipped
+    sizes = iter(proposals)
+    ran = [next(sizes) if index in asked_here else 0 for index in range(20)]
+    there = DraftBackoff()
+    asked_there = [index for index, size in enumerate(ran) if there.follow(size)]
+    # skipped runs of 1 and 2, a proposal resets, then 1, 2, 4; another proposal, then 1
+    assert asked_there == asked_here == [0, 2, 5, 6, 8, 11, 16, 17, 19]
+    assert (there.run, there.left) == (here.run, here.left)
+    there.hold_off()  # as after a long run of empty proposals
+    assert there.left == there.run == there.max_skip
