@@ -44,9 +44,11 @@ class ModelThread(SchedulerThread):
     def __init__(self, name: str, **batching: Any) -> None:
         """batching: SchedulerThread's max_tokens_per_forward, max_queue, max_wait_seconds."""
         super().__init__(name, thread_context=_inference_mode, **batching)
-        # Each batched forward gets a span linked to the spans of the requests it serves.
-        self.capture_trace = telemetry.current_span_context
-        self.scheduler.batch_scope = telemetry.batch_span
+        # Each batched forward gets a span linked to the spans of the requests it serves, where spans
+        # are exported (telemetry.configure_tracing comes first in a service process).
+        if telemetry.enabled():
+            self.capture_trace = telemetry.current_span_context
+            self.scheduler.batch_scope = telemetry.batch_span
 
     @contextmanager
     def alone(self) -> Iterator[None]:
