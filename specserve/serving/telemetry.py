@@ -53,9 +53,10 @@ _enabled = False
 
 def configure_tracing(role: str, exporter: SpanExporter | None = None) -> None:
     """Installs the process's TracerProvider once, when spans go somewhere. `exporter` (tests) wins over
-    the environment. With no exporter the API's no-op tracer stays: an SDK provider would still build
-    every span and drop it, and a span around each batched forward alone cost a one-token verify 5-6%
-    (0.2-0.3 ms of 4-4.6 ms, measured on 2 cores), the gRPC interceptors' spans more on every call."""
+    the environment. With no exporter the API's no-op tracer stays and no span is opened: an SDK
+    provider would still build every span and drop it; a span around each batched forward cost a
+    one-token verify 3.6% (2.4% from the no-op tracer; scripts/diagnostics/span_cost.py on 2 cores),
+    and the gRPC interceptors add spans on both ends of every call."""
     global _configured, _enabled
     if _configured:
         return
