@@ -2,8 +2,8 @@
 interceptors that propagate W3C trace context across services.
 
 OTEL_TRACES_EXPORTER: "otlp" (OTLP/gRPC to OTEL_EXPORTER_OTLP_ENDPOINT), "console", or "none" (the
-default when no endpoint is set: then no provider is installed, spans cost nothing and no interceptor is
-added). OTEL_SERVICE_NAME names the process (default: specserve-<role>).
+default when no endpoint is set: then no provider is installed, no interceptor is added and no span is
+built around a forward). OTEL_SERVICE_NAME names the process (default: specserve-<role>).
 Tests install their own in-memory exporter with `configure_tracing(role, exporter=...)`.
 """
 
