@@ -79,11 +79,8 @@ def run_ahead(
             draft = DraftTree.root_only(token_ids()[-1])  # what the loop sends in a skipped round
         if not admit(draft):
             break
-        if proposes:
-            backoff.observe(draft.num_draft_tokens)
-            asked += 1
-        else:
-            backoff.should_ask()  # uses up the skipped round
+        backoff.follow(draft.num_draft_tokens)  # a skipped round is used up, a proposal observed
+        asked += proposes
         verified = verify(draft)
         outcome = RoundOutcome.of(draft, verified)
         if proposes:
