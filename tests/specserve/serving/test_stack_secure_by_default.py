@@ -136,10 +136,15 @@ class RunningStack:
         return self.token_file.read_text().strip()
 
 
+HTTP_OFFSET = len(OFFSETS)  # the router's HTTP API: the port after the services', checked with them
+
+
 def free_base_port() -> int:
+    """A block of free ports for the services and the HTTP API, checked together: an HTTP port the stack
+    drew later, once its services were up, could meanwhile go to a stack of another test worker."""
     while True:
         base = free_port()
-        if base + 3 < 65536 and all(port_closed(base + i) for i in range(4)):
+        if base + HTTP_OFFSET < 65536 and all(port_closed(base + i) for i in range(HTTP_OFFSET + 1)):
             return base
 
 
@@ -151,7 +156,8 @@ def port_closed(port: int) -> bool:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[RunningStack]:
     base = free_base_port()
-    command = [sys.executable, "-m", "specserve.cli", "stack", "--base-port", str(base), "--http-port", "0"]
+    command = [sys.executable, "-m", "specserve.cli", "stack", "--base-port", str(base)]
+    command += ["--http-port", str(base + HTTP_OFFSET)]
     command += ["--max-new-tokens", "4", "Name a prime number."]
     env = {k: v for k, v in os.environ.items() if k != STACK_TOKEN_ENV}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
