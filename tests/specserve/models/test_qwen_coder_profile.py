@@ -43,17 +43,21 @@ pytestmark = [
 @pytest.mark.timeout(900)
 def test_the_stack_serves_it_with_its_default_method(tmp_path):
     """SPECSERVE_MODEL selects the profile in every service; a request naming no method gets the
-    profile's default, the draft service's 0.5B really drafts, and the output is the target's alone.
-    First in this file: no in-process engine holds the 1.5B beside the stack's target (RAM)."""
+    profile's default, no draft round falls back, and the output is the target's alone; the draft
+    service's 0.5B really drafts, and its tokens are accepted. First in this file: no in-process engine
+    holds the 1.5B beside the stack's target (RAM)."""
     env = {"SPECSERVE_MODEL": QWEN_1_5B, "SPECSERVE_ROUTER_DEFAULT_METHOD": PROFILE.default_method}
     with LocalStack(log_dir=tmp_path / "logs", env=env) as stack, Client(stack.router_address) as client:
-        drafted = client.generate(PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS)
+        default = client.generate(PROMPTS[0], max_new_tokens=MAX_NEW_TOKENS)
         alone = client.generate(PROMPTS[0], method=Method.TARGET.value, max_new_tokens=MAX_NEW_TOKENS)
-    assert drafted.token_ids == alone.token_ids
-    assert drafted.stats["num_draft_fallbacks"] == 0
-    # Through the router the cost policy also pays the Propose round trip, so it drafts less than in
-    # process; more than one token a round means drafted tokens were accepted.
-    assert drafted.stats["mean_accepted_length"] > 1
+        chain = client.generate(PROMPTS[0], method=Method.VANILLA.value, max_new_tokens=MAX_NEW_TOKENS)
+    assert default.token_ids == alone.token_ids == chain.token_ids
+    assert default.stats["num_draft_fallbacks"] == chain.stats["num_draft_fallbacks"] == 0
+    # Whether the default method drafts is its cost policy's call, and the host's costs decide it: on 2
+    # AVX2 cores a float32 0.5B step beside the 1.5B's verify curve keeps every round the root alone.
+    # A fixed chain drafts every round: more than one token a round means the 0.5B's tokens, drafted
+    # on the draft replica, were accepted.
+    assert chain.stats["mean_accepted_length"] > 1.5
 
 
 @pytest.fixture(scope="module")
