@@ -96,13 +96,28 @@ def _gcs_log_tail(session: Path | None, lines: int = 5) -> str:
     return " (GCS log: " + " / ".join(text.splitlines()[-lines:]) + ")"
 
 
-def _stop_session_processes(session: Path | None) -> None:
+def _stop_session_processes(session: Path | None, settle_s: float = 10.0) -> None:
     """Kills what a failed start left running: Ray's processes carry their session directory in their
-    arguments, and a start that failed half way has no node object left to stop them."""
+    arguments, and a start that failed half way has no node object left to stop them. A child forked
+    just before the timeout may show its session only once it has exec'd, and a killed process keeps its
+    arguments until it has exited, so the scan repeats until two in a row find nothing (bounded)."""
     if session is None or not Path("/proc").is_dir():
         return
-    marker = f"--session-dir={session}".encode()
-    alt = f"--session_dir={session}".encode()
+    markers = (f"--session-dir={session}".encode(), f"--session_dir={session}".encode())
+    deadline = time.monotonic() + settle_s
+    quiet_scans = 0
+    while quiet_scans < 2 and time.monotonic() < deadline:
+        found = _pids_with_any(markers)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        quiet_scans = 0 if found else quiet_scans + 1
+        time.sleep(0.2)
+
+
+def _pids_with_any(markers: tuple[bytes, ...]) -> list[int]:
+    """Live processes whose command line holds any of these byte strings (zombies have none)."""
+    pids = []
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
             continue
@@ -110,9 +125,9 @@ def _stop_session_processes(session: Path | None) -> None:
             cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if marker in cmdline or alt in cmdline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid_dir.name), signal.SIGKILL)
+        if any(marker in cmdline for marker in markers):
+            pids.append(int(pid_dir.name))
+    return pids
 
 
 def build_training_data(settings: DataSettings, log: Log = print) -> Path:
