@@ -1,7 +1,8 @@
 """Two local stacks that differ only in their environment (or one), side by side with the in-process engine.
 
 Each prompt runs on the in-process engine, then on stack A, then on stack B, so the three share the
-machine's conditions prompt by prompt (as `specserve bench` interleaves its methods). Greedy, the
+machine's conditions prompt by prompt (as `specserve bench` interleaves its methods), each after an
+untimed pause (PAUSE_SECONDS). Greedy, the
 default method (or `--method`), the MT-Bench first turns (one per category). docs/benchmarks.md (the
 distributed stack) quotes:
 
@@ -25,6 +26,9 @@ from specserve.engine import Engine
 from specserve.serving.stack import LocalStack
 
 IN_PROCESS = "in-process"
+# Between arms, untimed: an OpenMP worker spins for up to libgomp's spin count after its process's last
+# forward (milliseconds at the in-process engine's default) and would hold a core the next arm needs.
+PAUSE_SECONDS = 0.1
 
 
 def main() -> None:
@@ -55,6 +59,7 @@ def main() -> None:
         for i, prompt in enumerate(prompts, 1):
             local: list[int] = []
             for name in totals:
+                time.sleep(PAUSE_SECONDS)  # the arm before's OpenMP workers stop spinning first
                 start = time.perf_counter()
                 if name == IN_PROCESS:
                     tokens = local = engine.generate(prompt.text, request).token_ids
