@@ -5,11 +5,14 @@ Each prompt (the MT-Bench first turns, one per category, greedy) runs in process
 stack; the outputs must be identical. From the stack's final message per prompt: target rounds,
 drafted and accepted tokens, the draft's Propose time beyond its handler per round. Then, on the same
 stack, a bare client's Verify of one token against the target, beyond the target's handler, and a call
-that does nothing (Release of an unknown session). Last, where each side's seconds went: the prefill
-(measured alone, before), the rounds (in process against inside the target's Verify handlers), the
-calls beyond their handlers, Redis, the rest. docs/benchmarks.md (the distributed stack) quotes:
+that does nothing (Release of an unknown session). With `--budget`, where each side's seconds went:
+each prompt's prefill is measured alone first (so the timed requests find the prompt in the prefix
+caches), each request follows an untimed pause, and the seconds of the prefill, the rounds (in process
+against inside the target's Verify handlers), the calls beyond their handlers, Redis and the rest are
+printed. docs/benchmarks.md (the distributed stack) quotes:
 
     GOMP_SPINCOUNT=100 python scripts/diagnostics/stack_rounds.py --out /tmp/rounds
+    python scripts/diagnostics/stack_rounds.py --out /tmp/rounds --budget
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from specserve.serving.stack import LocalStack
 from specserve.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 CALLS = 80
-PAUSE_SECONDS = 0.1  # untimed, before each side's request (scripts/diagnostics/stack_ab.py says why)
+PAUSE_SECONDS = 0.1  # with --budget, untimed, before each side's request (stack_ab.py says why)
 
 
 def beyond_handler_ms(stub: target_pb2_grpc.TargetServiceStub) -> tuple[float, float]:
@@ -61,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the stack's logs go here")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--budget", action="store_true", help="also where each side's seconds went")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     engine = Engine()
@@ -71,15 +75,16 @@ def main() -> None:
         engine.generate("warm up", GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=8))
         client.generate("warm up", max_new_tokens=8)
         for prompt in per_category(load_prompts(), 1):
-            # The prefill alone first (one-token requests, outside the timed ones): what the rounds after
-            # it cost is the whole request's verify time less it. The second of two, like the timed
-            # request after them, finds the prompt in its side's prefix cache.
-            for _ in range(2):
-                local_prefill = engine.generate(prompt.text, first_token).stats.verify_s
-                remote_prefill = client.generate(prompt.text, max_new_tokens=1).stats["verify_seconds"]
-            in_process["prefill"] += local_prefill
-            stack_side["prefill"] += remote_prefill
-            time.sleep(PAUSE_SECONDS)
+            if args.budget:
+                # The prefill alone first (one-token requests, outside the timed ones): what the rounds
+                # after it cost is the whole request's verify time less it. The second of two, like the
+                # timed request after them, finds the prompt in its side's prefix cache.
+                for _ in range(2):
+                    local_prefill = engine.generate(prompt.text, first_token).stats.verify_s
+                    remote_prefill = client.generate(prompt.text, max_new_tokens=1).stats["verify_seconds"]
+                in_process["prefill"] += local_prefill
+                stack_side["prefill"] += remote_prefill
+                time.sleep(PAUSE_SECONDS)
             start = time.perf_counter()
             local = engine.generate(prompt.text, request)
             in_process["seconds"] += time.perf_counter() - start
@@ -88,7 +93,7 @@ def main() -> None:
             in_process["accepted"] += local.stats.num_accepted_tokens
             in_process["verify"] += local.stats.verify_s
             in_process["draft"] += local.stats.draft_s
-            time.sleep(PAUSE_SECONDS)
+            time.sleep(PAUSE_SECONDS if args.budget else 0.0)
             start = time.perf_counter()
             remote = client.generate(prompt.text, max_new_tokens=args.max_new_tokens, temperature=0.0)
             stack_side["seconds"] += time.perf_counter() - start
@@ -120,7 +125,8 @@ def main() -> None:
         f"bare client: Verify beyond the target's handler {verify_ms:.2f} ms, an empty call {empty_ms:.2f} ms"
     )
     print(f"stack / in process: {in_process['seconds'] / stack_side['seconds']:.3f}x")
-    print_budget(in_process, stack_side)
+    if args.budget:
+        print_budget(in_process, stack_side)
 
 
 def print_budget(in_process: Counter, stack_side: Counter) -> None:
