@@ -50,6 +50,14 @@ NEW_TOKENS = 32
 OFFSETS = {"router": 0, "target": 1, "draft": 2, "redis": 3}  # --base-port layout
 
 
+def _read_proc(path: Path) -> str:
+    """A /proc file's text, or "" when its thread or process has exited since it was listed."""
+    try:
+        return path.read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 @dataclass
 class Stack:
     process: subprocess.Popen
@@ -70,8 +78,8 @@ class Stack:
         needle = "redis-server" if role == "redis" else f"serve {role}"
         found = []
         for task in Path(f"/proc/{self.process.pid}/task").iterdir():
-            for pid in (task / "children").read_text().split():
-                if needle in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+            for pid in _read_proc(task / "children").split():
+                if needle in _read_proc(Path(f"/proc/{pid}/cmdline")).replace("\0", " "):
                     found.append(int(pid))
         (pid,) = found
         return pid
