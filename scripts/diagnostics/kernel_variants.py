@@ -1,0 +1,181 @@
+"""The CPU kernels against variants of themselves (the library built again with a patch applied to
+specserve/runtime/csrc), timed in one process, interleaved pass by pass, so the host's drift hits every
+variant alike.
+
+Two measurements:
+- products: 30 layers of the default model's four product shapes (random 4-bit codes with fp16 scales,
+  about 80 MB, so the weights stream from memory as a forward's do), at each row count; the median over
+  the passes of a sweep through all of them.
+- `--forward`: the served target's whole forwards, each variant's `specserve_forward_layers` swapped into
+  the one loaded model: a one-token step and trees of 5 and 8 nodes after 300 cached positions, and an
+  85-token prefill (the size of a json-extraction prompt).
+
+Every variant's outputs are compared with the unpatched library's and reported as the same bits or not
+(a timing-only variant computes wrong values on purpose). docs/benchmarks.md ("The CPU's own kernels")
+quotes:
+
+    python scripts/diagnostics/kernel_variants.py scripts/diagnostics/product_epilogue_off.patch \
+        --rows 8,64 --passes 21
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specserve.runtime import calibrate, cpu_kernels, fused_layers
+
+ROOT = Path(__file__).resolve().parents[2]
+CSRC = Path("specserve/runtime/csrc")
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up, down (out, in)
+LAYERS = 30
+PREFIX = 300
+
+
+def build_variants(patches: list[Path], directory: Path) -> dict[str, ctypes.CDLL]:
+    """The unpatched library, then one per patch (applied to a copy of the sources)."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    assert compiler is not None, "no C++ compiler"
+    libraries = {}
+    for patch in [None, *patches]:
+        name = "unpatched" if patch is None else patch.stem
+        tree = directory / name
+        shutil.copytree(ROOT / CSRC, tree / CSRC)
+        if patch is not None:
+            subprocess.run(["git", "apply", str(patch.resolve())], cwd=tree, check=True)
+        sources = [tree / CSRC / source.name for source in cpu_kernels.SOURCES]
+        library = tree / "library.so"
+        command = [compiler, *cpu_kernels.FLAGS, f"-march={cpu_kernels.MARCH}", *map(str, sources), "-o"]
+        subprocess.run([*command, str(library)], check=True)
+        libraries[name] = cpu_kernels.load_library(library)
+    return libraries
+
+
+def interleaved(
+    names: list[str], cases: list[str], passes: int, run: Callable[[str, str], tuple[float, torch.Tensor]]
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], bool]]:
+    """Median seconds of run(variant, case) over the passes, variants alternating in order; and whether
+    each variant's output equals the first's."""
+    times: dict[tuple[str, str], list[float]] = {(n, c): [] for n in names for c in cases}
+    first: dict[tuple[str, str], torch.Tensor] = {}
+    for index in range(passes):
+        for case in cases:
+            for name in names if index % 2 == 0 else list(reversed(names)):
+                seconds, output = run(name, case)
+                times[(name, case)].append(seconds)
+                first.setdefault((name, case), output)
+    same = {(n, c): torch.equal(first[(n, c)], first[(names[0], c)]) for n in names for c in cases}
+    return {key: statistics.median(values) for key, values in times.items()}, same
+
+
+def cells(
+    names: list[str], case: str, medians: dict[tuple[str, str], float], same: dict[tuple[str, str], bool]
+) -> str:
+    """One case's line: each variant's median, and whether its output is the unpatched library's."""
+    marks = {True: "", False: " (other bits)"}
+    return ", ".join(f"{n} {medians[(n, case)] * 1e3:6.2f} ms{marks[same[(n, case)]]}" for n in names)
+
+
+def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int) -> None:
+    rng = np.random.default_rng(0)
+    weights = []
+    for _ in range(LAYERS):
+        for n, k in SHAPES:
+            codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+            scales = (rng.random((n, k // 32)) * 0.01).astype(np.float16).astype(np.float32)
+            zeros = (rng.random((n, k // 32)) * 0.01).astype(np.float16).astype(np.float32)
+            weights.append(cpu_kernels.pack(codes, scales, zeros))
+    inputs = {
+        r: {k: torch.randn(r, k, generator=torch.Generator().manual_seed(r)) for k in (576, 1536)}
+        for r in rows
+    }
+
+    def run(name: str, case: str) -> tuple[float, torch.Tensor]:
+        r = int(case)
+        start = time.perf_counter()
+        outputs = [cpu_kernels.dot_mm(inputs[r][w.width], w, libraries[name]) for w in weights]
+        return time.perf_counter() - start, torch.cat([o.flatten() for o in outputs])
+
+    names = list(libraries)
+    medians, same = interleaved(names, [str(r) for r in rows], passes, run)
+    megabytes = sum(w.nbytes for w in weights) / 1e6
+    print(f"products of {LAYERS} layers ({megabytes:.0f} MB), median of {passes}:")
+    for r in rows:
+        print(f"  {r:3d} rows: " + cells(names, str(r), medians, same))
+
+
+def forwards(libraries: dict[str, ctypes.CDLL], passes: int) -> None:
+    from specserve.runtime.models import ServedModels
+    from specserve.settings import EngineSettings
+
+    runner = ServedModels(EngineSettings.from_env()).target_runner
+    layers = [o for o in gc.get_objects() if isinstance(o, fused_layers.FusedLayers)]
+    assert len(layers) == 1, "the served target runs its layers in one compiled call"
+    calls = {}
+    for name, library in libraries.items():
+        call = library.specserve_forward_layers
+        call.argtypes, call.restype = layers[0]._run.argtypes, None
+        calls[name] = call
+    cases = {
+        "step": (1, None),
+        "verify(5)": (5, calibrate.binary_tree_parents(5)),
+        "verify(8)": (8, calibrate.binary_tree_parents(8)),
+        "prefill(85)": (85, None),
+    }
+    cache = runner.new_cache(PREFIX + 100)
+
+    def run(name: str, case: str) -> tuple[float, torch.Tensor]:
+        size, parents = cases[case]
+        prefill = case.startswith("prefill")
+        layers[0]._run = calls[name]
+        cache.truncate(0)
+        runner.forward(cache, [100 + i for i in range(PREFIX)], last_only=True)
+        start_length = 0 if prefill else PREFIX
+        ids = [100 + i for i in range(size)] if prefill else [5 + i for i in range(size)]
+        best, output = float("inf"), torch.empty(0)
+        for _ in range(3 if prefill else 10):
+            cache.truncate(start_length)
+            start = time.perf_counter()
+            output = runner.forward(cache, ids, parents, last_only=prefill)
+            best = min(best, time.perf_counter() - start)
+        return best, output
+
+    names = list(libraries)
+    with torch.inference_mode():
+        medians, same = interleaved(names, list(cases), passes, run)
+    print(f"whole target forwards (best of a few, median of {passes} passes; trees after {PREFIX} positions)")
+    for case in cases:
+        print(f"  {case:11s}: " + cells(names, case, medians, same))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("patches", nargs="+", type=Path, help="patches to specserve/runtime/csrc")
+    parser.add_argument("--rows", default="1,8,64", help="row counts of the products")
+    parser.add_argument("--passes", type=int, default=15)
+    parser.add_argument("--forward", action="store_true", help="whole forwards instead of products")
+    args = parser.parse_args()
+    if cpu_kernels.library() is None:
+        raise SystemExit("the CPU kernels are not built on this host")
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as directory:
+        libraries = build_variants(args.patches, Path(directory))
+        if args.forward:
+            forwards(libraries, args.passes)
+        else:
+            products(libraries, [int(r) for r in args.rows.split(",")], args.passes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The CPU's own ceiling for the kernels' arithmetic: 512-bit `vpdpbusd` (64 int8 multiply-adds each) and
+512-bit fused multiply-adds (16 float32 each) a second, per core, with the operands in registers.
+
+A small C++ loop (twelve independent accumulators, so the count is the units' throughput, not their
+latency) is built with the kernels' compiler and `-march=native`, then run once alone and once on every
+core at the same time; a dependent chain of integer adds gives the clock. AVX-512 VNNI hosts only.
+docs/benchmarks.md ("The CPU's own kernels") quotes:
+
+    python scripts/diagnostics/vector_peak.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from specserve.settings import cpu_has_vnni
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <chrono>
+#include <cstdio>
+#define TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+static double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+int main() {
+  const long n = 100000000;
+  __m512i b = _mm512_set1_epi32(0x01020304), c = _mm512_set1_epi32(0x05060708);
+#define DECLARE_I(i) __m512i a##i = _mm512_set1_epi32(i);
+  TWELVE(DECLARE_I)
+  auto t0 = std::chrono::steady_clock::now();
+  for (long k = 0; k < n; ++k) {
+#define DOT(i) a##i = _mm512_dpbusd_epi32(a##i, b, c);
+    TWELVE(DOT)
+    asm volatile("" : "+v"(b));  // keeps the loop from being folded away
+  }
+  const double dot_s = seconds_since(t0);
+  __m512i isum = _mm512_setzero_si512();
+#define ADD_I(i) isum = _mm512_add_epi32(isum, a##i);
+  TWELVE(ADD_I)
+  __m512 x = _mm512_set1_ps(0.5f), y = _mm512_set1_ps(0.25f);
+#define DECLARE_F(i) __m512 f##i = _mm512_set1_ps(i);
+  TWELVE(DECLARE_F)
+  t0 = std::chrono::steady_clock::now();
+  for (long k = 0; k < n; ++k) {
+#define FMA(i) f##i = _mm512_fmadd_ps(f##i, x, y);
+    TWELVE(FMA)
+    asm volatile("" : "+v"(x));
+  }
+  const double fma_s = seconds_since(t0);
+  __m512 fsum = _mm512_setzero_ps();
+#define ADD_F(i) fsum = _mm512_add_ps(fsum, f##i);
+  TWELVE(ADD_F)
+  long v = 0;
+  const long adds = 2000000000L;
+  t0 = std::chrono::steady_clock::now();
+  for (long k = 0; k < adds; ++k) asm volatile("add $1, %0" : "+r"(v));
+  const double add_s = seconds_since(t0);
+  printf("%.4f %.4f %.4f %d %f\n", n * 12 / dot_s / 1e9, n * 12 / fma_s / 1e9, adds / add_s / 1e9,
+         _mm512_reduce_add_epi32(isum), _mm512_reduce_add_ps(fsum));
+}
+"""
+
+
+def build(directory: Path) -> Path:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise SystemExit("no C++ compiler")
+    source, binary = directory / "vector_peak.cpp", directory / "vector_peak"
+    source.write_text(SOURCE)
+    subprocess.run([compiler, "-O2", "-march=native", str(source), "-o", str(binary)], check=True)
+    return binary
+
+
+def main() -> None:
+    if not cpu_has_vnni():
+        raise SystemExit("this host has no AVX-512 VNNI")
+    with tempfile.TemporaryDirectory() as directory:
+        binary = build(Path(directory))
+        cores = len(os.sched_getaffinity(0))
+        for runs in (1, cores):
+            processes = [
+                subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True) for _ in range(runs)
+            ]
+            outputs = [process.communicate()[0].split() for process in processes]
+            for index, (dot, fma, clock, *_) in enumerate(outputs):
+                dot_rate, fma_rate, ghz = float(dot), float(fma), float(clock)
+                print(
+                    f"{runs} at once, #{index}: vpdpbusd zmm {dot_rate:.2f} G/s "
+                    f"({dot_rate / ghz:.2f} a cycle, "
+                    f"{dot_rate * 64:.0f} G int8 multiply-adds), fma zmm {fma_rate:.2f} G/s "
+                    f"({fma_rate / ghz:.2f} a cycle), clock {ghz:.2f} GHz"
+                )
+
+
+if __name__ == "__main__":
+    main()
