@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
+from product_rows import packed  # this directory's: the same random 4-bit weights
 
 from specserve.runtime import calibrate, cpu_kernels, fused_layers
 
@@ -45,7 +45,7 @@ PREFIX = 300
 
 def build_variants(patches: list[Path], directory: Path) -> dict[str, ctypes.CDLL]:
     """The unpatched library, then one per patch (applied to a copy of the sources)."""
-    compiler = shutil.which("g++") or shutil.which("c++")
+    compiler = cpu_kernels._compiler()  # the one the library itself is built with
     assert compiler is not None, "no C++ compiler"
     libraries = {}
     for patch in [None, *patches]:
@@ -88,14 +88,7 @@ def cells(
 
 
 def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int) -> None:
-    rng = np.random.default_rng(0)
-    weights = []
-    for _ in range(LAYERS):
-        for n, k in SHAPES:
-            codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
-            scales = (rng.random((n, k // 32)) * 0.01).astype(np.float16).astype(np.float32)
-            zeros = (rng.random((n, k // 32)) * 0.01).astype(np.float16).astype(np.float32)
-            weights.append(cpu_kernels.pack(codes, scales, zeros))
+    weights = [packed(n, k, seed=i) for i, (n, k) in enumerate(SHAPES * LAYERS)]
     inputs = {
         r: {k: torch.randn(r, k, generator=torch.Generator().manual_seed(r)) for k in (576, 1536)}
         for r in rows

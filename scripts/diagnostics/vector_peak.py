@@ -12,11 +12,11 @@ docs/benchmarks.md ("The CPU's own kernels") quotes:
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from specserve.runtime import cpu_kernels
 from specserve.settings import cpu_has_vnni
 
 SOURCE = r"""
@@ -67,7 +67,7 @@ int main() {
 
 
 def build(directory: Path) -> Path:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = cpu_kernels._compiler()  # the one the kernels are built with
     if compiler is None:
         raise SystemExit("no C++ compiler")
     source, binary = directory / "vector_peak.cpp", directory / "vector_peak"
