@@ -62,8 +62,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--draft-weights",
         choices=DRAFT_WEIGHTS,
-        help="the drafts' own layers: dense (as trained, the default) or int8 (rounded per group of 32 on "
-        "the int8-dot kernel: a cheaper step, fewer drafts accepted; lossless either way)",
+        help="the drafts' weights: auto (the profile's choice beside its file's weights, the default), dense "
+        "(as trained; a separate draft on its file's weights), int8 (one-layer drafts rounded per group of "
+        "32: a cheaper step, fewer drafts accepted) or int4 (every draft rounded to 4 bits per group of 32, "
+        "a separate draft's embedding and head too); lossless either way",
     )
     group.add_argument(
         "--int4-kernel",

@@ -21,7 +21,7 @@ DEFAULT_CONTEXT = 8192  # a checkpoint whose config names no context: the defaul
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 _DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("auto", "dense", "as-shipped")
-DRAFT_WEIGHTS = ("dense", "int8")
+DRAFT_WEIGHTS = ("auto", "dense", "int8", "int4")
 INT4_KERNELS = ("auto", "int8-dot", "torch")  # runtime/int4.py holds the kernels (torch: not imported here)
 
 
@@ -132,14 +132,16 @@ class EngineSettings:
     # one pass over the weights for all rows of a forward), "torch" (torch's int4 kernel, bfloat16 rows);
     # "auto" = int8-dot on a CPU where it builds, torch's elsewhere.
     int4_kernel: str = "auto"
-    # The served drafts' own linear layers (GliDe, hidden-state and vanilla drafts; a separate draft
-    # model follows `weights`): "dense" (the default) = as trained, in `dtype`; "int8" = rounded to int8
-    # per group of 32 inputs on the int8-dot kernel (runtime/int8_drafts.py; a CPU where it builds): a
-    # step about a third of the cost and weights a quarter of the bytes, but fewer drafts accepted, and
-    # slower in both measured workloads beside the file's weights (docs/benchmarks.md, "Drafts on int8
-    # weights").
-    # Either stays lossless: the target verifies every drafted token.
-    draft_weights: str = "dense"
+    # The served drafts' weights (runtime/quantized_drafts.py; either stays lossless: the target verifies
+    # every drafted token): "dense" = the one-layer drafts (GliDe, hidden-state, vanilla) as trained in
+    # `dtype`, a separate draft model on its file's weights where the target runs its own file's, else
+    # dense; "int8" = the one-layer drafts rounded to int8 per group of 32 inputs (a step about a third
+    # of the cost, but fewer drafts accepted: slower in both measured workloads, docs/benchmarks.md,
+    # "Drafts on int8 weights"); "int4" = every draft rounded to 4 bits per group of 32, a separate draft
+    # model's embedding and head too (about half the bytes of a file's 8-bit codes); "auto" (the default)
+    # = the profile's choice for its own draft when the target runs its file's weights, else "dense":
+    # read `resolved_draft_weights`.
+    draft_weights: str = "auto"
     # The in-process engine's prefix cache (runtime/prefix_cache.py): bytes of cached prompt K/V (and
     # hidden-state features) kept across requests, least recently used evicted; 0 = off. The target
     # service has its own (TargetServiceSettings.prefix_cache_bytes).
@@ -180,6 +182,17 @@ class EngineSettings:
         from specserve.models.install import as_shipped_available
 
         return "as-shipped" if as_shipped_available(PROFILES[self.model], self.cache_dir) else "dense"
+
+    @property
+    def resolved_draft_weights(self) -> str:
+        """What the drafts run on, `auto` decided: the profile's `draft_weights` where its own draft
+        serves beside its own target on the file's weights (measured there), else "dense"."""
+        if self.draft_weights != "auto":
+            return self.draft_weights
+        own = self.model_dir is None and self.draft_dir is None
+        if own and self.resolved_weights == "as-shipped":
+            return PROFILES[self.model].draft_weights
+        return "dense"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineSettings:

@@ -55,6 +55,9 @@ class ModelProfile:
     # The draft's LM head scores only the first N token ids and the special tokens (runtime/draft_head.py);
     # None = its whole head.
     draft_head_rows: int | None = None
+    # What the drafts run on beside the file's weights, `draft_weights=auto` (EngineSettings): "dense", or
+    # "int4" where a separate draft's 8-bit codes cost too much of a target step to pay.
+    draft_weights: str = "dense"
     # What `generate` and `stack` run unless told otherwise: the fastest lossless method measured for
     # this model (docs/benchmarks.md); a model without trained drafts of its own drafts with its sibling.
     default_method: str = DEFAULT_METHOD
@@ -156,6 +159,7 @@ _QWEN_CODER_1_5B = ModelProfile(
     draft=_QWEN_CODER_0_5B.name,
     draft_dtype="bfloat16",
     draft_head_rows=32768,  # 95% of the 1.5B's answer tokens; 18% less draft time a round (benchmarks)
+    draft_weights="int4",  # its Q8_0 / Q5_0 layers cost 0.54 of a target step, in 4 bits 0.35 (benchmarks)
     default_method=Method.VANILLA_CAPE_COST.value,  # measured fastest (docs/benchmarks.md)
     max_context=32768,
 )

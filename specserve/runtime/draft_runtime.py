@@ -40,10 +40,10 @@ from specserve.models.profiles import model_profile
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
-from specserve.runtime.int8_drafts import apply_int8
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.measuring import measuring_alone
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
+from specserve.runtime.quantized_drafts import apply_rounded
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target_runtime import RoleRuntime, calibration_file, int4_kernel, shipped_for
 from specserve.settings import EngineSettings
@@ -166,6 +166,9 @@ class DraftRuntime(RoleRuntime):
     def vanilla_draft_runner(self) -> ModelRunner:
         if self.draft_model_dir is None:
             draft = self._early_exit_draft()
+        elif self.settings.resolved_draft_weights == "int4":  # rounded from its float weights
+            draft = load_causal_lm(self.draft_model_dir, self.settings.device, "float32")
+            apply_rounded(draft, "int4", embedding=True)
         else:
             draft = load_causal_lm(
                 self.draft_model_dir,
@@ -253,11 +256,12 @@ class DraftRuntime(RoleRuntime):
         return self._for_serving(build_eagle(self.target, seed=0))
 
     def _for_serving(self, draft: DraftT) -> DraftT:
-        """A draft that serves (it no longer trains): on int8 weights where `draft_weights` says so, else
-        on the same linear kernel as the target."""
+        """A draft that serves (it no longer trains): on rounded weights where `draft_weights` says so,
+        else on the same linear kernel as the target."""
         draft.requires_grad_(False)
-        if self.settings.draft_weights == "int8":
-            apply_int8(draft)
+        rounded = self.settings.resolved_draft_weights
+        if rounded != "dense":
+            apply_rounded(draft, rounded)
         else:
             apply_linear_kernel(draft, self.settings.linear_kernel)
         return draft

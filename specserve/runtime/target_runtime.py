@@ -67,10 +67,11 @@ def weights_label(settings: EngineSettings) -> str:
     """What the target's linear layers run on, for file names and records: the linear kernel, or `int4`
     (torch's 4-bit kernel) / `int8dot-<build>` for weights as shipped, <build> the first 8 digits of the
     CPU kernels' build key: recorded costs follow the kernels, so a changed kernel is timed again instead
-    of priced by an older build's record. `-int8drafts` follows when the drafts run on int8 weights (their
-    steps, which the records hold too, change with them). Decided by the settings and the sources alone, so
-    naming a calibration file loads no model."""
-    drafts = "-int8drafts" if settings.draft_weights == "int8" else ""
+    of priced by an older build's record. `-int8drafts` / `-int4drafts` follows when the drafts run on
+    rounded weights (their steps, which the records hold too, change with them). Decided by the settings
+    and the sources alone, so naming a calibration file loads no model."""
+    rounded = settings.resolved_draft_weights
+    drafts = "" if rounded == "dense" else f"-{rounded}drafts"
     kernel = int4_kernel(settings)
     if kernel is not None:
         if kernel == "torch":

@@ -1,9 +1,11 @@
-"""Drafts on 8-bit weights (runtime/int8_drafts.py): the rounding, the drafts it serves, when it is used.
+"""Drafts on rounded weights (runtime/quantized_drafts.py): the roundings, the drafts they serve, when.
 
-The rounding is checked against its definition; a tiny GliDe and a tiny hidden-state draft on int8 score
+Each rounding is checked against its definition; a tiny GliDe and a tiny hidden-state draft on int8 score
 tokens within the rounding's error of their float selves and pick the same top tokens nearly always; a
-runtime rounds its drafts only when `draft_weights` says so (measured slower beside the file's weights),
-and the recorded costs are named apart (a draft step on int8 weights is another cost).
+separate draft model on 4 bits runs every layer, its embedding and head on codes and still leaves the
+output the target's own; a runtime rounds its drafts only when `draft_weights` (or, on `auto`, the
+profile beside its file's weights) says so, and the recorded costs are named apart (a draft step on
+rounded weights is another cost).
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ import torch
 from tiny_llama import tiny_model
 from torch import nn
 
+from specserve.core.request import GenerationRequest
 from specserve.eagle.model import build_eagle
+from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.glide import build_glide
 from specserve.models.tiny import Architecture
 from specserve.runtime.cpu_kernels import library
 from specserve.runtime.draft_runtime import DraftRuntime
-from specserve.runtime.int4 import Int4Linear
-from specserve.runtime.int8_drafts import apply_int8, quantize_int8
+from specserve.runtime.int4 import Int4Embedding, Int4Linear
 from specserve.runtime.kernels import FusedPart
 from specserve.runtime.kv_cache import PositionalKVCache
+from specserve.runtime.quantized_drafts import apply_rounded, quantize_int4, quantize_int8
 from specserve.runtime.target_runtime import weights_label
 from specserve.settings import EngineSettings
 
@@ -44,11 +48,30 @@ def test_each_group_is_rounded_to_int8_steps_of_its_own_scale() -> None:
     assert not values[3, 32:64].any()
 
 
+def test_each_group_is_rounded_to_4_bit_steps_from_its_least_to_its_largest_weight() -> None:
+    weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
+    weight[5, :32] = 0.25  # a constant group: step 0, its value kept
+    quantized = quantize_int4(weight)
+    assert quantized.source == "Q4_1" and quantized.codes.shape == (1, 48, 96)  # one part of 4-bit codes
+    codes = torch.from_numpy(quantized.codes[0].astype("int64")).reshape(48, 3, 32)
+    grouped = weight.reshape(48, 3, 32)
+    least, largest = grouped.amin(-1), grouped.amax(-1)
+    step = (largest - least) / 15
+    values = torch.from_numpy(quantized.dequantize()).reshape(48, 3, 32)
+    # half a step, and the file format's fp16 rounding of the least weight and the step (times 15 at most)
+    slack = least.abs() * 2**-11 + 15 * step * 2**-11 + 1e-6
+    assert ((values - grouped).abs() <= (step / 2 + slack)[..., None]).all()
+    varied = step > 0
+    assert int(varied.sum()) == 48 * 3 - 1
+    assert (codes.amin(-1)[varied] == 0).all() and (codes.amax(-1)[varied] == 15).all()  # the whole range
+    assert (values[5, 0] == 0.25).all() and (codes[5, 0] == 0).all()
+
+
 def test_only_whole_groups_of_frozen_linear_layers_are_rounded() -> None:
     model = nn.Sequential(nn.Linear(64, 16), nn.Linear(16, 8), nn.Linear(64, 8))
     model.requires_grad_(False)
     model[2].weight.requires_grad_(True)  # trainable: left alone
-    assert apply_int8(model) == 1
+    assert apply_rounded(model, "int8") == 1
     assert isinstance(model[0], Int4Linear)
     assert type(model[1]) is nn.Linear  # 16 inputs: no whole group of 32
     assert type(model[2]) is nn.Linear
@@ -62,7 +85,7 @@ def draft_pair(kind: str) -> tuple[nn.Module, nn.Module]:
         draft = build(target, seed=0)
         draft.init_weights(torch.Generator().manual_seed(0), std=0.3)
         drafts.append(draft.eval().requires_grad_(False))
-    apply_int8(drafts[1])
+    apply_rounded(drafts[1], "int8")
     return target, *drafts
 
 
@@ -99,13 +122,13 @@ def test_a_hidden_state_draft_on_int8_scores_within_the_rounding() -> None:
 
 
 def test_drafts_are_dense_unless_set_and_their_costs_are_named_apart(tmp_path) -> None:
-    assert EngineSettings(cache_dir=tmp_path).draft_weights == "dense"
+    assert EngineSettings(cache_dir=tmp_path, weights="as-shipped").resolved_draft_weights == "dense"
     dense = EngineSettings(cache_dir=tmp_path, weights="dense")
     rounded = EngineSettings(cache_dir=tmp_path, weights="dense", draft_weights="int8")
     # a draft step on int8 weights is another cost: recorded under another name
     assert weights_label(rounded) == weights_label(dense) + "-int8drafts"
     with pytest.raises(InvalidArgument, match="draft_weights"):
-        EngineSettings(cache_dir=tmp_path, draft_weights="auto").validate()
+        EngineSettings(cache_dir=tmp_path, draft_weights="int3").validate()
 
 
 @needs_kernel
@@ -114,3 +137,49 @@ def test_a_runtime_serves_its_drafts_on_int8_when_set(tiny_target_dir, tmp_path)
     draft = DraftRuntime(settings).glide_draft  # randomly initialised: no trained draft for this target
     assert not any(type(m) is nn.Linear for m in draft.modules())
     assert any(isinstance(m, Int4Linear) for m in draft.modules())
+
+
+def test_auto_rounds_to_4_bits_only_the_profile_draft_that_chose_it_beside_its_file_weights(tmp_path) -> None:
+    qwen = dict(cache_dir=tmp_path, model="qwen2.5-coder-1.5b-instruct")
+    chosen = EngineSettings(**qwen, weights="as-shipped")
+    assert chosen.resolved_draft_weights == "int4"
+    assert (
+        weights_label(chosen)
+        == weights_label(EngineSettings(**qwen, weights="as-shipped", draft_weights="dense")) + "-int4drafts"
+    )
+    assert (
+        EngineSettings(**qwen, weights="dense").resolved_draft_weights == "dense"
+    )  # measured beside the file
+    assert EngineSettings(**qwen, weights="as-shipped", draft_dir=tmp_path).resolved_draft_weights == "dense"
+    assert EngineSettings(**qwen, weights="as-shipped", draft_weights="int8").resolved_draft_weights == "int8"
+
+
+@needs_kernel
+def test_a_separate_draft_on_4_bits_runs_on_codes_and_leaves_the_output_the_targets(
+    tiny_target_dir, tiny_draft_dir, tmp_path
+) -> None:
+    settings = dict(
+        model_dir=tiny_target_dir,
+        draft_dir=tiny_draft_dir,
+        cache_dir=tmp_path,
+        calibration_path=tmp_path / "c.json",
+    )
+    rounded = Engine(EngineSettings.from_env(**settings, draft_weights="int4"))
+    dense = Engine(EngineSettings.from_env(**settings, draft_weights="dense"))
+    draft = rounded.vanilla_draft_runner.model
+    assert not any(type(m) in (nn.Linear, nn.Embedding) for m in draft.modules())
+    assert isinstance(draft.model.embed_tokens, Int4Embedding)  # its own embedding, and its head, on codes
+    ids = torch.arange(1000, 1016)[None]
+    scores = [engine.vanilla_draft_runner.model(ids).logits[0] for engine in (dense, rounded)]  # [16, V]
+    assert not torch.equal(scores[0], scores[1])  # rounded
+    # and close: a random tiny model's scores are flat, so their direction, not their top token, is compared
+    similarity = torch.nn.functional.cosine_similarity(scores[0], scores[1], dim=-1)
+    assert similarity.min() > 0.85, similarity
+
+    prompt = list(range(1000, 1016))
+    target = GenerationRequest.build(method="target", max_new_tokens=32, ignore_eos=True)
+    expected = dense.generate_ids(prompt, target).token_ids
+    drafted = rounded.generate_ids(
+        prompt, GenerationRequest.build(method="vanilla", max_new_tokens=32, ignore_eos=True)
+    )
+    assert drafted.token_ids == expected and drafted.stats.num_draft_tokens > 0
