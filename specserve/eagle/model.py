@@ -88,7 +88,7 @@ class EagleDraft(nn.Module):
     def lift(self, features: torch.Tensor) -> torch.Tensor:
         """The target's features [..., feature_width] -> what the layer reads at a committed position,
         [..., H], on the draft's device and dtype: fused by `fuse`, or as they are."""
-        reference = self.norm.weight  # not fc's: on int8 weights (runtime/quantized_drafts.py) it has no tensor
+        reference = self.norm.weight  # not fc's: rounded (runtime/quantized_drafts.py) it has no tensor
         features = features.to(device=reference.device, dtype=reference.dtype)
         return features if self.fuse is None else self.fuse(features)
 

@@ -43,7 +43,7 @@ from specserve.runtime.early_exit import early_exit_draft
 from specserve.runtime.kernels import apply_linear_kernel, speed_dtype
 from specserve.runtime.measuring import measuring_alone
 from specserve.runtime.prefix_cache import DraftPrefix, PrefixCache
-from specserve.runtime.quantized_drafts import apply_rounded
+from specserve.runtime.quantized_drafts import apply_rounded, rounded_store
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target_runtime import RoleRuntime, calibration_file, int4_kernel, shipped_for
 from specserve.settings import EngineSettings
@@ -166,9 +166,15 @@ class DraftRuntime(RoleRuntime):
     def vanilla_draft_runner(self) -> ModelRunner:
         if self.draft_model_dir is None:
             draft = self._early_exit_draft()
-        elif self.settings.resolved_draft_weights == "int4":  # rounded from its float weights
-            draft = load_causal_lm(self.draft_model_dir, self.settings.device, "float32")
-            apply_rounded(draft, "int4", embedding=True)
+        elif self.settings.resolved_draft_weights == "int4":  # rounded from its float weights, kept
+            draft = load_causal_lm(
+                self.draft_model_dir,
+                self.settings.device,
+                "float32",
+                self.settings.linear_kernel,
+                as_shipped=rounded_store(self.draft_model_dir, "int4", self.settings.cache_dir),
+                int4_kernel=self.settings.int4_kernel,
+            )
         else:
             draft = load_causal_lm(
                 self.draft_model_dir,

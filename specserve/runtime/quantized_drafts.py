@@ -16,6 +16,7 @@ stays the target's own; only how often drafts are accepted moves, against how mu
   run as 8-bit codes: its step cost more than half the 1.5B target's, too much for any chain to pay.
   Rounded to 4 bits from its float weights (its embedding and head too), it reads about half the bytes
   (`draft_weights=int4`, the Qwen2.5-Coder-1.5B profile's choice: docs/benchmarks.md, "A 4-bit draft").
+  Its rounding is kept in the cache (`rounded_store`), built once.
 
 The formats: Q8_0 with a float32 scale, w ~= q * scale, q = round(w / scale) in [-127, 127], scale =
 max |w| / 127; Q4_1, w ~= code * d + m, code = round((w - m) / d) in [0, 15], d = (max - min) / 15 and
@@ -25,14 +26,19 @@ through `apply_as_shipped`, so a draft's q/k/v and gate/up become one product ea
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from specserve.models.gguf_quant import GROUP, QuantizedWeight, split_signed
+from specserve.models.default_model import build_once, is_complete
+from specserve.models.gguf_quant import GROUP, QuantizedWeight, split_signed, write_store
+from specserve.models.loading import load_causal_lm
 from specserve.runtime.int4 import apply_as_shipped
+from specserve.runtime.measuring import measuring_alone
 
 INT8_SOURCE = "Q8_0"  # the layout the kernel reads (a file's signed 8-bit format)
 INT4_SOURCE = "Q4_1"
@@ -97,3 +103,26 @@ def apply_rounded(model: nn.Module, kind: str, embedding: bool = False) -> int:
         return apply_as_shipped(model, weights, compute_dtype=torch.float32, kernel="int8-dot")
     # torch's int4 kernels read bfloat16 rows; the int8-dot kernel reads float32 whatever is asked
     return apply_as_shipped(model, weights, compute_dtype=torch.bfloat16, kernel="auto")
+
+
+def rounded_store(model_dir: Path, kind: str, cache_dir: Path) -> Path:
+    """A separate draft model's `kind` rounding (its linear layers, embedding and head), as a store that
+    `load_causal_lm(..., as_shipped=store)` serves, built once into `cache_dir`: rounding a 0.5B takes
+    seconds of every core. Named by the checkpoint's path and its weight files' sizes and times, so a
+    changed checkpoint is rounded again. Built under the host's measuring lock (runtime/measuring.py): a
+    target measuring its curve beside the rounding would time the rounding's load as its own."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    facts = [str(Path(model_dir).resolve())] + [
+        f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files
+    ]
+    digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:12]
+    dest = Path(cache_dir) / "models" / f"{Path(model_dir).name}-{digest}.{kind}"
+    if is_complete(dest):
+        return dest
+
+    def build(out: Path) -> None:
+        model = load_causal_lm(Path(model_dir), "cpu", "float32")
+        write_store(rounded_weights(model, kind, embedding=True), {"rounded": kind}, out)
+
+    with measuring_alone(Path(cache_dir)):
+        return build_once(dest, build, description=dest.name)

@@ -21,6 +21,7 @@ from specserve.engine import Engine
 from specserve.errors import InvalidArgument
 from specserve.glide import build_glide
 from specserve.models.tiny import Architecture
+from specserve.runtime import quantized_drafts
 from specserve.runtime.cpu_kernels import library
 from specserve.runtime.draft_runtime import DraftRuntime
 from specserve.runtime.int4 import Int4Embedding, Int4Linear
@@ -155,8 +156,8 @@ def test_auto_rounds_to_4_bits_only_the_profile_draft_that_chose_it_beside_its_f
 
 
 @needs_kernel
-def test_a_separate_draft_on_4_bits_runs_on_codes_and_leaves_the_output_the_targets(
-    tiny_target_dir, tiny_draft_dir, tmp_path
+def test_a_separate_draft_on_4_bits_runs_on_codes_kept_once_and_leaves_the_output_the_targets(
+    tiny_target_dir, tiny_draft_dir, tmp_path, monkeypatch
 ) -> None:
     settings = dict(
         model_dir=tiny_target_dir,
@@ -175,6 +176,15 @@ def test_a_separate_draft_on_4_bits_runs_on_codes_and_leaves_the_output_the_targ
     # and close: a random tiny model's scores are flat, so their direction, not their top token, is compared
     similarity = torch.nn.functional.cosine_similarity(scores[0], scores[1], dim=-1)
     assert similarity.min() > 0.85, similarity
+
+    # rounded once: the next process reads the rounding kept in the cache
+    (store,) = (tmp_path / "models").glob("*.int4")
+    monkeypatch.setattr(
+        quantized_drafts, "rounded_weights", lambda *args, **kwargs: pytest.fail("rounded again")
+    )
+    again = Engine(EngineSettings.from_env(**settings, draft_weights="int4")).vanilla_draft_runner.model
+    assert torch.equal(again(ids).logits[0], scores[1])
+    assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.startswith(".")] == [store.name]
 
     prompt = list(range(1000, 1016))
     target = GenerationRequest.build(method="target", max_new_tokens=32, ignore_eos=True)
