@@ -159,7 +159,7 @@ _QWEN_CODER_1_5B = ModelProfile(
     draft=_QWEN_CODER_0_5B.name,
     draft_dtype="bfloat16",
     draft_head_rows=32768,  # 95% of the 1.5B's answer tokens; 18% less draft time a round (benchmarks)
-    draft_weights="int4",  # its Q8_0 / Q5_0 layers cost 0.54 of a target step, in 4 bits 0.35 (benchmarks)
+    draft_weights="int4",  # its Q8_0 / Q5_0 codes cost about half a target step, 4 bits a third (benchmarks)
     default_method=Method.VANILLA_CAPE_COST.value,  # measured fastest (docs/benchmarks.md)
     max_context=32768,
 )
