@@ -13,7 +13,7 @@ stays the target's own; only how often drafts are accepted moves, against how mu
   while the cheaper step let the cost policy draft more of it, and the default method ran slower in both
   workloads (docs/benchmarks.md, "Drafts on int8 weights"): opt-in (`draft_weights=int8`).
 - 4 bits, for a separate draft model too. Qwen2.5-Coder-0.5B ships its layers as Q8_0 and Q5_0, which
-  run as 8-bit codes: its step cost more than half the 1.5B target's, too much for any chain to pay.
+  run as 8-bit codes: its step cost about half the 1.5B target's, too much for most chains to pay.
   Rounded to 4 bits from its float weights (its embedding and head too), it reads about half the bytes
   (`draft_weights=int4`, the Qwen2.5-Coder-1.5B profile's choice: docs/benchmarks.md, "A 4-bit draft").
   Its rounding is kept in the cache (`rounded_store`), built once.
@@ -107,8 +107,8 @@ def apply_rounded(model: nn.Module, kind: str, embedding: bool = False) -> int:
 
 def rounded_store(model_dir: Path, kind: str, cache_dir: Path) -> Path:
     """A separate draft model's `kind` rounding (its linear layers, embedding and head), as a store that
-    `load_causal_lm(..., as_shipped=store)` serves, built once into `cache_dir`: rounding a 0.5B takes
-    seconds of every core. Named by the checkpoint's path and its weight files' sizes and times, so a
+    `load_causal_lm(..., as_shipped=store)` serves, built once into `cache_dir`: rounding a 0.5B took
+    7 s of CPU at every load. Named by the checkpoint's path and its weight files' sizes and times, so a
     changed checkpoint is rounded again. Built under the host's measuring lock (runtime/measuring.py): a
     target measuring its curve beside the rounding would time the rounding's load as its own."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
