@@ -103,6 +103,7 @@ def test_models_install_refuses_an_unknown_name(empty_cache: Path, capsys) -> No
 
 
 def test_draft_weights_reach_engine_settings() -> None:
-    assert _settings(build_parser().parse_args(["generate", "hi"])).draft_weights == "dense"
-    args = build_parser().parse_args(["generate", "hi", "--draft-weights", "int8"])
-    assert _settings(args).draft_weights == "int8"
+    assert _settings(build_parser().parse_args(["generate", "hi"])).draft_weights == "auto"
+    for chosen in ("int8", "int4", "dense"):
+        args = build_parser().parse_args(["generate", "hi", "--draft-weights", chosen])
+        assert _settings(args).draft_weights == chosen
