@@ -101,11 +101,11 @@ def main() -> None:
     if args.per_category:
         prompts = per_category(prompts, args.per_category)
     methods = [m for m in args.methods.split(",") if m]
-    ours = [m for m in methods if not m.startswith("llama.cpp")]
-    methods += [f"{m}{DENSE}" for m in ours]
+    peers = [m for m in methods if m.startswith("llama.cpp")]  # run once: they have no drafts
+    methods += [f"{m}{DENSE}" for m in methods if m not in peers]
     request = GenerationRequest.build(method="target", max_new_tokens=args.max_new_tokens, ignore_eos=True)
     engine: Any = TwoDraftWeights(rounded, dense)
-    if len(ours) < len(methods) - len(ours):  # a llama.cpp peer
+    if peers:
         engine = WithLlamaCpp(engine, rounded.settings.model)
     try:
         result = run_bench(engine, prompts, methods, request, settings=rounded.settings)
