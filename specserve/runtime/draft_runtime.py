@@ -166,22 +166,19 @@ class DraftRuntime(RoleRuntime):
     def vanilla_draft_runner(self) -> ModelRunner:
         if self.draft_model_dir is None:
             draft = self._early_exit_draft()
-        elif self.settings.resolved_draft_weights == "int4":  # rounded from its float weights, kept
-            draft = load_causal_lm(
-                self.draft_model_dir,
-                self.settings.device,
-                "float32",
-                self.settings.linear_kernel,
-                as_shipped=rounded_store(self.draft_model_dir, "int4", self.settings.cache_dir),
-                int4_kernel=self.settings.int4_kernel,
-            )
         else:
+            # its 4-bit rounding (from its float weights, kept in the cache), else its file's or dense
+            rounded = self.settings.resolved_draft_weights == "int4"
             draft = load_causal_lm(
                 self.draft_model_dir,
                 self.settings.device,
-                self.draft_dtype,
+                "float32" if rounded else self.draft_dtype,
                 self.settings.linear_kernel,
-                as_shipped=self._draft_as_shipped_dir,
+                as_shipped=(
+                    rounded_store(self.draft_model_dir, "int4", self.settings.cache_dir)
+                    if rounded
+                    else self._draft_as_shipped_dir
+                ),
                 int4_kernel=self.settings.int4_kernel,
             )
         if draft.config.vocab_size != self.target_vocab_size:

@@ -94,11 +94,11 @@ def rounded_weights(model: nn.Module, kind: str, embedding: bool = False) -> dic
     return weights
 
 
-def apply_rounded(model: nn.Module, kind: str, embedding: bool = False) -> int:
-    """Replaces `model`'s frozen linear layers (and, with `embedding`, its own embedding, and a tied head
-    with it) by their `kind` rounding ("int8" or "int4") on the CPU's int8-dot kernel, or torch's int4
-    kernel where that is what runs 4-bit codes; returns how many modules were replaced."""
-    weights = rounded_weights(model, kind, embedding)
+def apply_rounded(model: nn.Module, kind: str) -> int:
+    """Replaces a one-layer draft's frozen linear layers (its embedding is the target's, borrowed) by
+    their `kind` rounding ("int8" or "int4") on the CPU's int8-dot kernel, or torch's int4 kernel where
+    that is what runs 4-bit codes; returns how many modules were replaced."""
+    weights = rounded_weights(model, kind)
     if kind == "int8":
         return apply_as_shipped(model, weights, compute_dtype=torch.float32, kernel="int8-dot")
     # torch's int4 kernels read bfloat16 rows; the int8-dot kernel reads float32 whatever is asked
