@@ -158,7 +158,7 @@ FLOAT_SCALES, BLOCK_SCALES, HALF_SCALES = 0, 1, 2  # the scales' layouts (csrc/i
 class DotLayout:
     """A weight [N, K] packed for `dot_mm` (the layouts of csrc/int4_dot.cpp)."""
 
-    codes: torch.Tensor  # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8 bits: [N / 16, K / G, G / 4, 64]
+    codes: torch.Tensor  # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8: [N / 16, K / G, G / 4, 64]; 6: 3 G / 16
     scales: torch.Tensor  # float32 or float16 [N / 16, K / G, 16], or int8 [N / 16, K / G, F, 16] (block)
     biases: torch.Tensor | None  # 4 bits, per-group scales: as the scales, [N / 16, K / 32, 16]
     supers: torch.Tensor | None  # block: float32 [N / 16, K / 256, F, 16]
@@ -238,19 +238,37 @@ def pack(
 
 def pack8(q: np.ndarray, scales: np.ndarray, block: BlockScales | None = None) -> DotLayout:
     """q int8 [N, K] (the file's signed integers), scales float32 [N, K // G] (G = 16 or 32; N a multiple
-    of 16) -> the 8-bit layout: codes q + 128 [N / 16, K / G, G / 4, 64] uint8 (byte 4i+j of chunk c:
-    output i's input 4c+j of the group) and the scales, or with a Q6_K's `block` its factors."""
+    of 16) -> the scales (or with a Q6_K's `block` its factors) and the codes in the fewest bits the
+    kernel takes: 6 where every q lies in -32..31 (Q6_K's, Q5_0's), else 8. The 8-bit layout: codes
+    q + 128 [N / 16, K / G, G / 4, 64] uint8 (byte 4i+j of chunk c: output i's input 4c+j of the group);
+    the 6-bit one: codes q + 32 [N / 16, K / G, 3 G / 16, 64], `_six_bit_chunks`."""
     n, width = q.shape
     group = width // scales.shape[1]
     tiles, groups = n // TILE, width // group
-    codes = (q.astype(np.int16) + 128).astype(np.uint8)
+    six = q.size > 0 and int(q.min()) >= -32 and int(q.max()) <= 31
+    offset, bits = (32, 6) if six else (128, 8)
+    codes = (q.astype(np.int16) + offset).astype(np.uint8)
     grid = codes.reshape(tiles, TILE, groups, group // 4, 4).transpose(0, 2, 3, 1, 4)  # [t, g, chunk, 16, 4]
-    packed = torch.from_numpy(np.ascontiguousarray(grid).reshape(tiles, groups, group // 4, 64))
+    vectors = np.ascontiguousarray(grid).reshape(tiles, groups, group // 4, 64)
+    packed = torch.from_numpy(_six_bit_chunks(vectors) if six else vectors)
     if block is not None:
         factors, supers = _block_scales(block, n, four_bit=False)
-        return DotLayout(packed, factors, None, supers, 8, group, BLOCK_SCALES)
+        return DotLayout(packed, factors, None, supers, bits, group, BLOCK_SCALES)
     (laid_scales,), kind = _group_scales(scales.astype(np.float32))
-    return DotLayout(packed, laid_scales, None, None, 8, group, kind)
+    return DotLayout(packed, laid_scales, None, None, bits, group, kind)
+
+
+def _six_bit_chunks(vectors: np.ndarray) -> np.ndarray:
+    """Code vectors [T, G', V, 64] of 6-bit codes (V = G / 4: vector v holds the group's inputs 4v..4v+3
+    of the tile's 16 outputs) -> [T, G', 3 V / 4, 64]: their low 4 bits two vectors a chunk (2c in the low
+    nibble, 2c+1 in the high, as the 4-bit layout), then their high 2 bits four vectors a chunk (vector
+    4h+v in bits 2v..2v+1 of chunk h)."""
+    low, high = vectors & 0x0F, vectors >> 4
+    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)
+    v = vectors.shape[2]
+    tops = high.reshape(*vectors.shape[:2], v // 4, 4, 64)
+    crumbs = tops[:, :, :, 0] | tops[:, :, :, 1] << 2 | tops[:, :, :, 2] << 4 | tops[:, :, :, 3] << 6
+    return np.ascontiguousarray(np.concatenate([nibbles, crumbs], axis=2).astype(np.uint8))
 
 
 def dot_mm(x: torch.Tensor, layout: DotLayout, lib: ctypes.CDLL | None = None) -> torch.Tensor:

@@ -1,9 +1,11 @@
 // Products of float32 rows with a GGUF file's weights, one pass over the weights for all rows: 4-bit
-// codes in groups of 32 (Q4_0, Q4_1, Q4_K) and 8-bit codes in groups of 16 or 32 (Q8_0, Q5_0, Q6_K).
+// codes in groups of 32 (Q4_0, Q4_1, Q4_K), 6-bit codes in groups of 16 or 32 (Q6_K, Q5_0) and 8-bit
+// codes in groups of 16 or 32 (Q8_0, and any signed weight beyond 6 bits).
 //
 // A weight is w[n, k] = code * scale[n, g] + bias[n, g] over its groups g of inputs:
 // - 4 bits: code 0..15; bias = zero - 8 * scale (the file's `(code - 8) * scale + zero`);
-// - 8 bits: code = q + 128 for the file's signed q, bias = -128 * scale (exact: a power of two).
+// - 6 bits: code = q + 32 for the file's signed q in -32..31, bias = -32 * scale (exact: a power of two);
+// - 8 bits: code = q + 128 for the file's signed q, bias = -128 * scale (exact).
 // A row is quantized per group of 32 inputs: d = amax / 127, q = nearbyint(x * 127 / amax), and per
 // weight group e = d * sum(q). Then, per output lane, over the groups in order:
 //   acc = fma(d, scale * dot, acc);  acc = fma(e, bias, acc);   dot = sum_k code[n, k] * q[k] (integers).
@@ -20,6 +22,10 @@
 //   codes at inputs 8c+j (low nibble) and 8c+4+j (high nibble).
 // - codes, 8 bits: per tile and group of G (16 or 32), G / 4 chunks of 64 bytes; byte 4i+j of chunk c
 //   holds output i's code at input 4c+j.
+// - codes, 6 bits: per tile and group of G (16 or 32), the codes' low 4 bits as the 4-bit layout lays
+//   out codes (G / 8 chunks: chunk c's byte 4i+j holds output i's inputs 8c+j and 8c+4+j), then their
+//   high 2 bits in G / 16 chunks: bits 2v..2v+1 of byte 4i+j of chunk h belong to output i's input
+//   4(4h+v)+j. Q6_K's weights stream at 0.75 bytes instead of 1 (the file's own: 0.8).
 // - scales, kind kFloat: float32 [tiles][groups][16], and (4 bits) biases in the same layout.
 // - scales, kind kHalf: the same in fp16, where every value is one (the files' Q4_0 / Q4_1 / Q8_0 / Q5_0
 //   scales are, and so are their biases as a rule): the same values in half the bytes, so the same bits.
@@ -49,7 +55,9 @@ constexpr int64_t kGroup = 32;     // inputs per quantized group of a row
 constexpr int64_t kTile = 16;      // outputs per tile
 constexpr int64_t kSuper = 256;    // inputs per superblock of the kBlock scales
 constexpr int kRowBlock = 8;       // rows whose sums stay in registers over a tile
-constexpr float kOffset = 128.0f;  // an 8-bit code's offset
+// A signed format's code offset: code = q + offset, folded into the bias as -offset * scale.
+template <int Bits>
+constexpr float kOffset = Bits == 6 ? 32.0f : 128.0f;
 // Bytes ahead of the weights being read that the VNNI loops ask the memory for: with several rows a
 // tile's arithmetic hides the hardware prefetcher's latency poorly (measured: 8 rows of a 4-bit product
 // out of cache 0.65-0.7x the time without it, one row unchanged).
@@ -87,7 +95,7 @@ inline float half_to_float(uint16_t h) {
   return value;
 }
 
-// Factors per group in the kBlock layout: (sc, m) for 4 bits, sc for 8.
+// Factors per group in the kBlock layout: (sc, m) for 4 bits, sc for 6 and 8.
 template <int Bits>
 constexpr int64_t kFactors = Bits == 4 ? 2 : 1;
 
@@ -99,20 +107,20 @@ inline void group_scales(const TileScales& t, int64_t g, float* scale, float* bi
     const float* s = static_cast<const float*>(t.scales) + g * kTile;
     for (int64_t i = 0; i < kTile; ++i) {
       scale[i] = s[i];
-      bias[i] = Bits == 4 ? static_cast<const float*>(t.biases)[g * kTile + i] : s[i] * -kOffset;
+      bias[i] = Bits == 4 ? static_cast<const float*>(t.biases)[g * kTile + i] : s[i] * -kOffset<Bits>;
     }
   } else if constexpr (SK == kHalf) {
     const uint16_t* s = static_cast<const uint16_t*>(t.scales) + g * kTile;
     for (int64_t i = 0; i < kTile; ++i) {
       scale[i] = half_to_float(s[i]);
-      bias[i] = Bits == 4 ? half_to_float(static_cast<const uint16_t*>(t.biases)[g * kTile + i]) : scale[i] * -kOffset;
+      bias[i] = Bits == 4 ? half_to_float(static_cast<const uint16_t*>(t.biases)[g * kTile + i]) : scale[i] * -kOffset<Bits>;
     }
   } else {
     const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
     const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
     for (int64_t i = 0; i < kTile; ++i) {
       scale[i] = super[i] * static_cast<float>(factor[i]);
-      bias[i] = Bits == 4 ? super[kTile + i] * static_cast<float>(factor[kTile + i]) : scale[i] * -kOffset;
+      bias[i] = Bits == 4 ? super[kTile + i] * static_cast<float>(factor[kTile + i]) : scale[i] * -kOffset<Bits>;
     }
   }
 }
@@ -241,13 +249,13 @@ inline void group_scales(const TileScales& t, int64_t g, __m512* scale, __m512* 
   if constexpr (SK == kFloat) {
     *scale = _mm512_loadu_ps(static_cast<const float*>(t.scales) + g * kTile);
     *bias = Bits == 4 ? _mm512_loadu_ps(static_cast<const float*>(t.biases) + g * kTile)
-                      : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+                      : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset<Bits>));
   } else if constexpr (SK == kHalf) {
     const auto as_float = [](const void* p, int64_t at) {
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + at)));
     };
     *scale = as_float(t.scales, g * kTile);
-    *bias = Bits == 4 ? as_float(t.biases, g * kTile) : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+    *bias = Bits == 4 ? as_float(t.biases, g * kTile) : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset<Bits>));
   } else {
     const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
     const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
@@ -256,7 +264,7 @@ inline void group_scales(const TileScales& t, int64_t g, __m512* scale, __m512* 
     };
     *scale = _mm512_mul_ps(_mm512_loadu_ps(super), as_float(factor));
     *bias = Bits == 4 ? _mm512_mul_ps(_mm512_loadu_ps(super + kTile), as_float(factor + kTile))
-                      : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset));
+                      : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset<Bits>));
   }
 }
 
@@ -274,13 +282,25 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
       _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch + j), _MM_HINT_T0);
     }
     __m512i c[kChunks];
-    if constexpr (Bits == 4) {
+    if constexpr (Bits == 4 || Bits == 6) {
       for (int j = 0; j < kChunks / 2; ++j) {
         const __m512i packed = _mm512_loadu_si512(chunk + 64 * j);
         c[2 * j] = _mm512_and_si512(packed, low);
         c[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
       }
-    } else {
+    }
+    if constexpr (Bits == 6) {
+      // each code's high 2 bits to bits 4..5 and or-ed in (0xF8: a | (b & c)); the 16-bit shifts move
+      // bits across a byte's edge only into the bits the mask drops
+      const __m512i top = _mm512_set1_epi8(0x30);
+      for (int h = 0; h < kChunks / 4; ++h) {
+        const __m512i high = _mm512_loadu_si512(chunk + 64 * (kChunks / 2) + 64 * h);
+        c[4 * h] = _mm512_ternarylogic_epi32(c[4 * h], _mm512_slli_epi16(high, 4), top, 0xF8);
+        c[4 * h + 1] = _mm512_ternarylogic_epi32(c[4 * h + 1], _mm512_slli_epi16(high, 2), top, 0xF8);
+        c[4 * h + 2] = _mm512_ternarylogic_epi32(c[4 * h + 2], high, top, 0xF8);
+        c[4 * h + 3] = _mm512_ternarylogic_epi32(c[4 * h + 3], _mm512_srli_epi16(high, 2), top, 0xF8);
+      }
+    } else if constexpr (Bits == 8) {
       for (int j = 0; j < kChunks; ++j) c[j] = _mm512_loadu_si512(chunk + 64 * j);
     }
     __m512 scale, bias;
@@ -312,13 +332,17 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
                const float* e, float* y, int64_t y_stride) {
   constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
   float acc[R][kTile] = {};
-  uint8_t c[G / 4][64];  // 4 bits: c[2j] = low nibbles of chunk j (inputs 8j..8j+3), c[2j+1] = high
+  uint8_t c[G / 4][64];  // 4 and 6 bits: c[2j] = low nibbles of chunk j (inputs 8j..8j+3), c[2j+1] = high
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* chunk = codes + g * kGroupBytes;
     for (int j = 0; j < G / 4; ++j) {
       for (int b = 0; b < 64; ++b) {
         if constexpr (Bits == 4) {
           c[j][b] = j % 2 == 0 ? chunk[64 * (j / 2) + b] & 0x0F : chunk[64 * (j / 2) + b] >> 4;
+        } else if constexpr (Bits == 6) {
+          const uint8_t nibbles = chunk[64 * (j / 2) + b], high = chunk[64 * (G / 8) + 64 * (j / 4) + b];
+          c[j][b] = static_cast<uint8_t>((j % 2 == 0 ? nibbles & 0x0F : nibbles >> 4) |
+                                         (((high >> (2 * (j % 4))) & 0x03) << 4));
         } else {
           c[j][b] = chunk[64 * j + b];
         }
@@ -394,8 +418,8 @@ extern "C" {
 // 1 when this build took the AVX512-VNNI path, 0 for the portable one.
 int specserve_int4_dot_vnni() { return SPECSERVE_VNNI; }
 
-// x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4 or 8, `group` its
-// inputs per group (4 bits: 32; 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a multiple of
+// x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4, 6 or 8, `group` its
+// inputs per group (4 bits: 32; 6 and 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a multiple of
 // 256) or 2 (kHalf); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or
 // -1 for a combination no kernel takes.
 int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group, int64_t kind,
@@ -405,6 +429,12 @@ int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, 
   if (bits == 4 && group == 32 && kind == kFloat) return run(product<4, kFloat, 32>), 0;
   if (bits == 4 && group == 32 && kind == kBlock) return run(product<4, kBlock, 32>), 0;
   if (bits == 4 && group == 32 && kind == kHalf) return run(product<4, kHalf, 32>), 0;
+  if (bits == 6 && group == 32 && kind == kFloat) return run(product<6, kFloat, 32>), 0;
+  if (bits == 6 && group == 16 && kind == kFloat) return run(product<6, kFloat, 16>), 0;
+  if (bits == 6 && group == 32 && kind == kHalf) return run(product<6, kHalf, 32>), 0;
+  if (bits == 6 && group == 16 && kind == kHalf) return run(product<6, kHalf, 16>), 0;
+  if (bits == 6 && group == 32 && kind == kBlock) return run(product<6, kBlock, 32>), 0;
+  if (bits == 6 && group == 16 && kind == kBlock) return run(product<6, kBlock, 16>), 0;
   if (bits == 8 && group == 32 && kind == kFloat) return run(product<8, kFloat, 32>), 0;
   if (bits == 8 && group == 16 && kind == kFloat) return run(product<8, kFloat, 16>), 0;
   if (bits == 8 && group == 32 && kind == kHalf) return run(product<8, kHalf, 32>), 0;

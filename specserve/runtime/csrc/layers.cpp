@@ -27,7 +27,7 @@ extern "C" void specserve_exp_shifted(float* values, int64_t count, float shift)
 extern "C" {
 
 struct SpecserveProduct {
-  const uint8_t* codes;   // int4_dot.cpp's layouts: 4 bits (of the widened weight) or 8
+  const uint8_t* codes;   // int4_dot.cpp's layouts: 4 bits (of the widened weight), 6 or 8
   const void* scales;
   const void* biases;     // 4 bits, float or fp16 scales: per-group biases (zero - 8 * scale); else null
   const float* supers;    // block scales: the superblocks' factors; else null
@@ -37,7 +37,7 @@ struct SpecserveProduct {
   int64_t in_features;    // before widening
   int64_t parts;          // the input repeated once per part
   int64_t group;          // 32, or 16 (4 bits: each group padded with 16 zero inputs)
-  int64_t bits;           // 4 or 8
+  int64_t bits;           // 4, 6 or 8
   int64_t kind;           // the scales' layout: 0 float per group, 1 block (int8 per group, float per 256),
                           // 2 fp16 per group
 };
@@ -125,7 +125,7 @@ void product(const SpecserveProduct& p, const float* x, int64_t rows, std::vecto
     }
     input = wide.data();
   }
-  const int64_t group = p.bits == 8 ? p.group : 32;
+  const int64_t group = p.bits == 4 ? 32 : p.group;
   specserve_dot_mm(input, rows, width, p.bits, group, p.kind, p.codes, p.scales, p.biases, p.supers, p.outputs, y);
   if (p.bias != nullptr) {
     for (int64_t i = 0; i < rows; ++i) {

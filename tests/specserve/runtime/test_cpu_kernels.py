@@ -67,21 +67,30 @@ def test_the_product_is_the_files_weights_times_the_rows_rounded_to_int8():
 
 
 def signed_random(
-    n: int, width: int, group: int, seed: int = 0, half: bool = False
+    n: int, width: int, group: int, seed: int = 0, half: bool = False, bits: int = 8
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A signed integer weight as the 8-bit formats ship it: q [N, K] int8, a scale per group (`half`:
-    scales that are fp16 values, as a file's are)."""
+    """A signed integer weight as the 8-bit (or, `bits` 6, Q6_K's) formats ship it: q [N, K] int8, a
+    scale per group (`half`: scales that are fp16 values, as a file's are)."""
     rng = np.random.default_rng(seed)
-    q = rng.integers(-128, 128, (n, width), dtype=np.int16).astype(np.int8)
+    top = 2 ** (bits - 1)
+    q = rng.integers(-top, top, (n, width), dtype=np.int16).astype(np.int8)
     scales = rng.uniform(0.0005, 0.002, (n, width // group)).astype(np.float32)
     return q, scales.astype(np.float16).astype(np.float32) if half else scales
 
 
+@pytest.mark.parametrize("bits", [6, 8])
 @pytest.mark.parametrize("group", [16, 32])
-def test_an_8_bit_product_is_the_files_integers_times_the_rows_rounded_to_int8(group):
-    q, scale = signed_random(48, 256, group)
+def test_a_signed_product_is_the_files_integers_times_the_rows_rounded_to_int8(group, bits):
+    """Signed integers on the 8-bit layout, or on the 6-bit one where they fit (-32..31: every edge
+    value present, so a high bit lost in the packing shows)."""
+    q, scale = signed_random(48, 256, group, bits=bits)
+    if bits == 6:
+        q[0, :64] = np.tile(np.arange(-32, 32, dtype=np.int8), 1)
+    layout = cpu_kernels.pack8(q, scale)
+    assert layout.bits == bits
+    assert layout.codes.numel() == 48 * 256 * bits // 8
     x = torch.randn(7, 256, generator=torch.Generator().manual_seed(1))
-    y = cpu_kernels.dot_mm(x, cpu_kernels.pack8(q, scale)).numpy()
+    y = cpu_kernels.dot_mm(x, layout).numpy()
     weights = q.astype(np.float64) * np.repeat(scale, group, axis=1)
     exact_rows = int8_rows(x.numpy()) @ weights.T
     np.testing.assert_allclose(y, exact_rows, rtol=0, atol=1e-5 * np.abs(exact_rows).max())
@@ -103,13 +112,15 @@ def k_quant(type_name: str, n: int, width: int, seed: int) -> QuantizedWeight:
 
 
 def product_of(layout: str, n: int, width: int, seed: int, lib=None):
-    """x -> x @ W.T for a random weight on one of the kernel's layouts: 4 or 8 bits with float32 scales,
-    the same with fp16 ones ("4h", "8h"), or a K-quant's block scales (Q4_K: 4 bits, Q6_K: 8 bits in
-    groups of 16)."""
+    """x -> x @ W.T for a random weight on one of the kernel's layouts: 4, 6 or 8 bits with float32
+    scales, the same with fp16 ones ("4h", "6h", "8h"), or a K-quant's block scales (Q4_K: 4 bits, Q6_K:
+    6 bits in groups of 16)."""
     if layout in ("4", "4h"):
         packed = cpu_kernels.pack(*packed_random(n, width, seed, half=layout == "4h"))
-    elif layout in ("8", "8h"):
-        packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed, half=layout == "8h"))
+    elif layout in ("6", "6h", "8", "8h"):
+        bits = int(layout[0])
+        packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed, half=layout.endswith("h"), bits=bits))
+        assert packed.bits == bits
     elif layout == "Q4_K":
         w = k_quant("Q4_K", n, width, seed)
         packed = cpu_kernels.pack(w.codes[0], w.scales[0], w.zeros[0], w.block)
@@ -118,10 +129,11 @@ def product_of(layout: str, n: int, width: int, seed: int, lib=None):
         signed = w.signed()
         assert signed is not None
         packed = cpu_kernels.pack8(*signed, w.block)
+        assert packed.bits == 6
     return lambda x: cpu_kernels.dot_mm(x, packed, lib=lib)
 
 
-LAYOUTS = ["4", "4h", "8", "8h", "Q4_K", "Q6_K"]
+LAYOUTS = ["4", "4h", "6", "6h", "8", "8h", "Q4_K", "Q6_K"]
 
 
 @contextmanager
@@ -187,8 +199,8 @@ def test_a_weight_on_int8_dot_matches_torchs_kernel_within_the_rounding_of_its_r
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q6_K"])
 def test_the_signed_formats_run_on_their_own_integers_in_fewer_bytes(type_name):
-    """Q8_0, Q5_0 and Q6_K on the 8-bit kernel: the values of their two-part form (the torch kernel's),
-    in fewer bytes (Q6_K: under half, its groups of 16 no longer padded to 32)."""
+    """Q8_0, Q5_0 and Q6_K on the file's own integers: the values of their two-part form (the torch
+    kernel's), in fewer bytes (Q6_K: under half, its groups of 16 no longer padded to 32)."""
     from specserve.models.gguf_quant import split_signed
 
     if type_name == "Q6_K":  # the gguf package does not write Q6_K: its integers and scales, random
@@ -206,6 +218,10 @@ def test_the_signed_formats_run_on_their_own_integers_in_fewer_bytes(type_name):
     # the two-part layout on 48 rows (tiles of 16): 4-bit codes, a float32 scale and bias per 32 inputs
     two_parts = 2 * 48 * (256 * 32 // weight.group) * (1 / 2 + 2 * 4 / 32)
     assert eight.nbytes <= (0.5 if weight.group == 16 else 0.75) * two_parts
+    # Q6_K's and Q5_0's integers fit 6 bits and stream in them; Q8_0's take 8
+    streamed = 8 if type_name == "Q8_0" else 6
+    assert eight.dot_layout.bits == streamed
+    assert eight.dot_layout.codes.numel() == 48 * 256 * streamed // 8
     # a weight that merely says Q6_K but is not two parts of one signed integer stays on the 4-bit kernel
     odd = type(weight)(weight.codes, weight.scales * 1.5, weight.zeros, weight.group, weight.source)
     assert Int4Weight(odd, kernel="int8-dot").bits == 4
@@ -214,7 +230,7 @@ def test_the_signed_formats_run_on_their_own_integers_in_fewer_bytes(type_name):
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
 def test_k_quants_run_on_their_files_block_scales_in_fewer_bytes(type_name):
     """A K-quant's scales as the file holds them (an integer per group, a float per 256 inputs): the same
-    products as from the float scales they give (Q6_K: bit for bit, its bias being -128 * scale; Q4_K:
+    products as from the float scales they give (Q6_K: bit for bit, its bias being -32 * scale; Q4_K:
     its bias -dmin * m is the file's exactly, where the float layout's is a rounded difference), and
     fewer bytes; a cut head's rows (40, padded to 48) keep theirs."""
     weight = k_quant(type_name, 40, 512, seed=9)
