@@ -151,7 +151,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
-FLOAT_SCALES, BLOCK_SCALES, HALF_SCALES = 0, 1, 2  # the scales' layouts (csrc/int4_dot.cpp's ScaleKind)
+# the scales' layouts (csrc/int4_dot.cpp's ScaleKind); BLOCK_HALF_SCALES: block scales, fp16 supers
+FLOAT_SCALES, BLOCK_SCALES, HALF_SCALES, BLOCK_HALF_SCALES = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class DotLayout:
     codes: torch.Tensor  # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8: [N / 16, K / G, G / 4, 64]; 6: 3 G / 16
     scales: torch.Tensor  # float32 or float16 [N / 16, K / G, 16], or int8 [N / 16, K / G, F, 16] (block)
     biases: torch.Tensor | None  # 4 bits, per-group scales: as the scales, [N / 16, K / 32, 16]
-    supers: torch.Tensor | None  # block: float32 [N / 16, K / 256, F, 16]
+    supers: torch.Tensor | None  # block: float32 or float16 [N / 16, K / 256, F, 16]
     bits: int
     group: int
     kind: int
@@ -198,8 +199,9 @@ def _group_scales(*values: np.ndarray) -> tuple[list[torch.Tensor], int]:
     return [_per_tile(v[None]) for v in values], FLOAT_SCALES
 
 
-def _block_scales(block: BlockScales, n: int, four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 factors per group and float32 supers per 256 inputs, padded to `n` rows."""
+def _block_scales(block: BlockScales, n: int, four_bit: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The int8 factors per group and the supers per 256 inputs, padded to `n` rows, and their kind: fp16
+    where every super is an fp16 value (a file's are: the same values in half the bytes), else float32."""
     pad = n - block.d.shape[0]
 
     def rows(a: np.ndarray) -> np.ndarray:
@@ -211,7 +213,10 @@ def _block_scales(block: BlockScales, n: int, four_bit: bool) -> tuple[torch.Ten
         supers = np.stack([rows(block.d), -rows(block.dmin)])
     else:
         factors, supers = rows(block.sc)[None], rows(block.d)[None]
-    return _per_tile(factors, np.int8), _per_tile(supers)
+    halves = supers.astype(np.float16)
+    if np.array_equal(halves.astype(np.float32), supers):
+        return _per_tile(factors, np.int8), _per_tile(halves, np.float16), BLOCK_HALF_SCALES
+    return _per_tile(factors, np.int8), _per_tile(supers), BLOCK_SCALES
 
 
 def pack(
@@ -229,8 +234,8 @@ def pack(
     packed = (low | (high << 4)).astype(np.uint8).transpose(0, 2, 3, 1, 4)  # [tiles, groups, 4, 16, 4]
     packed_codes = torch.from_numpy(np.ascontiguousarray(packed).reshape(tiles, groups, 4, 64))
     if block is not None:
-        factors, supers = _block_scales(block, n, four_bit=True)
-        return DotLayout(packed_codes, factors, None, supers, 4, GROUP, BLOCK_SCALES)
+        factors, supers, kind = _block_scales(block, n, four_bit=True)
+        return DotLayout(packed_codes, factors, None, supers, 4, GROUP, kind)
     biases = zeros.astype(np.float32) - np.float32(8.0) * scales.astype(np.float32)
     (laid_scales, laid_biases), kind = _group_scales(scales.astype(np.float32), biases)
     return DotLayout(packed_codes, laid_scales, laid_biases, None, 4, GROUP, kind)
@@ -252,8 +257,8 @@ def pack8(q: np.ndarray, scales: np.ndarray, block: BlockScales | None = None) -
     vectors = np.ascontiguousarray(grid).reshape(tiles, groups, group // 4, 64)
     packed = torch.from_numpy(_six_bit_chunks(vectors) if six else vectors)
     if block is not None:
-        factors, supers = _block_scales(block, n, four_bit=False)
-        return DotLayout(packed, factors, None, supers, bits, group, BLOCK_SCALES)
+        factors, supers, kind = _block_scales(block, n, four_bit=False)
+        return DotLayout(packed, factors, None, supers, bits, group, kind)
     (laid_scales,), kind = _group_scales(scales.astype(np.float32))
     return DotLayout(packed, laid_scales, None, None, bits, group, kind)
 

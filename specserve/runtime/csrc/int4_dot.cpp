@@ -31,7 +31,8 @@
 //   scales are, and so are their biases as a rule): the same values in half the bytes, so the same bits.
 // - scales, kind kBlock (the K-quants, as the file holds them: a float per superblock of 256 inputs
 //   times a small integer per group): int8 [tiles][groups][F][16] with supers float32
-//   [tiles][superblocks][F][16]; F = 2 for 4 bits (scale = d * sc, bias = -dmin * m) and 1 for 8 bits
+//   [tiles][superblocks][F][16], or (kind kBlockHalf) the same in fp16 where every one is an fp16 value,
+//   as the file's are; F = 2 for 4 bits (scale = d * sc, bias = -dmin * m) and 1 for 8 bits
 //   (scale = d * sc). Each product is exact in float32 (an fp16 times an integer of at most 8 bits),
 //   so every path forms the same scale, and the weights stream at about the file's own bytes.
 
@@ -63,13 +64,16 @@ constexpr float kOffset = Bits == 6 ? 32.0f : 128.0f;
 // out of cache 0.65-0.7x the time without it, one row unchanged).
 constexpr int64_t kPrefetch = 2048;
 
-enum ScaleKind { kFloat = 0, kBlock = 1, kHalf = 2 };
+enum ScaleKind { kFloat = 0, kBlock = 1, kHalf = 2, kBlockHalf = 3 };
+
+template <int SK>
+constexpr bool kBlocked = SK == kBlock || SK == kBlockHalf;
 
 // One tile's scales, as its kind lays them out (see above).
 struct TileScales {
   const void* scales;
   const void* biases;   // 4 bits, kFloat (float) or kHalf (fp16)
-  const float* supers;  // kBlock
+  const void* supers;  // kBlock (float32) or kBlockHalf (fp16)
 };
 
 // An fp16 value as float32, exactly (bits, for any CPU): normal, subnormal, zero, infinity or NaN.
@@ -117,10 +121,14 @@ inline void group_scales(const TileScales& t, int64_t g, float* scale, float* bi
     }
   } else {
     const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
-    const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
+    const int64_t at = (g / (kSuper / G)) * f * kTile;
+    const auto super = [&](int64_t i) {
+      if constexpr (SK == kBlockHalf) return half_to_float(static_cast<const uint16_t*>(t.supers)[at + i]);
+      return static_cast<const float*>(t.supers)[at + i];
+    };
     for (int64_t i = 0; i < kTile; ++i) {
-      scale[i] = super[i] * static_cast<float>(factor[i]);
-      bias[i] = Bits == 4 ? super[kTile + i] * static_cast<float>(factor[kTile + i]) : scale[i] * -kOffset<Bits>;
+      scale[i] = super(i) * static_cast<float>(factor[i]);
+      bias[i] = Bits == 4 ? super(kTile + i) * static_cast<float>(factor[kTile + i]) : scale[i] * -kOffset<Bits>;
     }
   }
 }
@@ -258,12 +266,19 @@ inline void group_scales(const TileScales& t, int64_t g, __m512* scale, __m512* 
     *bias = Bits == 4 ? as_float(t.biases, g * kTile) : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset<Bits>));
   } else {
     const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile;
-    const float* super = t.supers + (g / (kSuper / G)) * f * kTile;
+    const int64_t at = (g / (kSuper / G)) * f * kTile;
+    const auto super = [&](int64_t i) {
+      if constexpr (SK == kBlockHalf) {
+        const uint16_t* p = static_cast<const uint16_t*>(t.supers) + at + i;
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      }
+      return _mm512_loadu_ps(static_cast<const float*>(t.supers) + at + i);
+    };
     const auto as_float = [](const int8_t* p) {
       return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
     };
-    *scale = _mm512_mul_ps(_mm512_loadu_ps(super), as_float(factor));
-    *bias = Bits == 4 ? _mm512_mul_ps(_mm512_loadu_ps(super + kTile), as_float(factor + kTile))
+    *scale = _mm512_mul_ps(super(0), as_float(factor));
+    *bias = Bits == 4 ? _mm512_mul_ps(super(kTile), as_float(factor + kTile))
                       : _mm512_mul_ps(*scale, _mm512_set1_ps(-kOffset<Bits>));
   }
 }
@@ -375,7 +390,7 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 // x [rows, width] -> y [rows, outputs] for one layout: tiles in parallel, rows in blocks of 8.
 template <int Bits, int SK, int G>
 void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, const void* scales,
-             const void* biases, const float* supers, int64_t outputs, float* y) {
+             const void* biases, const void* supers, int64_t outputs, float* y) {
   using TileRows = void (*)(const uint8_t*, const TileScales&, int64_t, const int8_t*, const float*,
                             const float*, float*, int64_t);
   static constexpr TileRows kernels[kRowBlock] = {
@@ -385,11 +400,11 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
   const int64_t groups = width / G;
   const int64_t tiles = outputs / kTile;
   constexpr int64_t f = kFactors<Bits>;
-  // per tile: bytes of codes, of scales and of biases, floats of supers
+  // per tile: bytes of codes, of scales, of biases and of supers
   const int64_t code_bytes = groups * kTile * G * Bits / 8;
   const int64_t scale_bytes = groups * kTile * (SK == kFloat ? 4 : SK == kHalf ? 2 : f);
-  const int64_t bias_bytes = Bits == 4 && SK != kBlock ? scale_bytes : 0;
-  const int64_t super_floats = SK == kBlock ? (width / kSuper) * f * kTile : 0;
+  const int64_t bias_bytes = Bits == 4 && !kBlocked<SK> ? scale_bytes : 0;
+  const int64_t super_bytes = kBlocked<SK> ? (width / kSuper) * f * kTile * (SK == kBlockHalf ? 2 : 4) : 0;
   Buffer<int8_t> by_row_q, blocked_q;
   Buffer<float> by_row_d, by_row_e, blocked_d, blocked_e;
   quantize_rows(x, rows, width, G, by_row_q, by_row_d, by_row_e);
@@ -401,7 +416,7 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const TileScales t{static_cast<const uint8_t*>(scales) + tile * scale_bytes,
                        biases == nullptr ? nullptr : static_cast<const uint8_t*>(biases) + tile * bias_bytes,
-                       supers == nullptr ? nullptr : supers + tile * super_floats};
+                       supers == nullptr ? nullptr : static_cast<const uint8_t*>(supers) + tile * super_bytes};
     for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
       const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
       kernels[block - 1](codes + tile * code_bytes, t, groups, q.data() + m0 * width,
@@ -420,27 +435,32 @@ int specserve_int4_dot_vnni() { return SPECSERVE_VNNI; }
 
 // x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4, 6 or 8, `group` its
 // inputs per group (4 bits: 32; 6 and 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a multiple of
-// 256) or 2 (kHalf); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or
+// 256), 2 (kHalf) or 3 (kBlockHalf, as kBlock); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or
 // -1 for a combination no kernel takes.
 int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group, int64_t kind,
-                     const uint8_t* codes, const void* scales, const void* biases, const float* supers,
+                     const uint8_t* codes, const void* scales, const void* biases, const void* supers,
                      int64_t outputs, float* y) {
   const auto run = [&](auto kernel) { kernel(x, rows, width, codes, scales, biases, supers, outputs, y); };
   if (bits == 4 && group == 32 && kind == kFloat) return run(product<4, kFloat, 32>), 0;
   if (bits == 4 && group == 32 && kind == kBlock) return run(product<4, kBlock, 32>), 0;
+  if (bits == 4 && group == 32 && kind == kBlockHalf) return run(product<4, kBlockHalf, 32>), 0;
   if (bits == 4 && group == 32 && kind == kHalf) return run(product<4, kHalf, 32>), 0;
   if (bits == 6 && group == 32 && kind == kFloat) return run(product<6, kFloat, 32>), 0;
   if (bits == 6 && group == 16 && kind == kFloat) return run(product<6, kFloat, 16>), 0;
   if (bits == 6 && group == 32 && kind == kHalf) return run(product<6, kHalf, 32>), 0;
   if (bits == 6 && group == 16 && kind == kHalf) return run(product<6, kHalf, 16>), 0;
   if (bits == 6 && group == 32 && kind == kBlock) return run(product<6, kBlock, 32>), 0;
+  if (bits == 6 && group == 32 && kind == kBlockHalf) return run(product<6, kBlockHalf, 32>), 0;
   if (bits == 6 && group == 16 && kind == kBlock) return run(product<6, kBlock, 16>), 0;
+  if (bits == 6 && group == 16 && kind == kBlockHalf) return run(product<6, kBlockHalf, 16>), 0;
   if (bits == 8 && group == 32 && kind == kFloat) return run(product<8, kFloat, 32>), 0;
   if (bits == 8 && group == 16 && kind == kFloat) return run(product<8, kFloat, 16>), 0;
   if (bits == 8 && group == 32 && kind == kHalf) return run(product<8, kHalf, 32>), 0;
   if (bits == 8 && group == 16 && kind == kHalf) return run(product<8, kHalf, 16>), 0;
   if (bits == 8 && group == 32 && kind == kBlock) return run(product<8, kBlock, 32>), 0;
+  if (bits == 8 && group == 32 && kind == kBlockHalf) return run(product<8, kBlockHalf, 32>), 0;
   if (bits == 8 && group == 16 && kind == kBlock) return run(product<8, kBlock, 16>), 0;
+  if (bits == 8 && group == 16 && kind == kBlockHalf) return run(product<8, kBlockHalf, 16>), 0;
   return -1;
 }
 

@@ -16,7 +16,7 @@
 
 extern "C" int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group,
                                 int64_t kind, const uint8_t* codes, const void* scales, const void* biases,
-                                const float* supers, int64_t outputs, float* y);
+                                const void* supers, int64_t outputs, float* y);
 extern "C" void specserve_attend(const float* q, int64_t rows, int64_t heads, int64_t d, int64_t q_row,
                                  int64_t q_head, const float* keys, const float* values, int64_t kv_heads,
                                  int64_t length, int64_t kv_head, int64_t kv_pos, const uint8_t* visible,
@@ -30,7 +30,7 @@ struct SpecserveProduct {
   const uint8_t* codes;   // int4_dot.cpp's layouts: 4 bits (of the widened weight), 6 or 8
   const void* scales;
   const void* biases;     // 4 bits, float or fp16 scales: per-group biases (zero - 8 * scale); else null
-  const float* supers;    // block scales: the superblocks' factors; else null
+  const void* supers;     // block scales: the superblocks' factors (float32 or fp16); else null
   const float* bias;      // [out_features] added to the output, or null
   int64_t outputs;        // the layout's outputs (a multiple of 16)
   int64_t out_features;   // the real ones

@@ -121,19 +121,32 @@ def product_of(layout: str, n: int, width: int, seed: int, lib=None):
         bits = int(layout[0])
         packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed, half=layout.endswith("h"), bits=bits))
         assert packed.bits == bits
-    elif layout == "Q4_K":
-        w = k_quant("Q4_K", n, width, seed)
-        packed = cpu_kernels.pack(w.codes[0], w.scales[0], w.zeros[0], w.block)
-    else:
-        w = k_quant("Q6_K", n, width, seed)
-        signed = w.signed()
-        assert signed is not None
-        packed = cpu_kernels.pack8(*signed, w.block)
-        assert packed.bits == 6
+    else:  # a K-quant: its supers fp16 as the file's ("Q4_K"), or float32 values ("Q4_K/32")
+        w = k_quant(layout[:4], n, width, seed)
+        if layout.endswith("/32"):
+            w = dataclasses.replace(w, block=off_half(w.block))
+        if layout.startswith("Q4_K"):
+            packed = cpu_kernels.pack(w.codes[0], w.scales[0], w.zeros[0], w.block)
+        else:
+            signed = w.signed()
+            assert signed is not None
+            packed = cpu_kernels.pack8(*signed, w.block)
+            assert packed.bits == 6
+        half = cpu_kernels.BLOCK_SCALES if layout.endswith("/32") else cpu_kernels.BLOCK_HALF_SCALES
+        assert packed.kind == half
     return lambda x: cpu_kernels.dot_mm(x, packed, lib=lib)
 
 
-LAYOUTS = ["4", "4h", "6", "6h", "8", "8h", "Q4_K", "Q6_K"]
+def off_half(block):
+    """A K-quant's block scales with supers that are not fp16 values (each nudged by a float32 ulp)."""
+
+    def nudged(a):
+        return None if a is None else np.nextafter(a.astype(np.float32), np.float32(np.inf))
+
+    return dataclasses.replace(block, d=nudged(block.d), dmin=nudged(block.dmin))
+
+
+LAYOUTS = ["4", "4h", "6", "6h", "8", "8h", "Q4_K", "Q4_K/32", "Q6_K", "Q6_K/32"]
 
 
 @contextmanager
@@ -236,12 +249,18 @@ def test_k_quants_run_on_their_files_block_scales_in_fewer_bytes(type_name):
     weight = k_quant(type_name, 40, 512, seed=9)
     blocked = Int4Weight(weight, kernel="int8-dot")
     floats = Int4Weight(dataclasses.replace(weight, block=None), kernel="int8-dot")
-    assert blocked.dot_layout.kind == cpu_kernels.BLOCK_SCALES
+    assert blocked.dot_layout.kind == cpu_kernels.BLOCK_HALF_SCALES  # the file's supers are fp16 values
     assert floats.dot_layout.kind in (cpu_kernels.FLOAT_SCALES, cpu_kernels.HALF_SCALES)
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(10))
     y = blocked.matmul(x)
     if type_name == "Q6_K":
         assert torch.equal(y, floats.matmul(x))
+    # the same supers in float32 (the layout taken where they are not fp16 values): the same bits, more bytes
+    layout = blocked.dot_layout
+    assert layout.supers is not None
+    wide = dataclasses.replace(layout, supers=layout.supers.float(), kind=cpu_kernels.BLOCK_SCALES)
+    assert torch.equal(cpu_kernels.dot_mm(x, wide)[:, :40], y)
+    assert blocked.nbytes < wide.nbytes
     expected = torch.from_numpy(int8_rows(x.numpy()) @ weight.dequantize().astype(np.float64).T).float()
     torch.testing.assert_close(y, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
     assert blocked.nbytes <= 0.87 * floats.nbytes
