@@ -35,6 +35,7 @@ class Method(StrEnum):
     VANILLA_CAPE_SVIP = "vanilla-cape-svip"  # the same draft + CaPE, spine length by SVIP's entropy rule
     VANILLA_CAPE_COST = "vanilla-cape-cost"  # the same draft, CaPE trees sized for expected tokens/s
     VANILLA_CAPE_SUFFIX = "vanilla-cape-suffix"  # suffix candidates merged with vanilla-cape-cost's tree
+    VANILLA_GATED = "vanilla-gated"  # the same draft, a chain of 2 wherever a round of it pays, else none
     HF_ASSISTED = "hf-assisted"  # transformers `generate` with the vanilla draft as `assistant_model`
     GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
     GLIDE_CAPE = "glide-cape"  # the same draft, CaPE: top-k leaves by the draft's confidence
@@ -157,6 +158,11 @@ CATALOG: dict[Method, MethodInfo] = {
             Method.VANILLA_CAPE_SUFFIX,
             "vanilla+cape+cost+suffix",
             "suffix candidates merged with vanilla-cape-cost's tree; suffix-only rounds skip the draft",
+        ),
+        _alias(
+            Method.VANILLA_GATED,
+            "vanilla+chain-2+gated",
+            "separate draft model, chain of 2 wherever a round of it pays in expected tok/s, else none",
         ),
         _alias(Method.GLIDE, "glide", "GliDe draft glimpsing the target's KV cache, chain of 4"),
         _alias(

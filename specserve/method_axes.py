@@ -93,6 +93,7 @@ _STOP_WORDS = {
     StopPolicyName.ADAEDL: "spine ended by AdaEDL (adaptive entropy bound)",
     StopPolicyName.DECISION: "spine ended by the learned stopper (P(accept) <= 0.4)",
     StopPolicyName.COST: "depth and width chosen for expected tok/s (calibrated)",
+    StopPolicyName.GATED: "the whole depth where a round of it pays in tok/s (calibrated), else none",
 }
 
 SYNTAX = (
@@ -154,7 +155,7 @@ class MethodAxes:
 
     @property
     def _default_depth(self) -> int:
-        return ADAPTIVE_DEPTH if self.stop.adaptive else TREES[self.tree].fixed_depth
+        return TREES[self.tree].fixed_depth if self.stop.whole_depth else ADAPTIVE_DEPTH
 
     @property
     def _written(self) -> str:
@@ -204,7 +205,7 @@ class MethodAxes:
         suffix = "suffix candidates merged in" if self.drafts else "suffix candidates of the session's text"
         if not self.drafts:
             return f"no draft model, {suffix}" if self.suffix else "no draft model: the target alone"
-        bound = "<= " if self.stop.adaptive else ""
+        bound = "" if self.stop.whole_depth else "<= "
         words = [_DRAFT_WORDS[self.draft], f"{TREES[self.tree].words}, depth {bound}{self.depth}"]
         words += [_STOP_WORDS[self.stop]] if self.stop in _STOP_WORDS else []
         return ", ".join(words + ([suffix] if self.suffix else []))

@@ -191,6 +191,12 @@ def _decision(engine: DraftSources, draft: Draft) -> StopSettings:
     return StopSettings(decision_model=shipped_decision_model(draft.value))
 
 
+def _gated(engine: DraftSources, draft: Draft) -> StopSettings:
+    """The gated chain needs this machine's calibration (with `draft`'s calibrated step) only: it reads
+    no per-token predictions."""
+    return StopSettings(cost_model=engine.cost_model_for(draft.value))
+
+
 def _cost(engine: DraftSources, draft: Draft) -> StopSettings:
     """The cost policy needs this machine's calibration (with `draft`'s calibrated step), which only the
     engine knows, and the stopper trained on `draft`'s runs."""
@@ -206,6 +212,7 @@ STOP_SETTINGS: dict[StopPolicyName, StopSettingsFactory] = {
     StopPolicyName.ADAEDL: _defaults,
     StopPolicyName.DECISION: _decision,
     StopPolicyName.COST: _cost,
+    StopPolicyName.GATED: _gated,
 }
 
 

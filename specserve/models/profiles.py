@@ -160,7 +160,9 @@ _QWEN_CODER_1_5B = ModelProfile(
     draft_dtype="bfloat16",
     draft_head_rows=32768,  # 95% of the 1.5B's answer tokens; 18% less draft time a round (benchmarks)
     draft_weights="int4",  # its Q8_0 / Q5_0 codes cost about half a target step, 4 bits a third (benchmarks)
-    default_method=Method.VANILLA_CAPE_COST.value,  # measured fastest (docs/benchmarks.md)
+    # a chain of 2 where it pays: ahead of the cost policy's CaPE trees in every side-by-side run, whose
+    # per-token choices stop early on this draft (docs/benchmarks.md, "A 4-bit draft for ...")
+    default_method=Method.VANILLA_GATED.value,
     max_context=32768,
 )
 

@@ -73,7 +73,7 @@ class DraftShape:
         empty spines because the spine is capped by `depth` too.
         """
         settings = self.stop_settings if self.stop_settings is not None else StopSettings()
-        if self.stop == StopPolicyName.FIXED:
+        if StopPolicyName(self.stop).whole_depth:
             settings = replace(settings, fixed_depth=max(1, self.depth))
         return make_stop_policy(self.stop, settings)
 

@@ -31,6 +31,7 @@ NAMES = {
     "vanilla-cape-svip": ("vanilla+cape+svip", True, True, True, False, False, "vanilla-cape-svip"),
     "vanilla-cape-cost": ("vanilla+cape+cost", True, True, True, False, False, "vanilla-cape-cost"),
     "vanilla-cape-suffix": ("vanilla+cape+cost+suffix", True, True, True, True, False, "vanilla-cape-cost"),
+    "vanilla-gated": ("vanilla+chain-2+gated", True, True, True, False, False, "vanilla-gated"),
     "glide": ("glide", True, True, True, False, False, "glide"),
     "glide-cape": ("glide+cape", True, True, True, False, False, "glide-cape"),
     "glide-cape-1": ("glide+cape-1", True, True, True, False, False, "glide-cape-1"),

@@ -26,7 +26,8 @@ LOSSLESS = [
     and m is not Method.HF
     and m.value not in SHIPPED_DRAFT_METHODS
     # A separate draft model's methods: the tiny models' test and the real Qwen profile's prove them.
-    and m not in (Method.HF_ASSISTED, Method.VANILLA_CAPE_COST, Method.VANILLA_CAPE_SUFFIX)
+    and m
+    not in (Method.HF_ASSISTED, Method.VANILLA_CAPE_COST, Method.VANILLA_CAPE_SUFFIX, Method.VANILLA_GATED)
 ]
 
 

@@ -105,7 +105,13 @@ def test_transformers_assisted_generation_and_the_separate_draft_methods_equal_t
     )
     engine = Engine(settings)
     expected = engine.generate_ids(PROMPT, greedy(Method.TARGET)).token_ids
-    methods = (Method.HF_ASSISTED, Method.VANILLA, Method.VANILLA_CAPE_COST, Method.VANILLA_CAPE_SUFFIX)
+    methods = (
+        Method.HF_ASSISTED,
+        Method.VANILLA,
+        Method.VANILLA_CAPE_COST,
+        Method.VANILLA_CAPE_SUFFIX,
+        Method.VANILLA_GATED,
+    )
     for method in methods:
         assert engine.generate_ids(PROMPT, greedy(method)).token_ids == expected, method
     assert engine.assistant_model.config.num_hidden_layers == 1  # the tiny draft, not the target's layers

@@ -174,6 +174,7 @@ def test_every_name_is_registered_and_constructs():
         "adaedl": 40,
         "decision": 20,
         "cost": 16,
+        "gated": 4,  # the fixed depth, as `fixed`
     }
     for name in StopPolicyName:
         for key in (name, name.value):
@@ -346,3 +347,55 @@ def test_cost_with_the_learned_stopper_uses_corrected_predictions(entropy_stoppe
     logits = logits_with_entropy(0.1)  # model says .731; the base rate .25 corrects it to .475
     expected = prior_corrected(1 / (1 + math.exp(-1.0)), 0.25)
     assert policy.acceptance(logits, 0) == pytest.approx(expected, rel=1e-5)
+
+
+# --- the gated chain -------------------------------------------------------------------------------
+
+# A one-token verify costs 1; each further node 0.1; a draft step 0.3 (the 1.5B's sibling, in steps).
+GATED_COST = CostModel(((1, 1.0), (2, 1.1), (3, 1.2), (32, 4.1)), draft_step_s=0.3)
+
+
+def gated(depth: int = 2, prior: float = 0.5) -> CostPolicy:
+    policy = make_stop_policy(StopPolicyName.GATED, StopSettings(fixed_depth=depth, cost_model=GATED_COST))
+    assert isinstance(policy, CostPolicy)
+    policy.mean_acceptance = prior
+    return policy
+
+
+def test_a_gated_round_drafts_the_whole_depth_whatever_the_drafts_confidence():
+    policy = gated(depth=2, prior=0.7)
+    unsure = logits_with_top_probability(0.3)
+    assert draft_round(policy, [unsure]) == 2  # the cost policy would stop here: the chain does not
+    assert policy.num_nodes == 3
+
+
+def test_the_gate_opens_where_a_drafted_token_pays():
+    # one token: a over 0.3 + 0.1 against 1 over 1 (two: a + a^2 over 0.8, which needs more)
+    assert gated(prior=0.41).start_round(1) == 2
+    assert gated(prior=0.39).start_round(1) == 0
+
+
+def test_the_gate_closes_under_a_batch_that_already_earns_more():
+    policy = gated(prior=0.75)
+    assert policy.start_round(1) == 2
+    policy.observe(2, 2)  # rounds of 3 nodes that emit 3 tokens: the batch is assumed to send the same
+    assert policy.start_round(16) == 0
+    assert 1 <= policy.largest_drafting_batch(16) < 15
+
+
+def test_the_gates_acceptance_is_a_chains_per_token_rate():
+    """Rounds of 2 accepting 2, 1, 0, 2, 1 tokens: 6 accepted, 3 rounds stopped short: a = 6 / 9 of the
+    evidence (with the prior's 2 tokens at 0.5 beside it), where accepted / drafted reads 6 / 10."""
+    policy = gated(prior=0.5)
+    for accepted in (2, 1, 0, 2, 1):
+        policy.start_round(1)
+        policy.observe(2, accepted)
+    geometric = policy.mean_acceptance
+    ratio = CostPolicy.mean_acceptance.fget(policy)  # type: ignore[attr-defined]
+    assert ratio < geometric
+    decay = [0.9**k for k in range(5)][::-1]  # each round one older than the next
+    accepted = sum(d * a for d, a in zip(decay, (2, 1, 0, 2, 1), strict=True))
+    stopped = sum(d for d, a in zip(decay, (2, 1, 0, 2, 1), strict=True) if a < 2)
+    assert geometric == pytest.approx((1.0 + accepted) / (2.0 + accepted + stopped))
+    policy.mean_acceptance = 0.9  # a service's prior starts the estimate over
+    assert policy.mean_acceptance == pytest.approx(0.9)

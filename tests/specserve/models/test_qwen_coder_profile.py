@@ -71,11 +71,12 @@ def greedy(method: str) -> GenerationRequest:
 
 @pytest.mark.timeout(900)
 def test_the_default_method_and_the_peers_equal_the_target(engine):
-    assert PROFILE.default_method == Method.VANILLA_CAPE_COST
+    assert PROFILE.default_method == Method.VANILLA_GATED
+    peers = (Method.VANILLA, Method.VANILLA_CAPE_COST, Method.HF, Method.HF_ASSISTED)
     for prompt in PROMPTS:
         expected = engine.generate(prompt, greedy(Method.TARGET))
         assert len(set(expected.token_ids)) > 5
-        for method in (PROFILE.default_method, Method.VANILLA, Method.HF, Method.HF_ASSISTED):
+        for method in (PROFILE.default_method, *peers):
             result = engine.generate(prompt, greedy(method))
             assert result.token_ids == expected.token_ids, (prompt, method)
     drafted = engine.generate(PROMPTS[0], greedy(Method.VANILLA))
