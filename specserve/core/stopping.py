@@ -512,7 +512,7 @@ class GatedPolicy(CostPolicy):
     alone; no per-token choices.
 
     Under the cost policy a draft whose own probabilities understate how often the target agrees stops
-    its rounds early: Qwen2.5-Coder-1.5B's 0.5B sibling ran 0.97-1.19x `target` with it, 1.11-1.28x as
+    its rounds early: Qwen2.5-Coder-1.5B's 0.5B sibling ran 0.97-1.19x `target` with it, 1.10-1.28x as
     a fixed chain of 2 (docs/benchmarks.md). The rate the gate reads is the per-token acceptance a
     chain shows: accepted tokens over accepted tokens plus rounds that stopped short (a geometric run's
     estimate; accepted over drafted would read 0.62 for a chain of 2 accepted at 0.71 and 0.76), the

@@ -159,7 +159,9 @@ FLOAT_SCALES, BLOCK_SCALES, HALF_SCALES, BLOCK_HALF_SCALES = 0, 1, 2, 3
 class DotLayout:
     """A weight [N, K] packed for `dot_mm` (the layouts of csrc/int4_dot.cpp)."""
 
-    codes: torch.Tensor  # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8: [N / 16, K / G, G / 4, 64]; 6: 3 G / 16
+    # uint8, 4 bits: [N / 16, K / 32, 4, 64]; 8 bits: [N / 16, K / G, G / 4, 64]; 6 bits: [N / 16, K / G,
+    # 3 G / 16, 64]
+    codes: torch.Tensor
     scales: torch.Tensor  # float32 or float16 [N / 16, K / G, 16], or int8 [N / 16, K / G, F, 16] (block)
     biases: torch.Tensor | None  # 4 bits, per-group scales: as the scales, [N / 16, K / 32, 16]
     supers: torch.Tensor | None  # block: float32 or float16 [N / 16, K / 256, F, 16]

@@ -68,9 +68,9 @@ class DraftShape:
     def new_stop_policy(self) -> StopPolicy:
         """A fresh policy (fresh online state) for one drafter.
 
-        The fixed policy drafts `depth` tokens whatever fixed_depth the settings carry: the shape is the
-        one place a fixed depth is set. StopSettings needs fixed_depth >= 1; a depth of 0 still gives
-        empty spines because the spine is capped by `depth` too.
+        The fixed and gated policies draft `depth` tokens whatever fixed_depth the settings carry: the
+        shape is the one place a fixed depth is set. StopSettings needs fixed_depth >= 1; a depth of 0
+        still gives empty spines because the spine is capped by `depth` too.
         """
         settings = self.stop_settings if self.stop_settings is not None else StopSettings()
         if StopPolicyName(self.stop).whole_depth:

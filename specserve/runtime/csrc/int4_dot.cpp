@@ -25,14 +25,15 @@
 // - codes, 6 bits: per tile and group of G (16 or 32), the codes' low 4 bits as the 4-bit layout lays
 //   out codes (G / 8 chunks: chunk c's byte 4i+j holds output i's inputs 8c+j and 8c+4+j), then their
 //   high 2 bits in G / 16 chunks: bits 2v..2v+1 of byte 4i+j of chunk h belong to output i's input
-//   4(4h+v)+j. Q6_K's weights stream at 0.75 bytes instead of 1 (the file's own: 0.8).
+//   4(4h+v)+j. Q6_K's codes stream at 0.75 bytes a weight instead of 1 (with its factors 0.81; the
+//   file's blocks: 0.82).
 // - scales, kind kFloat: float32 [tiles][groups][16], and (4 bits) biases in the same layout.
 // - scales, kind kHalf: the same in fp16, where every value is one (the files' Q4_0 / Q4_1 / Q8_0 / Q5_0
 //   scales are, and so are their biases as a rule): the same values in half the bytes, so the same bits.
 // - scales, kind kBlock (the K-quants, as the file holds them: a float per superblock of 256 inputs
 //   times a small integer per group): int8 [tiles][groups][F][16] with supers float32
 //   [tiles][superblocks][F][16], or (kind kBlockHalf) the same in fp16 where every one is an fp16 value,
-//   as the file's are; F = 2 for 4 bits (scale = d * sc, bias = -dmin * m) and 1 for 8 bits
+//   as the file's are; F = 2 for 4 bits (scale = d * sc, bias = -dmin * m) and 1 for 6 and 8 bits
 //   (scale = d * sc). Each product is exact in float32 (an fp16 times an integer of at most 8 bits),
 //   so every path forms the same scale, and the weights stream at about the file's own bytes.
 
