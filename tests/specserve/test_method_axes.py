@@ -12,9 +12,9 @@ from specserve.method_axes import ADAPTIVE_DEPTH, MAX_DEPTH, Draft, MethodAxes, 
 
 
 def test_the_axes_are_independent_where_the_drafters_allow() -> None:
-    # none: with or without suffix candidates; every spine draft: 3 trees x 5 policies x suffix or not;
-    # the vanilla draft's MCSD trees: 5 policies x suffix, and target-seeded roots alone
-    assert len(VALID) == 2 + 3 * 3 * 5 * 2 + 5 * 2 + 1
+    # none: with or without suffix candidates; every spine draft: 3 trees x 6 policies x suffix or not;
+    # the vanilla draft's MCSD trees: 6 policies x suffix, and target-seeded roots alone
+    assert len(VALID) == 2 + 3 * 3 * 6 * 2 + 6 * 2 + 1
     assert {a.stop for a in VALID if a.tree is Tree.CAPE and a.draft is Draft.EAGLE} == set(StopPolicyName)
 
 
