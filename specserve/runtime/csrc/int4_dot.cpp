@@ -434,10 +434,10 @@ extern "C" {
 // 1 when this build took the AVX512-VNNI path, 0 for the portable one.
 int specserve_int4_dot_vnni() { return SPECSERVE_VNNI; }
 
-// x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4, 6 or 8, `group` its
-// inputs per group (4 bits: 32; 6 and 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a multiple of
-// 256), 2 (kHalf) or 3 (kBlockHalf, as kBlock); outputs a multiple of 16, width of 32. Unused pointers may be null. Returns 0, or
-// -1 for a combination no kernel takes.
+// x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4, 6 or 8, `group`
+// its inputs per group (4 bits: 32; 6 and 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a
+// multiple of 256), 2 (kHalf) or 3 (kBlockHalf, as kBlock); outputs a multiple of 16, width of 32.
+// Unused pointers may be null. Returns 0, or -1 for a combination no kernel takes.
 int specserve_dot_mm(const float* x, int64_t rows, int64_t width, int64_t bits, int64_t group, int64_t kind,
                      const uint8_t* codes, const void* scales, const void* biases, const void* supers,
                      int64_t outputs, float* y) {

@@ -113,13 +113,13 @@ def k_quant(type_name: str, n: int, width: int, seed: int) -> QuantizedWeight:
 
 def product_of(layout: str, n: int, width: int, seed: int, lib=None):
     """x -> x @ W.T for a random weight on one of the kernel's layouts: 4, 6 or 8 bits with float32
-    scales, the same with fp16 ones ("4h", "6h", "8h"), or a K-quant's block scales (Q4_K: 4 bits, Q6_K:
-    6 bits in groups of 16)."""
+    scales, the same with fp16 ones ("4h", "6h", "8h"; 6 bits in groups of 32 too, as Q5_0's: "6h/32"),
+    or a K-quant's block scales (Q4_K: 4 bits, Q6_K: 6 bits in groups of 16)."""
     if layout in ("4", "4h"):
         packed = cpu_kernels.pack(*packed_random(n, width, seed, half=layout == "4h"))
-    elif layout in ("6", "6h", "8", "8h"):
-        bits = int(layout[0])
-        packed = cpu_kernels.pack8(*signed_random(n, width, 16, seed, half=layout.endswith("h"), bits=bits))
+    elif layout in ("6", "6h", "6h/32", "8", "8h"):
+        bits, group = int(layout[0]), 32 if layout.endswith("/32") else 16
+        packed = cpu_kernels.pack8(*signed_random(n, width, group, seed, half="h" in layout, bits=bits))
         assert packed.bits == bits
     else:  # a K-quant: its supers fp16 as the file's ("Q4_K"), or float32 values ("Q4_K/32")
         w = k_quant(layout[:4], n, width, seed)
@@ -146,7 +146,7 @@ def off_half(block):
     return dataclasses.replace(block, d=nudged(block.d), dmin=nudged(block.dmin))
 
 
-LAYOUTS = ["4", "4h", "6", "6h", "8", "8h", "Q4_K", "Q4_K/32", "Q6_K", "Q6_K/32"]
+LAYOUTS = ["4", "4h", "6", "6h", "6h/32", "8", "8h", "Q4_K", "Q4_K/32", "Q6_K", "Q6_K/32"]
 
 
 @contextmanager
