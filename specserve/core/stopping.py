@@ -506,10 +506,10 @@ class CostPolicy:
 
 
 class GatedPolicy(CostPolicy):
-    """A fixed chain, gated: each round drafts the whole depth d where the cost policy's round gate opens
-    (1..d tokens at the session's acceptance rate beat the root alone at this load, the batch and the
-    transport priced in; the router skips the draft above `largest_drafting_batch`), else the root
-    alone; no per-token choices.
+    """A fixed tree, gated: each round drafts the whole depth d (at the tree's own widths) where the cost
+    policy's round gate opens (1..d tokens at the session's acceptance rate beat the root alone at this
+    load, the batch and the transport priced in; the router skips the draft above
+    `largest_drafting_batch`), else the root alone; no per-token choices.
 
     Under the cost policy a draft whose own probabilities understate how often the target agrees stops
     its rounds early: Qwen2.5-Coder-1.5B's 0.5B sibling ran 0.97-1.19x `target` with it, 1.10-1.28x as
@@ -538,16 +538,17 @@ class GatedPolicy(CostPolicy):
         self._stopped_evidence *= EVIDENCE_DECAY
         return super().start_round(batch_sessions)
 
-    def _count_spine(self, depth_index: int) -> None:
+    def _count_spine(self, depth_index: int, width: int = 1) -> None:
+        """The round's sizes (what `observe` records for the batch): a spine token and its leaves."""
         if depth_index == 0:
             self._reset()
         self.num_spine += 1
-        self.num_nodes += 1
+        self.num_nodes += width
         self._width_depth = depth_index
 
     def choose_width(self, depth_index: int, logits: torch.Tensor, width: int) -> int:
-        self._count_spine(depth_index)
-        return 1
+        self._count_spine(depth_index, width)
+        return width  # the tree's own width (CaPE's, top-2's): no per-token choices
 
     def should_stop(self, step: DraftStep) -> bool:
         if self._width_depth != step.depth_index:

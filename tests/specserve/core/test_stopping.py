@@ -369,6 +369,16 @@ def test_a_gated_round_drafts_the_whole_depth_whatever_the_drafts_confidence():
     assert policy.num_nodes == 3
 
 
+def test_a_gated_round_keeps_the_trees_own_widths():
+    policy = gated(depth=2, prior=0.7)
+    policy.start_round(1)
+    logits = logits_with_top_probability(0.3)
+    assert policy.choose_width(0, logits, 3) == 3  # CaPE's width, not trimmed
+    assert not policy.should_stop(DraftStep(0, logits, 0))
+    assert policy.choose_width(1, logits, 2) == 2
+    assert policy.num_nodes == 1 + 3 + 2
+
+
 def test_the_gate_opens_where_a_drafted_token_pays():
     # one token: a over 0.3 + 0.1 against 1 over 1 (two: a + a^2 over 0.8, which needs more)
     assert gated(prior=0.41).start_round(1) == 2
