@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -15,12 +17,22 @@ from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.ragged import forward_ragged, use_ragged_attention
 from specserve.runtime.segment import Segment
 
+logger = logging.getLogger(__name__)
+
 
 class ModelRunner:
     """Owns a model (weights only); sessions own caches. Safe to share across sessions of one thread.
 
     Every forward is a `Segment` of one session; inside a batching job (runtime/batching.py) segments of
     concurrent sessions run as one ragged forward (runtime/ragged.py), otherwise alone.
+
+    On a CPU a model belongs on the thread that loaded it. OpenMP gives every thread that runs a parallel
+    region a team of worker threads for as long as it lives, and once libgomp manages more threads than
+    there are cores it cuts its spin-wait between regions to almost nothing: every one of a forward's
+    hundreds of regions then pays a sleep and a wake-up. Measured on 2 cores: a one-token step of the
+    default model 9.3-9.7 ms on a second thread while the loading thread lived, 3.9-4.1 ms on the loading
+    thread, 4.2-4.4 ms when one other thread did both. The services load and run on one model thread
+    (serving/model_thread.py); a forward on another thread while the loading one lives is logged once.
     """
 
     def __init__(self, model: PreTrainedModel, label: str = "model") -> None:
@@ -33,6 +45,8 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.num_layers: int = model.config.num_hidden_layers
         self.vocab_size: int = model.config.vocab_size
+        self._home = threading.current_thread()  # where the model was loaded (class doc)
+        self._warned_thread = False
 
     @property
     def rows_independent(self) -> bool:
@@ -46,7 +60,24 @@ class ModelRunner:
         return PositionalKVCache(self.num_layers, capacity)
 
     def forward_batch(self, segments: Sequence[Segment]) -> list[torch.Tensor]:
+        if not self._warned_thread and self.device.type == "cpu":
+            self._check_thread()
         return forward_ragged(self.model, segments, self.native)
+
+    def _check_thread(self) -> None:
+        """Logs, once, a forward on another thread than the live one that loaded the model (class doc)."""
+        current = threading.current_thread()
+        if current is self._home or not self._home.is_alive():
+            return
+        self._warned_thread = True
+        logger.warning(
+            "the %s was loaded on thread %r and runs a forward on thread %r: with two threads running its "
+            "CPU work, OpenMP's workers all but stop spinning and forwards run up to 2.4x slower; load and "
+            "run a model on one thread (specserve.serving.model_thread.ModelThread does)",
+            self.label,
+            self._home.name,
+            current.name,
+        )
 
     def forward(
         self,

@@ -1,5 +1,9 @@
 """ModelRunner over a positional KV cache: chains, trees and commits equal plain forwards, on each
-architecture's tiny model (Llama; Qwen2 with biased q/k/v and heads wider than hidden / heads)."""
+architecture's tiny model (Llama; Qwen2 with biased q/k/v and heads wider than hidden / heads); a
+forward off the thread that loaded the model is logged."""
+
+import logging
+import threading
 
 import pytest
 import torch
@@ -67,3 +71,36 @@ def test_capacity_is_enforced(model):
     cache = runner.new_cache(4)
     with pytest.raises(ResourceExhausted):
         runner.forward(cache, PROMPT)
+
+
+def _forward_on_a_thread(runner: ModelRunner) -> None:
+    def run() -> None:
+        with torch.inference_mode():
+            runner.forward(runner.new_cache(8), PROMPT[:3])
+
+    thread = threading.Thread(target=run, name="other-thread")
+    thread.start()
+    thread.join()
+
+
+def test_a_forward_off_the_loading_thread_is_logged_once(model, caplog):
+    runner = ModelRunner(model)  # loaded here, on the test's thread, which stays alive
+    with caplog.at_level(logging.WARNING, logger="specserve.runtime.runner"):
+        _forward_on_a_thread(runner)
+        _forward_on_a_thread(runner)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "specserve.runtime.runner"]
+    assert len(warnings) == 1
+    assert "other-thread" in warnings[0] and threading.current_thread().name in warnings[0]
+
+
+def test_forwards_on_the_loading_thread_or_after_it_ended_are_not_logged(model, caplog):
+    with caplog.at_level(logging.WARNING, logger="specserve.runtime.runner"):
+        here = ModelRunner(model)
+        with torch.inference_mode():
+            here.forward(here.new_cache(8), PROMPT[:3])
+        built: list[ModelRunner] = []
+        loader = threading.Thread(target=lambda: built.append(ModelRunner(model)))
+        loader.start()
+        loader.join()  # the loading thread has ended: its OpenMP team went with it
+        _forward_on_a_thread(built[0])
+    assert not [r for r in caplog.records if r.name == "specserve.runtime.runner"]
