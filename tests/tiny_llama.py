@@ -18,12 +18,15 @@ from specserve.models.tiny import Architecture, build_tiny_model, tiny_config
 EACH_ARCHITECTURE = pytest.mark.parametrize("architecture", list(Architecture), ids=str, scope="module")
 
 
-def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(
+    vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0, intermediate: int | None = None
+) -> LlamaForCausalLM:
+    """intermediate: the MLP's width (2 * hidden unless given)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
