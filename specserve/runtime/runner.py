@@ -29,9 +29,9 @@ class ModelRunner:
     On a CPU a model belongs on the thread that loaded it. OpenMP gives every thread that runs a parallel
     region a team of worker threads for as long as it lives, and once libgomp manages more threads than
     there are cores it cuts its spin-wait between regions to almost nothing: every one of a forward's
-    hundreds of regions then pays a sleep and a wake-up. Measured on 2 cores: a one-token step of the
-    default model 9.3-9.7 ms on a second thread while the loading thread lived, 3.9-4.1 ms on the loading
-    thread, 4.2-4.4 ms when one other thread did both. The services load and run on one model thread
+    hundreds of regions then pays a sleep and a wake-up: on 2 cores a one-token step of the default model
+    took 9.92 ms with two teams against 4.64 ms with one (docs/benchmarks.md, "Why every service runs its
+    tensor work on one thread"). The services load and run on one model thread
     (serving/model_thread.py); a forward on another thread while the loading one lives is logged once.
     """
 
@@ -72,8 +72,8 @@ class ModelRunner:
         self._warned_thread = True
         logger.warning(
             "the %s was loaded on thread %r and runs a forward on thread %r: with two threads running its "
-            "CPU work, OpenMP's workers all but stop spinning and forwards run up to 2.4x slower; load and "
-            "run a model on one thread (specserve.serving.model_thread.ModelThread does)",
+            "CPU work, OpenMP's workers all but stop spinning and forwards run about twice as long; load "
+            "and run a model on one thread (specserve.serving.model_thread.ModelThread does)",
             self.label,
             self._home.name,
             current.name,

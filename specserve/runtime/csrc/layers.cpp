@@ -221,8 +221,8 @@ extern "C" void specserve_forward_layers(const SpecserveLayer* layers, int64_t c
     products(layer.gate_up, x.data(), rows, wide, apart, out.data());
     const int64_t inner = f->intermediate;
     // SiLU(gate) * up = gate / (1 + exp(-gate)) * up, element by element (exp_shifted computes every lane
-    // alike), so its pieces may go to the threads: a tree's or a prompt's rows cost the one thread that ran
-    // them alone a serial pass the other waited out (measured 0.20 ms of an 8-token forward).
+    // alike), so its pieces may go to the threads: run by one, a tree's or a prompt's rows were a serial
+    // pass the other thread waited out (docs/benchmarks.md, "Where a tree's rows go").
     const int64_t pieces = (inner + kSiluPiece - 1) / kSiluPiece;
 #pragma omp parallel for schedule(static) if (rows * inner >= 2 * kSiluPiece)
     for (int64_t task = 0; task < rows * pieces; ++task) {
