@@ -29,7 +29,7 @@ class ModelRunner:
     On a CPU a model belongs on the thread that loaded it. OpenMP gives every thread that runs a parallel
     region a team of worker threads for as long as it lives, and once libgomp manages more threads than
     there are cores it cuts its spin-wait between regions to almost nothing: every one of a forward's
-    hundreds of regions then pays a sleep and a wake-up: on 2 cores a one-token step of the default model
+    hundreds of regions then pays a sleep and a wake-up. On 2 cores a one-token step of the default model
     took 9.92 ms with two teams against 4.64 ms with one (docs/benchmarks.md, "Why every service runs its
     tensor work on one thread"). The services load and run on one model thread
     (serving/model_thread.py); a forward on another thread while the loading one lives is logged once.
