@@ -46,7 +46,7 @@ class ModelRunner:
         self.num_layers: int = model.config.num_hidden_layers
         self.vocab_size: int = model.config.vocab_size
         self._home = threading.current_thread()  # where the model was loaded (class doc)
-        self._warned_thread = False
+        self._watch_thread = self.device.type == "cpu"  # until it has warned once (OpenMP: a CPU's concern)
 
     @property
     def rows_independent(self) -> bool:
@@ -60,7 +60,7 @@ class ModelRunner:
         return PositionalKVCache(self.num_layers, capacity)
 
     def forward_batch(self, segments: Sequence[Segment]) -> list[torch.Tensor]:
-        if not self._warned_thread and self.device.type == "cpu":
+        if self._watch_thread:
             self._check_thread()
         return forward_ragged(self.model, segments, self.native)
 
@@ -69,7 +69,7 @@ class ModelRunner:
         current = threading.current_thread()
         if current is self._home or not self._home.is_alive():
             return
-        self._warned_thread = True
+        self._watch_thread = False
         logger.warning(
             "the %s was loaded on thread %r and runs a forward on thread %r: with two threads running its "
             "CPU work, OpenMP's workers all but stop spinning and forwards run about twice as long; load "

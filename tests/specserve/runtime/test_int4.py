@@ -142,8 +142,9 @@ def quantized_target(request) -> ModelRunner:
     return runner
 
 
-def test_a_tree_forward_gives_each_node_the_logits_of_its_path_decoded_alone(quantized_target):
-    runner = quantized_target
+def assert_tree_nodes_equal_their_paths_decoded_alone(runner: ModelRunner) -> None:
+    """A 4-node tree after a prompt: each node's logits, bit for bit, those of its path decoded one token
+    at a time."""
     prompt = [3, 17, 5, 9, 41, 2]
     tree_ids, parents = [7, 11, 13, 2], [-1, 0, 0, 1]  # root 7, children 11 and 13, 2 under 11
     cache = runner.new_cache(64)
@@ -152,15 +153,19 @@ def test_a_tree_forward_gives_each_node_the_logits_of_its_path_decoded_alone(qua
     for node, path in enumerate([[7], [7, 11], [7, 13], [7, 11, 2]]):
         alone = runner.new_cache(64)
         runner.forward(alone, prompt, last_only=True)
-        logits = None
         for token in path:
             logits = runner.forward(alone, [token])
         assert torch.equal(tree_logits[node], logits[-1]), node
 
 
+def test_a_tree_forward_gives_each_node_the_logits_of_its_path_decoded_alone(quantized_target):
+    assert_tree_nodes_equal_their_paths_decoded_alone(quantized_target)
+
+
 def test_a_tree_on_the_compiled_layers_with_a_wide_mlp_gives_each_node_its_path_decoded_alone():
-    """An MLP wide enough that a tree's SiLU is split among the threads in pieces (the last one short)
-    while a one-token step runs it in one piece: the same bits either way (csrc/layers.cpp)."""
+    """An MLP wide enough that a tree's SiLU is split among the threads in pieces (the last one short;
+    4 rows x 2,560 values) while a one-token step runs it in one piece: the same bits either way
+    (csrc/layers.cpp)."""
     from specserve.runtime import cpu_kernels
 
     if cpu_kernels.library() is None:
@@ -169,17 +174,7 @@ def test_a_tree_on_the_compiled_layers_with_a_wide_mlp_gives_each_node_its_path_
     apply_as_shipped(model, quantize_model(model), kernel="int8-dot")
     runner = ModelRunner(model)
     assert runner.native is not None and runner.native.fused is not None
-    prompt = [3, 17, 5, 9, 41, 2]
-    tree_ids, parents = [7, 11, 13, 2], [-1, 0, 0, 1]
-    cache = runner.new_cache(64)
-    runner.forward(cache, prompt, last_only=True)
-    tree_logits = runner.forward(cache, tree_ids, parents)  # [4, V]: 4 rows x 2,560 SiLU values
-    for node, path in enumerate([[7], [7, 11], [7, 13], [7, 11, 2]]):
-        alone = runner.new_cache(64)
-        runner.forward(alone, prompt, last_only=True)
-        for token in path:
-            logits = runner.forward(alone, [token])
-        assert torch.equal(tree_logits[node], logits[-1]), node
+    assert_tree_nodes_equal_their_paths_decoded_alone(runner)
 
 
 @pytest.mark.parametrize("hidden", [32, 256])
