@@ -41,6 +41,10 @@ def stack(tmp_path_factory, pinned_costs):
     env = metrics_env(metrics)
     env.update(pinned_env(pinned_costs))  # default_engine's costs: seeded sampling takes the same trees
     env["SPECSERVE_ROUTER_TARGET_TIMEOUT_SECONDS"] = "90"  # long enough for a restarted target to load
+    # Rounds the target runs on its own are bounded by rounds and tokens only: with the default time
+    # bound, how many fit in a call depends on how fast the host runs them (a slow or busy host runs
+    # fewer), and the test of those rounds counts them.
+    env["SPECSERVE_ROUTER_MAX_AHEAD_MS"] = "0"
     with LocalStack(log_dir=tmp_path_factory.mktemp("stack-logs"), env=env) as running:
         running.metrics_ports = metrics
         yield running
