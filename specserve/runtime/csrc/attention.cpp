@@ -13,9 +13,10 @@
 //   nonzero, so not even a zero's sign changes).
 // The AVX-512 loops hold a block of 16 positions' partial products and sum their lanes in one fixed tree,
 // and weigh the values with a few rows' sums in registers; the AVX2 loops do the same in blocks of 8;
-// other CPUs run portable loops (the three paths' last bits may differ, as two hosts' may). exp is a polynomial of plain operations (no
-// library call, which could differ between its vector and scalar forms). Built with -ffp-contract=off,
-// no -ffast-math: nothing is reordered; the fused multiply-adds are written out where they are meant.
+// other CPUs run portable loops (the three paths' last bits may differ, as two hosts' may). exp is a
+// polynomial of plain operations (no library call, which could differ between its vector and scalar
+// forms). Built with -ffp-contract=off, no -ffast-math: nothing is reordered; the fused multiply-adds
+// are written out where they are meant.
 
 #include <algorithm>
 #include <cmath>

@@ -67,7 +67,7 @@ constexpr int kRowBlock = 8;       // rows whose sums stay in registers over a t
 // A signed format's code offset: code = q + offset, folded into the bias as -offset * scale.
 template <int Bits>
 constexpr float kOffset = Bits == 6 ? 32.0f : 128.0f;
-// Bytes ahead of the weights being read that the VNNI loops ask the memory for: with several rows a
+// Bytes ahead of the weights being read that the vector loops ask the memory for: with several rows a
 // tile's arithmetic hides the hardware prefetcher's latency poorly (measured: 8 rows of a 4-bit product
 // out of cache 0.65-0.7x the time without it, one row unchanged).
 constexpr int64_t kPrefetch = 2048;
@@ -401,6 +401,7 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 // lane, times 1 or 16: dot = low + 16 * high, exact, the VNNI path's integers.
 // The 16 outputs of a tile run as two halves of 8 (a 256-bit vector's 32 bytes are 8 outputs' 4
 // inputs), so that the R rows' sums and a half's codes fit AVX2's 16 registers.
+
 // Group g's scales and biases for the outputs 8 * half.. of a tile: the portable group_scales' values
 // (an fp16 value converted exactly, an exact product of a super and an integer factor), 8 at a time.
 template <int Bits, int SK, int G>
