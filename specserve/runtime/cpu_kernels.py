@@ -7,8 +7,8 @@ decoded one at a time, bit for bit:
   AVX2's byte products in 16-bit sums), one pass over the weights for all the rows. torch's CPU int4
   kernel (`_weight_int4pack_mm_for_cpu`) decodes the weights again for every 4 rows, so a forward over
   8 or 16 tokens cost 2-4 one-token steps in its linear layers, and verification is where speculation
-  pays or not. The integer sums are exact, so the
-  AVX2 build and the portable one (any other CPU) give the VNNI build's bits (`DOT_PATHS`).
+  pays or not. The integer sums are exact, so the AVX2 build and the portable one (any other CPU) give
+  the VNNI build's bits (`DOT_PATHS`).
   The same for 8-bit weights (Q8_0, Q5_0, Q6_K: the file's signed integers in groups of 32 or 16),
   which would otherwise run as two 4-bit parts over a widened input (Q6_K's groups of 16 padded to 32:
   four times the file's bytes). The K-quants' scales stay in their file's form (an integer per group,
@@ -149,6 +149,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.specserve_attend.argtypes = [pointer, *[size] * 5, pointer, pointer, *[size] * 4, pointer]
     lib.specserve_attend.argtypes += [ctypes.c_float, pointer]
     lib.specserve_attend.restype = None
+    lib.specserve_exp_shifted.argtypes = [pointer, size, ctypes.c_float]  # the layers' exp, for its tests
+    lib.specserve_exp_shifted.restype = None
     # runtime/fused_layers.py types its structs' pointers itself
     lib.specserve_forward_layers.restype = None
     return lib

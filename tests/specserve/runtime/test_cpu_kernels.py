@@ -4,7 +4,6 @@ and the choice of kernel."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -212,8 +211,8 @@ def test_every_path_gives_the_bits_of_this_hosts_build(tmp_path, march, path):
         pytest.skip("the other paths are compiled for an x86-64 level")
     compiler = cpu_kernels._compiler()
     assert compiler is not None
-    portable = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march=march))
-    assert cpu_kernels.DOT_PATHS[portable.specserve_dot_path()] == path
+    other = cpu_kernels.load_library(cpu_kernels.compile_library(compiler, tmp_path, march=march))
+    assert cpu_kernels.DOT_PATHS[other.specserve_dot_path()] == path
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(5))
     # rows whose quantization meets its edge cases: halves, which round to the even integer (amax 127
     # makes the factor exactly 1), and groups of zeros (no scale)
@@ -221,7 +220,7 @@ def test_every_path_gives_the_bits_of_this_hosts_build(tmp_path, march, path):
     x[3] = torch.cat([torch.tensor([127.0]), halves[:31]]).repeat(16)
     x[9, :256] = 0.0
     for layout in LAYOUTS:
-        assert torch.equal(product_of(layout, 32, 512, 4, portable)(x), product_of(layout, 32, 512, 4)(x)), (
+        assert torch.equal(product_of(layout, 32, 512, 4, other)(x), product_of(layout, 32, 512, 4)(x)), (
             layout
         )
 
@@ -414,7 +413,6 @@ def test_exp_gives_each_value_the_same_bits_in_a_vector_or_alone():
     float32 value within a few ulp."""
     lib = cpu_kernels.library()
     assert lib is not None
-    lib.specserve_exp_shifted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
     values = torch.empty(1021).uniform_(-95.0, 95.0, generator=torch.Generator().manual_seed(12))
     values[:4] = torch.tensor([0.0, -87.0, 88.0, 0.5])
     together = values.clone()
