@@ -34,6 +34,7 @@ PROMPT_TOKENS = 128  # a typical chat prompt; attention over it is part of every
 # Continuous batching puts many sessions' trees in one forward: totals measured as batches of 8-node
 # trees, one per session (the batch-aware cost policy, core/cost.py, reads the curve up there).
 BATCH_TOTALS = (96, 128, 192, 256)
+PROGRESS_LOG_SECONDS = 10.0  # a measurement's progress in a log, at most this often
 BATCH_TREE_NODES = 8
 
 
@@ -223,11 +224,41 @@ def measure_batch_verify_s(
 def _timed(
     sizes: Sequence[int], calls: Sequence[Callable[[], object]], repeats: int, desc: str
 ) -> tuple[tuple[int, float], ...]:
-    """(size, seconds) per call, timed round-robin, with progress in forwards on a terminal only."""
+    """(size, seconds) per call, timed round-robin, with progress in forwards: a bar on a terminal, a log
+    line every PROGRESS_LOG_SECONDS elsewhere (a service's first start measures for minutes on a large
+    model, and whoever waits for it, a person or a stack's start-up, reads its log)."""
     total = len(calls) * (repeats + 1)
+    logged = ProgressLog(desc, total)
     with tqdm(total=total, desc=desc, unit="forward", file=sys.stderr, disable=None) as shown:
-        seconds = interleaved_best(calls, repeats, on_call=shown.update)
+
+        def on_call() -> None:
+            shown.update()
+            logged.update()
+
+        seconds = interleaved_best(calls, repeats, on_call=on_call)
     return tuple(zip(sizes, seconds, strict=True))
+
+
+class ProgressLog:
+    """Logs `desc: done / total forwards` at most once every `every` seconds, and when done."""
+
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        every: float = PROGRESS_LOG_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.desc, self.total, self.every, self.clock = desc, total, every, clock
+        self.done = 0
+        self.last = clock()
+
+    def update(self) -> None:
+        self.done += 1
+        now = self.clock()
+        if now - self.last >= self.every or self.done == self.total:
+            self.last = now
+            logger.info("%s: %d / %d forwards", self.desc, self.done, self.total)
 
 
 def load_calibration(path: Path) -> CostModel:

@@ -234,7 +234,9 @@ class TargetRuntime(RoleRuntime):
     @functools.cached_property
     def verify_points(self) -> VerifyPoints:
         """This replica's verify curve, single forwards and batches: loaded, or measured once and saved
-        (~30 s on 2 cores). A calibration record of a whole cost model holds it too."""
+        (half a minute for the default model on 2 cores, minutes for a 1.5B one: its progress is logged,
+        and a stack waits for a start that keeps logging). A calibration record of a whole cost model
+        holds it too."""
         from specserve.runtime.calibrate import load_record, save_record
 
         path = self.calibration_path

@@ -54,7 +54,10 @@ FIRST_PORTS = ("router", "target", "draft", "redis")  # base_port + 0..3, as bef
 # A replica's own listening ports besides its gRPC one: a fixed one given in `env` is the first
 # replica's; the others serve none (two processes cannot listen on one port).
 PER_PROCESS_PORTS = ("METRICS_PORT", "HEALTH_PORT")
+# A child's start-up may log nothing for this long (loading a model) and may last this long in all (a
+# first start measures its verify costs, minutes for a large model on a small CPU, logging progress).
 STARTUP_TIMEOUT_SECONDS = 180.0
+STARTUP_LIMIT_SECONDS = 1800.0
 RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # the Nth restart in a row waits this long
 HEALTHY_RESET_SECONDS = 60.0  # a child that ran this long starts its backoff over
 TLS_NAMES = {"router": tls.ROUTER_NAME, "target": tls.TARGET_NAME, "draft": tls.DRAFT_NAME}
@@ -133,18 +136,28 @@ def wait_serving(
     process: subprocess.Popen | None = None,
     log: Path | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    limit: float | None = None,
 ) -> None:
-    """Polls grpc.health.v1 until the server reports SERVING."""
-    deadline = time.monotonic() + timeout
+    """Polls grpc.health.v1 until the server reports SERVING.
+
+    Without a log, gives up `timeout` s after the start. With one, `timeout` bounds a silence: a start
+    whose log keeps growing (a first start measuring a large model's costs logs its progress) may take
+    up to `limit` s, one whose log stops growing gives up `timeout` s after its last line."""
+    start = time.monotonic()
+    deadline = start + timeout
+    cap = start + (timeout if limit is None or log is None else max(limit, timeout))
+    logged = -1
     channel = (
         grpc.insecure_channel(address) if credentials is None else grpc.secure_channel(address, credentials)
     )
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
+        while (now := time.monotonic()) < min(deadline, cap):
             if process is not None and process.poll() is not None:
                 tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
                 raise Unavailable(f"{address} exited with {process.returncode} while starting:\n{tail}")
+            if log is not None and (size := log.stat().st_size if log.exists() else 0) != logged:
+                logged, deadline = size, now + timeout
             try:
                 if (
                     stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
@@ -154,7 +167,10 @@ def wait_serving(
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
-    raise Unavailable(f"{address} did not report SERVING within {timeout:.0f} s")
+    waited = time.monotonic() - start
+    if log is not None and deadline <= cap:
+        raise Unavailable(f"{address} did not report SERVING: its log was silent for {timeout:.0f} s")
+    raise Unavailable(f"{address} did not report SERVING within {waited:.0f} s")
 
 
 @contextlib.contextmanager
@@ -348,7 +364,14 @@ class LocalStack:
             umask=PRIVATE_UMASK,
         )
         self.processes[name] = process
-        wait_serving(self.address(name), STARTUP_TIMEOUT_SECONDS, process, log, self.channel_credentials())
+        wait_serving(
+            self.address(name),
+            STARTUP_TIMEOUT_SECONDS,
+            process,
+            log,
+            self.channel_credentials(),
+            limit=STARTUP_LIMIT_SECONDS,
+        )
 
     def kill(self, name: str) -> None:
         """SIGKILL: no drain, no cleanup (a crash)."""

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from tiny_llama import tiny_llama
 
-from specserve.runtime.calibrate import interleaved_best, measure_batch_verify_s, measure_verify_s
+from specserve.runtime.calibrate import (
+    ProgressLog,
+    interleaved_best,
+    measure_batch_verify_s,
+    measure_verify_s,
+)
 from specserve.runtime.runner import ModelRunner
 
 
@@ -52,3 +59,17 @@ def test_a_tiny_models_curves_cover_every_size():
         batched = measure_batch_verify_s(runner, totals=(16, 32), prompt_tokens=8, repeats=1)
     assert [n for n, _ in verify] == [1, 2, 5] and [n for n, _ in batched] == [16, 32]
     assert all(seconds > 0 for _, seconds in (*verify, *batched))
+
+
+def test_progress_is_logged_at_most_every_interval_and_at_the_end(caplog):
+    now = [0.0]
+    progress = ProgressLog("measuring", total=6, every=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="specserve.runtime.calibrate"):
+        for seconds in (3.0, 4.0, 4.0, 2.0, 12.0, 1.0):  # logs at 11 s (3 done), 25 s (5) and the end (6)
+            now[0] += seconds
+            progress.update()
+    assert [r.getMessage() for r in caplog.records] == [
+        "measuring: 3 / 6 forwards",
+        "measuring: 5 / 6 forwards",
+        "measuring: 6 / 6 forwards",
+    ]
