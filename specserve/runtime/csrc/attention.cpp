@@ -377,7 +377,6 @@ template <int NV>
 void attend_avx2(const Task& t) {
   const int64_t readers = t.last - t.first, length = t.length, stride = (length + 7) / 8 * 8;
   std::vector<float> scores(static_cast<size_t>(readers * stride));  // [reader][position], then weights
-  std::vector<float> gathered(t.visible == nullptr ? 0 : static_cast<size_t>(stride));
   std::vector<int64_t> ends(static_cast<size_t>(readers), length);  // as in attend_avx512
   if (t.visible != nullptr) {
     for (int64_t b = 0; b < readers; ++b) {
@@ -406,31 +405,47 @@ void attend_avx2(const Task& t) {
       _mm256_storeu_ps(scores.data() + b * stride + j0, _mm256_mul_ps(sum_lanes8(partial), _mm256_set1_ps(t.scale)));
     }
   }
-  // 2. each reader's softmax over the scores it sees, gathered in order; back in place, 0 where unseen
+  // 2. each reader's softmax over the scores it sees, in place: the maximum over them (the same in any
+  //    order), exp of each score up to the reader's end (each value's bits do not depend on its place,
+  //    and a score it does not see is made 0 after), and their sum in 8 lanes, the k-th score seen
+  //    added to lane k % 8 in order: the lanes' sums of the seen scores gathered into a list and added
+  //    8 at a time, as a one-by-one decode adds them, without gathering them.
   std::vector<float> total(static_cast<size_t>(readers));
+  const __m256 lowest = _mm256_set1_ps(-INFINITY);
   for (int64_t b = 0; b < readers; ++b) {
     float* row = scores.data() + b * stride;
-    float* w = row;
-    int64_t count = length;
-    if (t.visible != nullptr) {
-      w = gathered.data();
-      count = 0;
-      for (int64_t j = 0; j < ends[b]; ++j) {
-        if (t.sees(t.first + b, j)) w[count++] = row[j];
+    const int64_t end = ends[b];
+    const uint8_t* seen = t.visible == nullptr ? nullptr : t.visible + ((t.first + b) / t.group) * length;
+    __m256 top8 = lowest;
+    int64_t j = 0;
+    for (; j + 8 <= end; j += 8) {
+      __m256 block = _mm256_loadu_ps(row + j);
+      if (seen != nullptr) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen + j)));
+        const __m256 shown = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bytes, _mm256_setzero_si256()));
+        block = _mm256_blendv_ps(lowest, block, shown);
       }
+      top8 = _mm256_max_ps(top8, block);
     }
-    float top = -INFINITY;
-    for (int64_t u = 0; u < count; ++u) top = std::max(top, w[u]);
-    exp_shifted(w, count, top);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, top8);
+    float top = *std::max_element(lanes, lanes + 8);
+    for (; j < end; ++j) {
+      if (seen == nullptr || seen[j]) top = std::max(top, row[j]);
+    }
+    exp_shifted(row, end, top);
     __m256 sum = _mm256_setzero_ps();
     int64_t u = 0;
-    for (; u + 8 <= count; u += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(w + u));
-    float tail[8] = {};
-    std::copy(w + u, w + count, tail);
-    total[b] = sum_of(_mm256_add_ps(sum, _mm256_loadu_ps(tail)));
-    if (t.visible != nullptr) {
-      for (int64_t j = length - 1, v = count - 1; j >= 0; --j) row[j] = t.sees(t.first + b, j) ? w[v--] : 0.0f;
+    for (; seen == nullptr && u + 8 <= end; u += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(row + u));
+    _mm256_storeu_ps(lanes, sum);
+    for (int64_t k = u; u < end; ++u) {
+      if (seen == nullptr || seen[u]) {
+        lanes[k++ & 7] += row[u];
+      } else {
+        row[u] = 0.0f;
+      }
     }
+    total[b] = sum_of(_mm256_loadu_ps(lanes));
   }
   // 3. the values, weighed in position order, one reader's 64 outputs at a time in registers
   constexpr int kPart = NV < 8 ? NV : 8;
