@@ -237,17 +237,33 @@ def worth_extending(
     load: BatchLoad = ALONE,
 ) -> bool:
     """Whether drafting 1..max_more further spine tokens can beat the batch's current rate."""
+    return best_extension(cost, expected, reach, next_acceptance, num_spine, num_nodes, max_more, load) > 0
+
+
+def best_extension(
+    cost: CostModel,
+    expected: float,  # E of the round so far
+    reach: float,  # P_d: chance every spine token so far is accepted
+    next_acceptance: float,  # predicted a of each further spine token
+    num_spine: int,
+    num_nodes: int,
+    max_more: int,  # spine tokens the cap still allows
+    load: BatchLoad = ALONE,
+) -> int:
+    """The count k in 0..max_more of further spine tokens whose round has the batch's highest expected
+    rate (E + gain_k over the round's seconds with k more); 0 when none beats the round as it is. Every
+    k is compared: a measured curve need not rise evenly, and one token may pay where two do not."""
     shared = num_nodes + load.other_nodes
-    seconds = cost.round_s(num_spine, shared)
-    gain = 0.0
-    step_reach = reach
+    best_tokens, best_seconds = expected + load.other_expected, cost.round_s(num_spine, shared)
+    best, gain, step_reach = 0, 0.0, reach
     for k in range(1, max_more + 1):
         step_reach *= next_acceptance
         gain += step_reach
-        extra = cost.round_s(num_spine + k, shared + k) - seconds
-        if beats_rate(expected + load.other_expected, seconds, gain, extra):
-            return True
-    return False
+        seconds = cost.round_s(num_spine + k, shared + k)
+        tokens = expected + load.other_expected + gain
+        if tokens * best_seconds > best_tokens * seconds:
+            best, best_tokens, best_seconds = k, tokens, seconds
+    return best
 
 
 def leaves_worth_adding(

@@ -381,8 +381,17 @@ def test_a_gated_round_keeps_the_trees_own_widths():
 
 def test_the_gate_opens_where_a_drafted_token_pays():
     # one token: a over 0.3 + 0.1 against 1 over 1 (two: a + a^2 over 0.8, which needs more)
-    assert gated(prior=0.41).start_round(1) == 2
+    assert gated(prior=0.41).start_round(1) == 1
     assert gated(prior=0.39).start_round(1) == 0
+
+
+@pytest.mark.parametrize(("prior", "depth"), [(0.41, 1), (0.69, 1), (0.71, 2), (0.9, 2)])
+def test_a_gated_round_drafts_the_depth_whose_round_earns_most(prior, depth):
+    """(1 + a) / 1.4 for one token, (1 + a + a^2) / 1.8 for two: two earn more from a = 0.70 on. A round
+    of the whole depth where only one token pays would earn less than the root alone at a = 0.41."""
+    policy = gated(depth=2, prior=prior)
+    assert policy.start_round(1) == depth
+    assert draft_round(policy, [logits_with_top_probability(0.3)] * 2) == depth
 
 
 def test_the_gate_closes_under_a_batch_that_already_earns_more():
