@@ -35,7 +35,7 @@ class Method(StrEnum):
     VANILLA_CAPE_SVIP = "vanilla-cape-svip"  # the same draft + CaPE, spine length by SVIP's entropy rule
     VANILLA_CAPE_COST = "vanilla-cape-cost"  # the same draft, CaPE trees sized for expected tokens/s
     VANILLA_CAPE_SUFFIX = "vanilla-cape-suffix"  # suffix candidates merged with vanilla-cape-cost's tree
-    VANILLA_GATED = "vanilla-gated"  # the same draft, a chain of 2 wherever a round of it pays, else none
+    VANILLA_GATED = "vanilla-gated"  # the same draft, a chain of 1 or 2 (the better) where it pays, else none
     HF_ASSISTED = "hf-assisted"  # transformers `generate` with the vanilla draft as `assistant_model`
     GLIDE = "glide"  # a GliDe draft reading the target's KV cache, chain of 4
     GLIDE_CAPE = "glide-cape"  # the same draft, CaPE: top-k leaves by the draft's confidence
@@ -162,7 +162,7 @@ CATALOG: dict[Method, MethodInfo] = {
         _alias(
             Method.VANILLA_GATED,
             "vanilla+chain-2+gated",
-            "separate draft model, chain of 2 wherever a round of it pays in expected tok/s, else none",
+            "separate draft model, a chain of 1 or 2 (the better) where it pays in expected tok/s, else none",
         ),
         _alias(Method.GLIDE, "glide", "GliDe draft glimpsing the target's KV cache, chain of 4"),
         _alias(

@@ -2,10 +2,15 @@
 specserve/runtime/csrc), timed in one process, interleaved pass by pass, so the host's drift hits every
 variant alike.
 
-Two measurements:
+Three measurements:
 - products: 30 layers of the default model's four product shapes (random 4-bit codes with fp16 scales,
   about 80 MB, so the weights stream from memory as a forward's do), at each row count; the median over
-  the passes of a sweep through all of them.
+  the passes of a sweep through all of them. `--bits 6`: instead the Q6_K tensors of
+  Qwen2.5-Coder-1.5B's 14 layers that hold them (ffn_down and attn_v: random 6-bit integers in groups
+  of 16 with fp16 scales, about 120 MB).
+- `--attention`: 30 layers' attention of the default model's shape (9 query heads over 3 key/value
+  heads of 64, each layer its own cache), rows as a tree's (each row sees the prefix and one more
+  position per row before it), at each row count and `--lengths` cached positions.
 - `--forward`: the served target's whole forwards, each variant's `specserve_forward_layers` swapped into
   the one loaded model: a one-token step and trees of 5 and 8 nodes after 300 cached positions, and an
   85-token prefill (the size of a json-extraction prompt).
@@ -31,6 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from product_rows import packed  # this directory's: the same random 4-bit weights
 
@@ -40,6 +46,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CSRC = Path("specserve/runtime/csrc")
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up, down (out, in)
 LAYERS = 30
+SIX_BIT_SHAPES = [(1536, 8960), (256, 1536)]  # the 1.5B's Q6_K ffn_down and attn_v (out, in)
+SIX_BIT_LAYERS = 14  # half of its 28 layers hold them in Q6_K
+SIX_BIT_GROUP = 16
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 PREFIX = 300
 
 
@@ -87,11 +97,22 @@ def cells(
     return ", ".join(f"{n} {medians[(n, case)] * 1e3:6.2f} ms{marks[same[(n, case)]]}" for n in names)
 
 
-def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int) -> None:
-    weights = [packed(n, k, seed=i) for i, (n, k) in enumerate(SHAPES * LAYERS)]
+def six_bit(n: int, k: int, seed: int) -> cpu_kernels.DotLayout:
+    """A random Q6_K-like weight [n, k]: integers in -32..31, an fp16 scale per group of 16."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-32, 32, (n, k)).astype(np.int8)
+    scales = (rng.random((n, k // SIX_BIT_GROUP)) * 0.01).astype(np.float16).astype(np.float32)
+    return cpu_kernels.pack8(q, scales)
+
+
+def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int, bits: int) -> None:
+    if bits == 6:
+        weights = [six_bit(n, k, seed=i) for i, (n, k) in enumerate(SIX_BIT_SHAPES * SIX_BIT_LAYERS)]
+    else:
+        weights = [packed(n, k, seed=i) for i, (n, k) in enumerate(SHAPES * LAYERS)]
+    widths = {w.width for w in weights}
     inputs = {
-        r: {k: torch.randn(r, k, generator=torch.Generator().manual_seed(r)) for k in (576, 1536)}
-        for r in rows
+        r: {k: torch.randn(r, k, generator=torch.Generator().manual_seed(r)) for k in widths} for r in rows
     }
 
     def run(name: str, case: str) -> tuple[float, torch.Tensor]:
@@ -103,9 +124,37 @@ def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int) ->
     names = list(libraries)
     medians, same = interleaved(names, [str(r) for r in rows], passes, run)
     megabytes = sum(w.nbytes for w in weights) / 1e6
-    print(f"products of {LAYERS} layers ({megabytes:.0f} MB), median of {passes}:")
+    layers = SIX_BIT_LAYERS if bits == 6 else LAYERS
+    print(f"{bits}-bit products of {layers} layers ({megabytes:.0f} MB), median of {passes}:")
     for r in rows:
         print(f"  {r:3d} rows: " + cells(names, str(r), medians, same))
+
+
+def attention(libraries: dict[str, ctypes.CDLL], rows: list[int], lengths: list[int], passes: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    cases = {}
+    for length in lengths:
+        caches = [
+            (torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator),
+             torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=generator))
+            for _ in range(LAYERS)
+        ]  # fmt: skip
+        for r in rows:
+            q = torch.randn(r, HEADS, HEAD_DIM, generator=generator)
+            visible = torch.ones(r, length, dtype=torch.bool).tril(length - r)  # a chain's rows
+            cases[f"{r} rows, {length}"] = (q, caches, None if r == 1 else visible)
+
+    def run(name: str, case: str) -> tuple[float, torch.Tensor]:
+        q, caches, visible = cases[case]
+        start = time.perf_counter()
+        outputs = [cpu_kernels.attend(q, k, v, visible, 0.125, libraries[name]) for k, v in caches]
+        return time.perf_counter() - start, torch.cat([o.flatten() for o in outputs])
+
+    names = list(libraries)
+    medians, same = interleaved(names, list(cases), passes, run)
+    print(f"attention of {LAYERS} layers ({HEADS} heads over {KV_HEADS} of {HEAD_DIM}), median of {passes}:")
+    for case in cases:
+        print(f"  {case:>16s} positions: " + cells(names, case, medians, same))
 
 
 def forwards(libraries: dict[str, ctypes.CDLL], passes: int) -> None:
@@ -158,16 +207,22 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,64", help="row counts of the products")
     parser.add_argument("--passes", type=int, default=15)
     parser.add_argument("--forward", action="store_true", help="whole forwards instead of products")
+    parser.add_argument("--bits", type=int, choices=(4, 6), default=4, help="the products' codes")
+    parser.add_argument("--attention", action="store_true", help="attention instead of products")
+    parser.add_argument("--lengths", default="128,300,800", help="cached positions (--attention)")
     args = parser.parse_args()
     if cpu_kernels.library() is None:
         raise SystemExit("the CPU kernels are not built on this host")
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as directory:
         libraries = build_variants(args.patches, Path(directory))
+        rows = [int(r) for r in args.rows.split(",")]
         if args.forward:
             forwards(libraries, args.passes)
+        elif args.attention:
+            attention(libraries, rows, [int(n) for n in args.lengths.split(",")], args.passes)
         else:
-            products(libraries, [int(r) for r in args.rows.split(",")], args.passes)
+            products(libraries, rows, args.passes, args.bits)
 
 
 if __name__ == "__main__":

@@ -315,10 +315,11 @@ def attend(
     values: torch.Tensor,  # [1, Hkv, L, D], the keys' strides
     visible: torch.Tensor | None,  # [n, L] bool: position j is attended by row i; None = all
     scale: float,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """Each query row's attention over the positions it sees -> [n, Hq, D] float32 contiguous, a row's
-    bits independent of the other rows (`library()` must be built)."""
-    lib = library()
+    bits independent of the other rows, on `lib` (default: `library()`, which must have built)."""
+    lib = lib or library()
     assert lib is not None, "attend needs the built library"
     n, heads, d = q.shape
     _, kv_heads, length, _ = keys.shape

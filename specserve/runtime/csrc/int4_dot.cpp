@@ -398,7 +398,7 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 // - 4 bits: a pair at most 2 * 15 * 127 = 3810, a group's 8 chunks 30480;
 // - 6 bits: a pair at most 2 * 63 * 127 = 16002, so two chunks' pairs (32004) are added before
 //   vpmaddwd takes them into 32 bits (one product per code: split in two parts, as 8-bit codes are,
-//   each took two, and 2 to 8 rows of the 1.5B model's Q6_K shapes 1.2-1.4x the time);
+//   each took two, and 8 rows of the 1.5B model's Q6_K tensors 1.3x the time, 2 to 4 rows 1.1x);
 // - 8 bits: each code split into its low 4 bits and its high 4 bits, summed apart as 4-bit codes are
 //   and weighted by 16 when vpmaddwd takes them into 32 bits.
 // dot = the VNNI path's integers, exactly.
