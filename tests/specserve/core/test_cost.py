@@ -11,6 +11,7 @@ import pytest
 from specserve.core.cost import (
     BatchLoad,
     CostModel,
+    best_extension,
     expected_tokens,
     leaves_worth_adding,
     worth_extending,
@@ -124,6 +125,17 @@ def test_lookahead_sees_past_a_step_in_the_cost_curve():
     one_step = worth_extending(stepped, e, reach, 0.8, 1, 2, max_more=1)
     many = worth_extending(stepped, e, reach, 0.8, 1, 2, max_more=10)
     assert not one_step and many
+
+
+def test_the_best_extension_is_the_count_whose_round_earns_most():
+    """From the root (E = 1, T = 1) with a = .8 and a draft step of .1: one token earns 1.8 / 1.2, two
+    2.44 / 1.7, three 2.952 / 1.8 (the curve flat from 3 to 4 nodes): three, though two earn less than
+    one."""
+    curve = CostModel(((1, 1.0), (2, 1.1), (3, 1.5), (4, 1.5), (16, 3.0)), draft_step_s=0.1)
+    assert best_extension(curve, 1.0, 1.0, 0.8, 0, 1, max_more=1) == 1
+    assert best_extension(curve, 1.0, 1.0, 0.8, 0, 1, max_more=2) == 1
+    assert best_extension(curve, 1.0, 1.0, 0.8, 0, 1, max_more=3) == 3
+    assert best_extension(curve, 1.0, 1.0, 0.1, 0, 1, max_more=3) == 0  # none beats the root alone
 
 
 def test_leaf_rule_by_hand():
