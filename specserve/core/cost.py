@@ -221,11 +221,6 @@ def expected_tokens(acceptances: Sequence[float], leaf_acceptances: Sequence[flo
     return expected
 
 
-def beats_rate(expected: float, seconds: float, gain: float, extra_seconds: float) -> bool:
-    """True iff (E + gain) / (T + extra) > E / T, i.e. gain / extra > E / T (extra > 0)."""
-    return gain * seconds > expected * extra_seconds
-
-
 def worth_extending(
     cost: CostModel,
     expected: float,  # E of the round so far
