@@ -511,8 +511,8 @@ class GatedPolicy(CostPolicy):
     earns the most where the cost policy's round gate opens (k tokens at the session's acceptance rate
     beat the root alone at this load, the batch and the transport priced in; the router skips the draft
     above `largest_drafting_batch`), else the root alone; no per-token choices. Where one token pays and
-    two do not (a 4-bit 1.5B target on 2 AVX2 cores verifies 3 tokens at 1.49 one-token steps, 2 at
-    1.16, beside a draft step of 0.33), a round of the whole depth would lose what the gate promised.
+    two do not (a 4-bit 1.5B target on 2 AVX2 cores verified 3 tokens at 1.49 one-token steps, 2 at
+    1.16, beside a draft step of 0.32), a round of the whole depth would lose what the gate promised.
 
     Under the cost policy a draft whose own probabilities understate how often the target agrees stops
     its rounds early: Qwen2.5-Coder-1.5B's 0.5B sibling ran 0.97-1.19x `target` with it, 1.10-1.28x as
