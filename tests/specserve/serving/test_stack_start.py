@@ -17,19 +17,27 @@ from specserve.serving.stack import free_port, wait_serving
 
 pytestmark = pytest.mark.integration
 
-# A child that logs `lines` lines, one every `interval` s, then serves health (SERVING) unless told not to.
-# It logs before its imports, so a loaded host's slow import of grpc is not a silence.
+# A child that measures for `lines` x `interval` s, logging a line every `interval` s from its start (its
+# imports included) until it serves health (SERVING), or, told not to serve, `lines` lines and then
+# nothing: a start whose progress the log shows, on a loaded host too.
 CHILD = textwrap.dedent(
     """
-    import sys, time
-    print("starting", flush=True)
+    import sys, threading, time
+    port, lines, interval, serve = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+    served = threading.Event()
+
+    def progress():
+        done = 0
+        while done < lines or (serve and not served.is_set()):
+            done += 1
+            print(f"measuring: {done} / {lines}", flush=True)
+            time.sleep(interval)
+
+    threading.Thread(target=progress, daemon=True).start()
     from concurrent import futures
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    port, lines, interval, serve = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
-    for i in range(lines):
-        print(f"measuring: {i + 1} / {lines}", flush=True)
-        time.sleep(interval)
+    time.sleep(lines * interval)
     if serve:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         servicer = health.HealthServicer()
@@ -37,6 +45,7 @@ CHILD = textwrap.dedent(
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
         server.add_insecure_port(f"localhost:{port}")
         server.start()
+        served.set()
     time.sleep(60)
     """
 )
