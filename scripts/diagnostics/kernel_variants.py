@@ -7,10 +7,10 @@ Three measurements:
   about 80 MB, so the weights stream from memory as a forward's do), at each row count; the median over
   the passes of a sweep through all of them. `--bits 6`: instead the Q6_K tensors of
   Qwen2.5-Coder-1.5B's 14 layers that hold them (ffn_down and attn_v: random 6-bit integers in groups
-  of 16 with fp16 scales, about 120 MB).
+  of 16 with fp16 scales, about 170 MB).
 - `--attention`: 30 layers' attention of the default model's shape (9 query heads over 3 key/value
-  heads of 64, each layer its own cache), rows as a tree's (each row sees the prefix and one more
-  position per row before it), at each row count and `--lengths` cached positions.
+  heads of 64, each layer its own cache), rows as a chain's (each sees the prefix and the rows up to
+  itself; one row sees every position, unmasked), at each row count and `--lengths` cached positions.
 - `--forward`: the served target's whole forwards, each variant's `specserve_forward_layers` swapped into
   the one loaded model: a one-token step and trees of 5 and 8 nodes after 300 cached positions, and an
   85-token prefill (the size of a json-extraction prompt).
