@@ -401,13 +401,16 @@ class CostPolicy:
         self._drafted_evidence *= EVIDENCE_DECAY  # one round older, whether or not it drafts
         self._accepted_evidence *= EVIDENCE_DECAY
         self._sizes_counted = False
-        self._round_cap = self._max_depth
-        if not self._drafts_under(self.load):
+        self._round_cap = self._cap_under(self.load)
+        if self._round_cap == 0:
             self._reset()  # a round of the root alone: one node, nothing drafted
             self._update_sizes(1, 1)  # counted now: rounds the loop then skips send the root alone too
             self._sizes_counted = True
-            self._round_cap = 0
         return self._round_cap
+
+    def _cap_under(self, load: BatchLoad) -> int:
+        """This round's cap at `load`: the policy's own where a drafted token pays, else 0."""
+        return self._max_depth if self._drafts_under(load) else 0
 
     def largest_drafting_batch(self, batch_sessions: int) -> int:
         """After a round of the root alone beside batch_sessions - 1 others: the largest n such that the
@@ -539,11 +542,11 @@ class GatedPolicy(CostPolicy):
 
     def start_round(self, batch_sessions: int) -> int:
         self._stopped_evidence *= EVIDENCE_DECAY
-        if super().start_round(batch_sessions) > 0:
-            self._round_cap = best_extension(
-                self._round_cost(), 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, self.load
-            )
-        return self._round_cap
+        return super().start_round(batch_sessions)
+
+    def _cap_under(self, load: BatchLoad) -> int:
+        """The depth whose round earns most at `load`, 0 where none beats the root alone."""
+        return best_extension(self._round_cost(), 1.0, 1.0, self.mean_acceptance, 0, 1, self._max_depth, load)
 
     def _count_spine(self, depth_index: int, width: int = 1) -> None:
         """The round's sizes (what `observe` records for the batch): a spine token and its leaves."""
