@@ -17,12 +17,16 @@ from specserve.serving.stack import free_port, wait_serving
 
 pytestmark = pytest.mark.integration
 
-# A child that measures for `lines` x `interval` s, logging a line every `interval` s from its start (its
-# imports included) until it serves health (SERVING), or, told not to serve, `lines` lines and then
-# nothing: a start whose progress the log shows, on a loaded host too.
+# A child that, once imported, measures for `lines` x `interval` s, logging a line every `interval` s until
+# it serves health (SERVING), or, told not to serve, `lines` lines and then nothing. Its imports come
+# first and the test waits for its first line: an interpreter's start or an extension's load (which holds
+# the GIL) on a loaded host is not the silence a test means.
 CHILD = textwrap.dedent(
     """
     import sys, threading, time
+    from concurrent import futures
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     port, lines, interval, serve = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
     served = threading.Event()
 
@@ -34,9 +38,6 @@ CHILD = textwrap.dedent(
             time.sleep(interval)
 
     threading.Thread(target=progress, daemon=True).start()
-    from concurrent import futures
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     time.sleep(lines * interval)
     if serve:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -62,6 +63,10 @@ def start_child(tmp_path: Path, lines: int, interval: float, serve: bool) -> Chi
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    began = time.monotonic()
+    while not log.read_text() and process.poll() is None and time.monotonic() - began < 60.0:
+        time.sleep(0.02)
+    assert log.read_text(), f"the child logged nothing (exit code {process.poll()})"
     return f"localhost:{port}", process, log
 
 
@@ -80,10 +85,10 @@ def child(tmp_path):
 
 
 def test_a_start_that_keeps_logging_may_outlast_the_silence_bound(child):
-    address, process, log = child(lines=12, interval=0.5, serve=True)  # about 6 s of progress, then serves
+    address, process, log = child(lines=28, interval=0.25, serve=True)  # about 7 s of progress, then serves
     began = time.monotonic()
-    wait_serving(address, 3.0, process, log, limit=60.0)
-    assert time.monotonic() - began > 4.5  # longer than the silence bound: the progress kept it waiting
+    wait_serving(address, 4.0, process, log, limit=60.0)
+    assert time.monotonic() - began > 5.5  # longer than the silence bound: the progress kept it waiting
 
 
 def test_a_start_that_falls_silent_is_given_up_on_after_the_silence_bound(child):
