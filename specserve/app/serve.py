@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.app.model_args import add_model_option
 from specserve.catalog import DEFAULT_METHOD
+from specserve.runtime.measuring import starting_up
 from specserve.serving.auth import read_token_file
 from specserve.serving.private_files import readable_by_others
-from specserve.serving.server import serve_until_signal
+from specserve.serving.server import RunningServer, serve_until_signal
 from specserve.serving.settings import DraftServiceSettings, RouterServiceSettings, TargetServiceSettings
 from specserve.serving.telemetry import configure_tracing, shutdown_tracing
+from specserve.settings import EngineSettings, default_cache_dir
 
 if TYPE_CHECKING:
     from specserve.serving.stack import LocalStack
@@ -145,38 +147,44 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.role != "router":
         os.environ.setdefault("GOMP_SPINCOUNT", SERVICE_GOMP_SPINCOUNT)
     configure_tracing(args.role)
-    common = {"port": args.port, "metrics_port": args.metrics_port}
     try:
-        if args.role == "router":  # no torch in this process
-            from services.router.main import start_router
-
-            split = lambda v: None if v is None else tuple(a for a in v.split(",") if a)  # noqa: E731
-            settings = RouterServiceSettings.from_env(
-                **common,
-                target_addresses=split(args.target_addresses),
-                draft_addresses=split(args.draft_addresses),
-                redis_url=args.redis_url,
-            )
-            running = start_router(settings)
-        else:
-            from specserve.settings import EngineSettings
-
-            engine_settings = EngineSettings.from_env(model=args.model)
-            if args.role == "target":
-                from services.target.main import start_target
-
-                running = start_target(TargetServiceSettings.from_env(**common), engine_settings)
-            else:
-                from services.draft.main import start_draft
-
-                running = start_draft(DraftServiceSettings.from_env(**common), engine_settings)
-            from specserve.runtime.target_runtime import settle_heap
-
-            settle_heap()  # loaded and warmed up: what is alive now lives as long as the process
+        # Started side by side with the stack's other services, each holds the host's measuring lock
+        # shared until it serves: a cost measurement waits for every start to end (runtime/measuring.py).
+        engine_settings = None if args.role == "router" else EngineSettings.from_env(model=args.model)
+        cache_dir = default_cache_dir() if engine_settings is None else engine_settings.cache_dir
+        with starting_up(cache_dir):
+            running = _start_role(args, engine_settings)
         serve_until_signal(running)
     finally:
         shutdown_tracing()
     return 0
+
+
+def _start_role(args: argparse.Namespace, engine_settings: EngineSettings | None) -> RunningServer:
+    common = {"port": args.port, "metrics_port": args.metrics_port}
+    if engine_settings is None:  # the router: no model, no torch in this process
+        from services.router.main import start_router
+
+        split = lambda v: None if v is None else tuple(a for a in v.split(",") if a)  # noqa: E731
+        settings = RouterServiceSettings.from_env(
+            **common,
+            target_addresses=split(args.target_addresses),
+            draft_addresses=split(args.draft_addresses),
+            redis_url=args.redis_url,
+        )
+        return start_router(settings)
+    if args.role == "target":
+        from services.target.main import start_target
+
+        running = start_target(TargetServiceSettings.from_env(**common), engine_settings)
+    else:
+        from services.draft.main import start_draft
+
+        running = start_draft(DraftServiceSettings.from_env(**common), engine_settings)
+    from specserve.runtime.target_runtime import settle_heap
+
+    settle_heap()  # loaded and warmed up: what is alive now lives as long as the process
+    return running
 
 
 def _interrupt(*_: object) -> None:
@@ -261,7 +269,6 @@ def stack_model_env(model: str | None) -> dict[str, str]:
     missing install fails before any process starts rather than in the target's log."""
     from specserve.models.install import require_installed
     from specserve.models.profiles import model_profile
-    from specserve.settings import EngineSettings
 
     settings = EngineSettings.from_env(model=model)  # --model, else SPECSERVE_MODEL
     profile = model_profile(settings.model)

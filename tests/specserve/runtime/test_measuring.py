@@ -1,5 +1,7 @@
-"""One cost measurement at a time on a host: a second process's measurement waits for the first, and
-a target that waited reads the curve the other process recorded instead of measuring again."""
+"""One cost measurement at a time on a host, and none while a service starts: a second process's
+measurement waits for the first and for a starting service, a service starting meanwhile waits for the
+measurement, services start side by side, and a target that waited reads the curve the other process
+recorded instead of measuring again."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.runtime.measuring import measuring_alone
+from specserve.runtime.measuring import measuring_alone, starting_up
 from specserve.runtime.target_runtime import TargetRuntime
 from specserve.settings import EngineSettings
 
@@ -22,15 +24,17 @@ HOLD_S = 1.5
 
 
 @contextmanager
-def held_elsewhere(cache_dir: Path, then_write: Path | None = None) -> Iterator[subprocess.Popen]:
-    """Another process holds the lock for HOLD_S seconds (writing `then_write`'s record before it lets
-    go, as a measurement would)."""
+def held_elsewhere(
+    cache_dir: Path, then_write: Path | None = None, how: str = "measuring_alone"
+) -> Iterator[subprocess.Popen]:
+    """Another process holds the lock for HOLD_S seconds, measuring (`measuring_alone`, writing
+    `then_write`'s record before it lets go, as a measurement would) or starting (`starting_up`)."""
     record = {"verify_s": {"1": 0.123, "8": 0.456}}
     script = textwrap.dedent(f"""
         import json, sys, time
         from pathlib import Path
-        from specserve.runtime.measuring import measuring_alone
-        with measuring_alone(Path({str(cache_dir)!r})):
+        from specserve.runtime.measuring import {how}
+        with {how}(Path({str(cache_dir)!r})):
             print("held", flush=True)
             time.sleep({HOLD_S})
             if {then_write is not None}:
@@ -50,7 +54,28 @@ def test_a_measurement_waits_for_another_processs(tmp_path: Path, caplog) -> Non
         with measuring_alone(tmp_path):
             waited = time.monotonic() - start
     assert waited > HOLD_S / 2
-    assert "another process on this host is measuring" in caplog.text
+    assert "waiting for the other services' starts and cost measurements" in caplog.text
+
+
+def test_a_measurement_waits_for_a_service_that_is_starting(tmp_path: Path) -> None:
+    with held_elsewhere(tmp_path, how="starting_up"):
+        start = time.monotonic()
+        with measuring_alone(tmp_path):
+            waited = time.monotonic() - start
+    assert waited > HOLD_S / 2
+
+
+def test_a_start_waits_for_a_measurement_and_starts_run_side_by_side(tmp_path: Path, caplog) -> None:
+    with held_elsewhere(tmp_path):
+        start = time.monotonic()
+        with starting_up(tmp_path):
+            waited = time.monotonic() - start
+    assert waited > HOLD_S / 2
+    assert "waiting for another process's cost measurement" in caplog.text
+    with held_elsewhere(tmp_path, how="starting_up"):
+        start = time.monotonic()
+        with starting_up(tmp_path):
+            assert time.monotonic() - start < HOLD_S / 2
 
 
 def test_nested_measurements_of_one_thread_and_other_directories_do_not_wait(tmp_path: Path) -> None:
@@ -75,3 +100,32 @@ def test_a_target_that_waited_reads_the_curve_recorded_meanwhile(tmp_path: Path,
         points = dict(runtime.verify_points)
     assert points == {1: 0.123, 8: 0.456}  # not measured here: the other process's record
     assert json.loads(calibration.read_text())["verify_s"] == {"1": 0.123, "8": 0.456}
+
+
+def test_a_starting_service_measures_once_the_others_started_and_holds_its_start_again(
+    tmp_path: Path,
+) -> None:
+    """Two starting services that both measure would wait for each other if a measurement kept its own
+    shared hold: it gives it up while it waits, and takes it back until its start ends."""
+    with starting_up(tmp_path):
+        with held_elsewhere(tmp_path, how="starting_up"):
+            start = time.monotonic()
+            with measuring_alone(tmp_path):
+                waited = time.monotonic() - start
+        assert waited > HOLD_S / 2
+        measuring = subprocess.Popen(
+            [sys.executable, "-c", MEASURE_THEN_SAY.format(cache_dir=str(tmp_path))],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(HOLD_S)
+        assert measuring.poll() is None  # still waiting: this service has not finished starting
+    assert measuring.communicate(timeout=30)[0].strip() == "measured"
+
+
+MEASURE_THEN_SAY = """
+from pathlib import Path
+from specserve.runtime.measuring import measuring_alone
+with measuring_alone(Path({cache_dir!r})):
+    print("measured", flush=True)
+"""

@@ -1,6 +1,6 @@
-"""A stack's wait for a child: a start that keeps logging may outlast the silence bound, one that stops
-logging is given up on after it, and every start is bounded in all. Real child processes and a real
-gRPC health server; seconds scaled down."""
+"""A stack's wait for a child: a start that keeps logging may outlast the silence bound and is seen as
+soon as it serves, one that stops logging is given up on after it, and every start is bounded in all.
+Real child processes and a real gRPC health server; seconds scaled down."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ CHILD = textwrap.dedent(
         server.add_insecure_port(f"localhost:{port}")
         server.start()
         served.set()
+        print(f"serving since {time.time()}", flush=True)
     time.sleep(60)
     """
 )
@@ -84,11 +85,16 @@ def child(tmp_path):
         process.wait()
 
 
-def test_a_start_that_keeps_logging_may_outlast_the_silence_bound(child):
-    address, process, log = child(lines=28, interval=0.25, serve=True)  # about 7 s of progress, then serves
+def test_a_start_that_keeps_logging_may_outlast_the_silence_bound_and_is_seen_as_it_serves(child):
+    address, process, log = child(lines=40, interval=0.25, serve=True)  # about 10 s of progress, then serves
     began = time.monotonic()
     wait_serving(address, 4.0, process, log, limit=60.0)
-    assert time.monotonic() - began > 5.5  # longer than the silence bound: the progress kept it waiting
+    seen = time.time()
+    assert time.monotonic() - began > 8.0  # longer than the silence bound: the progress kept it waiting
+    # Seen within a poll or two of serving: gRPC's default reconnect backoff (1 s, x1.6 a failure) would
+    # have its next attempt about 6 s after the 10 s mark.
+    serving_since = float(log.read_text().split("serving since ")[1].split()[0])
+    assert seen - serving_since < 2.0
 
 
 def test_a_start_that_falls_silent_is_given_up_on_after_the_silence_bound(child):
