@@ -68,18 +68,31 @@ print(json.dumps({"rss": rss_mb()}))
 """
 
 
-def run(code: str, weights: str, costs: Path) -> dict:
+def run_together(codes: dict[str, str], weights: str, costs: Path) -> dict[str, dict]:
+    """Runs each code in its own process, side by side (resident memory is each process's own, whatever
+    runs beside it), and returns each one's last line of JSON by name."""
     env = {**os.environ, "SPECSERVE_WEIGHTS": weights, **pinned_env(costs)}
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + code],
-        capture_output=True,
-        text=True,
-        timeout=500,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", PRELUDE + code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, code in codes.items()
+    }
+    results = {}
+    try:
+        for name, process in processes.items():
+            out, err = process.communicate(timeout=500)
+            assert process.returncode == 0, f"{name}: {err[-3000:]}"
+            results[name] = json.loads(out.strip().splitlines()[-1])
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+    return results
 
 
 # A draft replica at most half a target's memory, on dense float32 weights and on the file's own (`auto`,
@@ -91,10 +104,10 @@ def test_a_draft_process_holds_no_target_decoder_layer_and_half_a_targets_memory
     default_model_dir, tmp_path: Path, weights: str, bound: float
 ) -> None:
     costs = write_pinned_costs(tmp_path / "costs.json")
-    draft = run(DRAFT, weights, costs)
+    ran = run_together({"draft": DRAFT, "idle": IDLE, "target": TARGET}, weights, costs)
+    draft, idle, target = ran["draft"], ran["idle"], ran["target"]
     assert draft["decoder_layers"] == 0
     assert draft["keys"] > 0 and draft["equal"] == []  # not one target decoder weight, by value
-    idle, target = run(IDLE, weights, costs), run(TARGET, weights, costs)
     draft_mb, target_mb = draft["rss"] - idle["rss"], target["rss"] - idle["rss"]
     print(f"{weights}, above an idle process: draft {draft_mb:.0f} MB, target {target_mb:.0f} MB")
     assert draft_mb <= bound * target_mb, (draft_mb, target_mb)
