@@ -32,11 +32,12 @@ LOSSLESS = [
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
+def engine(pinned_costs) -> Engine:
     """The engine on the dense float32 checkpoint: what transformers' `generate` runs, token for token
     (on the file's own weights, the default on a CPU, the target is the quantized model, whose output
-    the other model tests compare every method with)."""
-    return Engine(EngineSettings.from_env(weights="dense"))
+    the other model tests compare every method with). Trees sized from the suite's cost record
+    (tests/pinned_costs.py): measuring this model's costs took half a minute of the suite."""
+    return Engine(EngineSettings.from_env(weights="dense", calibration_path=pinned_costs))
 
 
 @pytest.mark.model

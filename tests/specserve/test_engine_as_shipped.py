@@ -22,10 +22,11 @@ pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(pinned_costs):
     from specserve.engine import Engine
 
-    return Engine(EngineSettings.from_env(weights="as-shipped"))
+    # Trees sized from the suite's cost record (tests/pinned_costs.py), not measured here.
+    return Engine(EngineSettings.from_env(weights="as-shipped", calibration_path=pinned_costs))
 
 
 def test_every_projection_and_the_tied_head_run_on_the_files_codes(engine):
