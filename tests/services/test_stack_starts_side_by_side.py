@@ -1,6 +1,6 @@
-"""The local stack starts its services side by side, not one after another (a start took 19-28 s
-one after another on 2 cores, 8-11 s side by side); each service's start is still whole, checked over
-the shared stack's real processes (their start times from /proc)."""
+"""The local stack starts its services side by side, not one after another (less than half the time on
+2 cores: docs/benchmarks.md, "Starting the stack"), checked over the shared stack's real processes
+(their start times from /proc)."""
 
 from __future__ import annotations
 

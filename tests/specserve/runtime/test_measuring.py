@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,34 +48,28 @@ def held_elsewhere(
         process.wait(30)
 
 
-def test_a_measurement_waits_for_another_processs(tmp_path: Path, caplog) -> None:
-    with held_elsewhere(tmp_path):
-        start = time.monotonic()
-        with measuring_alone(tmp_path):
-            waited = time.monotonic() - start
-    assert waited > HOLD_S / 2
+def waited_to_enter(context: AbstractContextManager[None]) -> float:
+    """Seconds until `context` was entered (it is left at once)."""
+    start = time.monotonic()
+    with context:
+        return time.monotonic() - start
+
+
+@pytest.mark.parametrize("elsewhere", ["measuring_alone", "starting_up"])
+def test_a_measurement_waits_for_another_processs_measurement_or_start(
+    tmp_path: Path, caplog, elsewhere: str
+) -> None:
+    with held_elsewhere(tmp_path, how=elsewhere):
+        assert waited_to_enter(measuring_alone(tmp_path)) > HOLD_S / 2
     assert "waiting for the other services' starts and cost measurements" in caplog.text
-
-
-def test_a_measurement_waits_for_a_service_that_is_starting(tmp_path: Path) -> None:
-    with held_elsewhere(tmp_path, how="starting_up"):
-        start = time.monotonic()
-        with measuring_alone(tmp_path):
-            waited = time.monotonic() - start
-    assert waited > HOLD_S / 2
 
 
 def test_a_start_waits_for_a_measurement_and_starts_run_side_by_side(tmp_path: Path, caplog) -> None:
     with held_elsewhere(tmp_path):
-        start = time.monotonic()
-        with starting_up(tmp_path):
-            waited = time.monotonic() - start
-    assert waited > HOLD_S / 2
+        assert waited_to_enter(starting_up(tmp_path)) > HOLD_S / 2
     assert "waiting for another process's cost measurement" in caplog.text
     with held_elsewhere(tmp_path, how="starting_up"):
-        start = time.monotonic()
-        with starting_up(tmp_path):
-            assert time.monotonic() - start < HOLD_S / 2
+        assert waited_to_enter(starting_up(tmp_path)) < HOLD_S / 2
 
 
 def test_nested_measurements_of_one_thread_and_other_directories_do_not_wait(tmp_path: Path) -> None:
@@ -109,10 +103,7 @@ def test_a_starting_service_measures_once_the_others_started_and_holds_its_start
     shared hold: it gives it up while it waits, and takes it back until its start ends."""
     with starting_up(tmp_path):
         with held_elsewhere(tmp_path, how="starting_up"):
-            start = time.monotonic()
-            with measuring_alone(tmp_path):
-                waited = time.monotonic() - start
-        assert waited > HOLD_S / 2
+            assert waited_to_enter(measuring_alone(tmp_path)) > HOLD_S / 2
         measuring = subprocess.Popen(
             [sys.executable, "-c", MEASURE_THEN_SAY.format(cache_dir=str(tmp_path))],
             stdout=subprocess.PIPE,
