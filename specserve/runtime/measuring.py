@@ -76,7 +76,13 @@ def starting_up(cache_dir: Path) -> Iterator[None]:
     if key in _starting:  # already starting: nested
         yield
         return
-    with _lock_path(key).open("a+b") as lock:
+    try:
+        lock = _lock_path(key).open("a+b")
+    except OSError as e:  # e.g. a router whose home is read-only: it measures nothing anyway
+        logger.warning("starting without the host's measuring lock (%s): %s", key, e)
+        yield
+        return
+    with lock:
         _take(lock, fcntl.LOCK_SH, "another process's cost measurement")
         _starting[key] = lock
         try:

@@ -120,3 +120,11 @@ from specserve.runtime.measuring import measuring_alone
 with measuring_alone(Path({cache_dir!r})):
     print("measured", flush=True)
 """
+
+
+def test_a_start_where_the_lock_cannot_be_made_goes_on_without_it(tmp_path: Path, caplog) -> None:
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    with starting_up(not_a_directory / "cache"):
+        pass
+    assert "starting without the host's measuring lock" in caplog.text
