@@ -27,8 +27,8 @@ def controller_phases(session: Path) -> None:
         print(f"-- Ray Train run {index}")
         for line in path.read_text().splitlines():
             record = json.loads(line) if line.startswith("{") else {"message": line}
-            message = record.get("message", "").splitlines()[0] if record.get("message") else ""
-            if message.startswith("[Worker Group Initialization]") or message.startswith("Shutting down"):
+            message = (record.get("message") or "").split("\n", 1)[0]
+            if message.startswith(("[Worker Group Initialization]", "Shutting down")):
                 print("   ", record.get("asctime", ""), message[:100])
 
 

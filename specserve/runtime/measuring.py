@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO
 
@@ -105,24 +105,15 @@ def measuring_alone(cache_dir: Path) -> Iterator[None]:
         return
     key = Path(cache_dir)
     with _measuring:
-        own = _starting.get(key)
-        with _lock_path(key).open("a+b") if own is None else _borrowed(own) as lock:
-            if own is not None:
-                fcntl.flock(lock, fcntl.LOCK_UN)  # not held while waiting: see the module's docstring
+        own = _starting.get(key)  # this process's shared hold, while it starts: closed by starting_up
+        with _lock_path(key).open("a+b") if own is None else nullcontext(own) as lock:
+            fcntl.flock(lock, fcntl.LOCK_UN)  # a shared hold is not kept while waiting: see the docstring
             _take(lock, fcntl.LOCK_EX, "the other services' starts and cost measurements")
             _held.depth = 1
             try:
                 yield
             finally:
                 _held.depth = 0
+                fcntl.flock(lock, fcntl.LOCK_UN)
                 if own is not None:  # still starting: back to a shared hold until it serves
-                    fcntl.flock(lock, fcntl.LOCK_UN)
                     _take(lock, fcntl.LOCK_SH, "another process's cost measurement")
-                else:
-                    fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@contextmanager
-def _borrowed(lock: IO[bytes]) -> Iterator[IO[bytes]]:
-    """The starting service's own lock file, left open for `starting_up` to close."""
-    yield lock
