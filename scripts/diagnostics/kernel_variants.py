@@ -7,7 +7,8 @@ Three measurements:
   about 80 MB, so the weights stream from memory as a forward's do), at each row count; the median over
   the passes of a sweep through all of them. `--bits 6`: instead the Q6_K tensors of
   Qwen2.5-Coder-1.5B's 14 layers that hold them (ffn_down and attn_v: random 6-bit integers in groups
-  of 16 with fp16 scales, about 170 MB).
+  of 16 with fp16 scales, about 170 MB). `--bits 8`: the default model's head (its tied embedding,
+  Q8_0: 49152 x 576 signed bytes in groups of 32 with fp16 scales, about 30 MB).
 - `--attention`: 30 layers' attention of the default model's shape (9 query heads over 3 key/value
   heads of 64, each layer its own cache), rows as a chain's (each sees the prefix and the rows up to
   itself; one row sees every position, unmasked), at each row count and `--lengths` cached positions.
@@ -49,6 +50,7 @@ LAYERS = 30
 SIX_BIT_SHAPES = [(1536, 8960), (256, 1536)]  # the 1.5B's Q6_K ffn_down and attn_v (out, in)
 SIX_BIT_LAYERS = 14  # half of its 28 layers hold them in Q6_K
 SIX_BIT_GROUP = 16
+HEAD_SHAPE = (49152, 576)  # the default model's Q8_0 head (out, in)
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 PREFIX = 300
 
@@ -105,9 +107,19 @@ def six_bit(n: int, k: int, seed: int) -> cpu_kernels.DotLayout:
     return cpu_kernels.pack8(q, scales)
 
 
+def eight_bit(n: int, k: int, seed: int) -> cpu_kernels.DotLayout:
+    """A random Q8_0-like weight [n, k]: integers in -127..127, an fp16 scale per group of 32."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    scales = (rng.random((n, k // 32)) * 0.01).astype(np.float16).astype(np.float32)
+    return cpu_kernels.pack8(q, scales)
+
+
 def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int, bits: int) -> None:
     if bits == 6:
         weights = [six_bit(n, k, seed=i) for i, (n, k) in enumerate(SIX_BIT_SHAPES * SIX_BIT_LAYERS)]
+    elif bits == 8:
+        weights = [eight_bit(*HEAD_SHAPE, seed=0)]
     else:
         weights = [packed(n, k, seed=i) for i, (n, k) in enumerate(SHAPES * LAYERS)]
     widths = {w.width for w in weights}
@@ -124,8 +136,8 @@ def products(libraries: dict[str, ctypes.CDLL], rows: list[int], passes: int, bi
     names = list(libraries)
     medians, same = interleaved(names, [str(r) for r in rows], passes, run)
     megabytes = sum(w.nbytes for w in weights) / 1e6
-    layers = SIX_BIT_LAYERS if bits == 6 else LAYERS
-    print(f"{bits}-bit products of {layers} layers ({megabytes:.0f} MB), median of {passes}:")
+    what = {6: f"{SIX_BIT_LAYERS} layers", 8: "the head"}.get(bits, f"{LAYERS} layers")
+    print(f"{bits}-bit products of {what} ({megabytes:.0f} MB), median of {passes}:")
     for r in rows:
         print(f"  {r:3d} rows: " + cells(names, str(r), medians, same))
 
@@ -207,7 +219,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,64", help="row counts of the products")
     parser.add_argument("--passes", type=int, default=15)
     parser.add_argument("--forward", action="store_true", help="whole forwards instead of products")
-    parser.add_argument("--bits", type=int, choices=(4, 6), default=4, help="the products' codes")
+    parser.add_argument("--bits", type=int, choices=(4, 6, 8), default=4, help="the products' codes")
     parser.add_argument("--attention", action="store_true", help="attention instead of products")
     parser.add_argument("--lengths", default="128,300,800", help="cached positions (--attention)")
     args = parser.parse_args()

@@ -142,8 +142,8 @@ inline void group_scales(const TileScales& t, int64_t g, float* scale, float* bi
 }
 
 // One row's quantization: q [W] int8, per group of 32 the scale d, and per group of `egroup` (the
-// weight's group: 16 or 32) e = d * sum(q) over it.
-void quantize_row(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e) {
+// weight's group: 16 or 32) the integer sum(q) over it, s, and e = d * s.
+void quantize_row(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e, int32_t* s) {
   for (int64_t g = 0; g < width / kGroup; ++g) {
     const float* xs = x + g * kGroup;
     float amax = 0.0f;
@@ -159,6 +159,7 @@ void quantize_row(const float* x, int64_t width, int64_t egroup, int8_t* q, floa
   for (int64_t g = 0; g < width / egroup; ++g) {
     int32_t sum = 0;
     for (int64_t k = 0; k < egroup; ++k) sum += q[g * egroup + k];
+    s[g] = sum;
     e[g] = d[g * egroup / kGroup] * static_cast<float>(sum);
   }
 }
@@ -168,7 +169,7 @@ void quantize_row(const float* x, int64_t width, int64_t egroup, int8_t* q, floa
 // compares a group, run on one thread before the parallel tiles): the maximum, the products, the
 // rounding (to nearest even, as nearbyint in the default mode), the clamp and the integer sums are the
 // scalar loop's operations, so the bits are its bits for any finite row.
-void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e) {
+void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e, int32_t* s) {
   const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
   for (int64_t g = 0; g < width / kGroup; ++g) {
@@ -184,10 +185,13 @@ void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kGroup + 16), _mm512_cvtepi32_epi8(q1));
     d[g] = amax / 127.0f;
     if (egroup == kGroup) {
-      e[g] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+      s[g] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      e[g] = d[g] * static_cast<float>(s[g]);
     } else {
-      e[2 * g] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(q0));
-      e[2 * g + 1] = d[g] * static_cast<float>(_mm512_reduce_add_epi32(q1));
+      s[2 * g] = _mm512_reduce_add_epi32(q0);
+      s[2 * g + 1] = _mm512_reduce_add_epi32(q1);
+      e[2 * g] = d[g] * static_cast<float>(s[2 * g]);
+      e[2 * g + 1] = d[g] * static_cast<float>(s[2 * g + 1]);
     }
   }
 }
@@ -205,7 +209,7 @@ inline int32_t sum_of(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e) {
+void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* q, float* d, float* e, int32_t* s) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
   // packs_epi32 then packs_epi16 interleave 128-bit lanes: 4-byte pieces back in order
@@ -227,10 +231,13 @@ void quantize_row_vector(const float* x, int64_t width, int64_t egroup, int8_t* 
     d[g] = amax / 127.0f;
     const __m256i first = _mm256_add_epi32(c[0], c[1]), second = _mm256_add_epi32(c[2], c[3]);
     if (egroup == kGroup) {
-      e[g] = d[g] * static_cast<float>(sum_of(_mm256_add_epi32(first, second)));
+      s[g] = sum_of(_mm256_add_epi32(first, second));
+      e[g] = d[g] * static_cast<float>(s[g]);
     } else {
-      e[2 * g] = d[g] * static_cast<float>(sum_of(first));
-      e[2 * g + 1] = d[g] * static_cast<float>(sum_of(second));
+      s[2 * g] = sum_of(first);
+      s[2 * g + 1] = sum_of(second);
+      e[2 * g] = d[g] * static_cast<float>(s[2 * g]);
+      e[2 * g + 1] = d[g] * static_cast<float>(s[2 * g + 1]);
     }
   }
 }
@@ -257,44 +264,54 @@ struct Uninitialized : std::allocator<T> {
 template <class T>
 using Buffer = std::vector<T, Uninitialized<T>>;
 
+// Rows quantized: q int8 [rows, W], d per group of 32, and per weight group e and s (quantize_row).
+struct Rows {
+  Buffer<int8_t> q;
+  Buffer<float> d, e;
+  Buffer<int32_t> s;
+};
+
 // Every row of x quantized (in parallel when there are enough of them to pay for it).
-void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, Buffer<int8_t>& q,
-                   Buffer<float>& d, Buffer<float>& e) {
+void quantize_rows(const float* x, int64_t rows, int64_t width, int64_t egroup, Rows& out) {
   const int64_t groups = width / kGroup, egroups = width / egroup;
-  q.resize(static_cast<size_t>(rows * width));
-  d.resize(static_cast<size_t>(rows * groups));
-  e.resize(static_cast<size_t>(rows * egroups));
+  out.q.resize(static_cast<size_t>(rows * width));
+  out.d.resize(static_cast<size_t>(rows * groups));
+  out.e.resize(static_cast<size_t>(rows * egroups));
+  out.s.resize(static_cast<size_t>(rows * egroups));
 #pragma omp parallel for schedule(static) if (rows * width > 65536)  // a parallel region costs more than a few rows
   for (int64_t m = 0; m < rows; ++m) {
 #if SPECSERVE_VNNI || SPECSERVE_AVX2
-    quantize_row_vector(x + m * width, width, egroup, q.data() + m * width, d.data() + m * groups, e.data() + m * egroups);
+    const auto quantize = quantize_row_vector;
 #else
-    quantize_row(x + m * width, width, egroup, q.data() + m * width, d.data() + m * groups, e.data() + m * egroups);
+    const auto quantize = quantize_row;
 #endif
+    quantize(x + m * width, width, egroup, out.q.data() + m * width, out.d.data() + m * groups,
+             out.e.data() + m * egroups, out.s.data() + m * egroups);
   }
 }
 
 // The rows' quantization laid out for the tiles: rows in blocks of kRowBlock (the last block shorter) and,
 // within a block of R rows, each weight group's rows side by side: row r's G codes of group g at
-// block + (g * R + r) * G, its d of group k (of 32 inputs) at k * R + r, its e of group g at g * R + r.
+// block + (g * R + r) * G, its d of group k (of 32 inputs) at k * R + r, its e and s of group g at g * R + r.
 // A group's R rows are then one pointer plus offsets fixed at compile time; kept a row apart, the 8-row
 // kernel spilled its row pointers to vector registers and back every group (measured: a tree of 8 rows
 // 1-8% faster laid out this way, the same bits). One row's layout is this one already, and is not copied.
-void interleave_rows(int64_t rows, int64_t width, int64_t G, const Buffer<int8_t>& q, const Buffer<float>& d,
-                     const Buffer<float>& e, Buffer<int8_t>& qi, Buffer<float>& di, Buffer<float>& ei) {
+void interleave_rows(int64_t rows, int64_t width, int64_t G, const Rows& by_row, Rows& out) {
   const int64_t groups = width / kGroup, egroups = width / G;
-  qi.resize(q.size());
-  di.resize(d.size());
-  ei.resize(e.size());
+  out.q.resize(by_row.q.size());
+  out.d.resize(by_row.d.size());
+  out.e.resize(by_row.e.size());
+  out.s.resize(by_row.s.size());
   for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
     const int64_t R = std::min<int64_t>(kRowBlock, rows - m0);
     for (int64_t r = 0; r < R; ++r) {
       const int64_t m = m0 + r;
       for (int64_t g = 0; g < egroups; ++g) {
-        std::memcpy(qi.data() + m0 * width + (g * R + r) * G, q.data() + m * width + g * G, G);
-        ei[m0 * egroups + g * R + r] = e[m * egroups + g];
+        std::memcpy(out.q.data() + m0 * width + (g * R + r) * G, by_row.q.data() + m * width + g * G, G);
+        out.e[m0 * egroups + g * R + r] = by_row.e[m * egroups + g];
+        out.s[m0 * egroups + g * R + r] = by_row.s[m * egroups + g];
       }
-      for (int64_t k = 0; k < groups; ++k) di[m0 * groups + k * R + r] = d[m * groups + k];
+      for (int64_t k = 0; k < groups; ++k) out.d[m0 * groups + k * R + r] = by_row.d[m * groups + k];
     }
   }
 }
@@ -336,7 +353,7 @@ inline void group_scales(const TileScales& t, int64_t g, __m512* scale, __m512* 
 
 template <int Bits, int SK, int G, int R>
 void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
-               const float* e, float* y, int64_t y_stride) {
+               const float* e, [[maybe_unused]] const int32_t* s, float* y, int64_t y_stride) {
   constexpr int kChunks = G / 4;                     // 64-byte code vectors per group (after unpacking)
   constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -399,8 +416,11 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 // - 6 bits: a pair at most 2 * 63 * 127 = 16002, so two chunks' pairs (32004) are added before
 //   vpmaddwd takes them into 32 bits (one product per code: split in two parts, as 8-bit codes are,
 //   each took two, and 8 rows of the 1.5B model's Q6_K tensors 1.3x the time, 2 to 4 rows 1.1x);
-// - 8 bits: each code split into its low 4 bits and its high 4 bits, summed apart as 4-bit codes are
-//   and weighted by 16 when vpmaddwd takes them into 32 bits.
+// - 8 bits: the code less 128 (the file's signed q) in one product, as |q| times the row's byte with
+//   q's sign (vpsignb): a pair at most 2 * 128 * 127 = 32512, taken into 32 bits at once; then
+//   dot = that sum + 128 * sum(row) over the group, the row's integer sum from its quantization. (Each
+//   code split into two 4-bit parts took two products: the default model's Q8_0 head 1.14-1.19x the
+//   time.)
 // dot = the VNNI path's integers, exactly.
 // The 16 outputs of a tile run as two halves of 8 (a 256-bit vector's 32 bytes are 8 outputs' 4
 // inputs), so that the R rows' sums and a half's codes fit AVX2's 16 registers.
@@ -440,10 +460,9 @@ inline void half_scales(const TileScales& t, int64_t g, int half, __m256* scale,
 // One group's codes for half a tile, times R rows, added to the rows' sums of those 8 outputs.
 template <int Bits, int SK, int G, int R>
 inline void half_group(const uint8_t* codes, const TileScales& t, int64_t g, int half, const int8_t* q,
-                       const float* d, const float* e, __m256* acc) {
+                       const float* d, const float* e, const int32_t* s, __m256* acc) {
   constexpr int kChunks = G / 4;  // 4 inputs of 16 outputs (64 bytes) per chunk, after unpacking
   constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
-  constexpr bool kHigh = Bits == 8;  // a second, high part of each code
   const __m256i low = _mm256_set1_epi8(0x0F);
   const uint8_t* chunk = codes + g * kGroupBytes + 32 * half;
   if (half == 0) {  // as the VNNI loops: the memory asked for ahead of the tile's arithmetic
@@ -451,7 +470,8 @@ inline void half_group(const uint8_t* codes, const TileScales& t, int64_t g, int
       _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch + j), _MM_HINT_T0);
     }
   }
-  __m256i lo[kChunks], hi[kHigh ? kChunks : 1];
+  // 4 and 6 bits: the codes; 8 bits: their magnitudes |q| and the signed q apart
+  __m256i lo[kChunks], signs[Bits == 8 ? kChunks : 1];
   if constexpr (Bits == 4 || Bits == 6) {
     for (int j = 0; j < kChunks / 2; ++j) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * j));
@@ -471,10 +491,10 @@ inline void half_group(const uint8_t* codes, const TileScales& t, int64_t g, int
       lo[4 * h + 3] = _mm256_or_si256(lo[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
     }
   } else if constexpr (Bits == 8) {
+    const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int j = 0; j < kChunks; ++j) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * j));
-      lo[j] = _mm256_and_si256(packed, low);
-      hi[j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+      signs[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 64 * j)), offset);
+      lo[j] = _mm256_sign_epi8(signs[j], signs[j]);  // -128 gives 0x80: 128 as the unsigned operand
     }
   }
   __m256 scale, bias;
@@ -482,12 +502,19 @@ inline void half_group(const uint8_t* codes, const TileScales& t, int64_t g, int
   const int8_t* qg = q + g * R * G;
   const float* dg = d + (g * G / kGroup) * R;
   const float* eg = e + g * R;
-  const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+  const int32_t* sg = s + g * R;
+  const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const int32_t* words = reinterpret_cast<const int32_t*>(qg + r * G);
     __m256i dot;
-    if constexpr (Bits == 6) {
+    if constexpr (Bits == 8) {
+      dot = _mm256_set1_epi32(128 * sg[r]);
+      for (int j = 0; j < kChunks; ++j) {
+        const __m256i w = _mm256_sign_epi8(_mm256_set1_epi32(words[j]), signs[j]);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], w), ones));
+      }
+    } else if constexpr (Bits == 6) {
       dot = _mm256_setzero_si256();
       for (int j = 0; j < kChunks; j += 2) {
         const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(words[j])),
@@ -495,14 +522,9 @@ inline void half_group(const uint8_t* codes, const TileScales& t, int64_t g, int
         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
       }
     } else {
-      __m256i sum_lo = _mm256_setzero_si256(), sum_hi = _mm256_setzero_si256();
-      for (int j = 0; j < kChunks; ++j) {
-        const __m256i w = _mm256_set1_epi32(words[j]);
-        sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(lo[j], w));
-        if constexpr (kHigh) sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(hi[j], w));
-      }
-      dot = _mm256_madd_epi16(sum_lo, ones);
-      if constexpr (kHigh) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum_hi, sixteens));
+      __m256i sum = _mm256_setzero_si256();
+      for (int j = 0; j < kChunks; ++j) sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(words[j])));
+      dot = _mm256_madd_epi16(sum, ones);
     }
     const __m256 scaled = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(dot));
     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dg[r]), scaled, acc[r]);
@@ -516,13 +538,13 @@ constexpr int kBothHalvesRows = 2;
 
 template <int Bits, int SK, int G, int R>
 void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
-               const float* e, float* y, int64_t y_stride) {
+               const float* e, const int32_t* s, float* y, int64_t y_stride) {
   if constexpr (R <= kBothHalvesRows) {
     __m256 acc[2][R];
     for (int half = 0; half < 2; ++half)
       for (int r = 0; r < R; ++r) acc[half][r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      for (int half = 0; half < 2; ++half) half_group<Bits, SK, G, R>(codes, t, g, half, q, d, e, acc[half]);
+      for (int half = 0; half < 2; ++half) half_group<Bits, SK, G, R>(codes, t, g, half, q, d, e, s, acc[half]);
     }
     for (int half = 0; half < 2; ++half)
       for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * half, acc[half][r]);
@@ -530,7 +552,7 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
     for (int half = 0; half < 2; ++half) {
       __m256 acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t g = 0; g < groups; ++g) half_group<Bits, SK, G, R>(codes, t, g, half, q, d, e, acc);
+      for (int64_t g = 0; g < groups; ++g) half_group<Bits, SK, G, R>(codes, t, g, half, q, d, e, s, acc);
       for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * half, acc[r]);
     }
   }
@@ -538,7 +560,7 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 #else
 template <int Bits, int SK, int G, int R>
 void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const int8_t* q, const float* d,
-               const float* e, float* y, int64_t y_stride) {
+               const float* e, [[maybe_unused]] const int32_t* s, float* y, int64_t y_stride) {
   constexpr int64_t kGroupBytes = kTile * G * Bits / 8;
   float acc[R][kTile] = {};
   uint8_t c[G / 4][64];  // 4 and 6 bits: c[2j] = low nibbles of chunk j (inputs 8j..8j+3), c[2j+1] = high
@@ -586,7 +608,7 @@ template <int Bits, int SK, int G>
 void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, const void* scales,
              const void* biases, const void* supers, int64_t outputs, float* y) {
   using TileRows = void (*)(const uint8_t*, const TileScales&, int64_t, const int8_t*, const float*,
-                            const float*, float*, int64_t);
+                            const float*, const int32_t*, float*, int64_t);
   static constexpr TileRows kernels[kRowBlock] = {
       tile_rows<Bits, SK, G, 1>, tile_rows<Bits, SK, G, 2>, tile_rows<Bits, SK, G, 3>,
       tile_rows<Bits, SK, G, 4>, tile_rows<Bits, SK, G, 5>, tile_rows<Bits, SK, G, 6>,
@@ -599,13 +621,10 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
   const int64_t scale_bytes = groups * kTile * (SK == kFloat ? 4 : SK == kHalf ? 2 : f);
   const int64_t bias_bytes = Bits == 4 && !kBlocked<SK> ? scale_bytes : 0;
   const int64_t super_bytes = kBlocked<SK> ? (width / kSuper) * f * kTile * (SK == kBlockHalf ? 2 : 4) : 0;
-  Buffer<int8_t> by_row_q, blocked_q;
-  Buffer<float> by_row_d, by_row_e, blocked_d, blocked_e;
-  quantize_rows(x, rows, width, G, by_row_q, by_row_d, by_row_e);
-  if (rows > 1) interleave_rows(rows, width, G, by_row_q, by_row_d, by_row_e, blocked_q, blocked_d, blocked_e);
-  const Buffer<int8_t>& q = rows > 1 ? blocked_q : by_row_q;
-  const Buffer<float>& d = rows > 1 ? blocked_d : by_row_d;
-  const Buffer<float>& e = rows > 1 ? blocked_e : by_row_e;
+  Rows by_row, blocked;
+  quantize_rows(x, rows, width, G, by_row);
+  if (rows > 1) interleave_rows(rows, width, G, by_row, blocked);
+  const Rows& r = rows > 1 ? blocked : by_row;
 #pragma omp parallel for schedule(static)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const TileScales t{static_cast<const uint8_t*>(scales) + tile * scale_bytes,
@@ -613,8 +632,8 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
                        supers == nullptr ? nullptr : static_cast<const uint8_t*>(supers) + tile * super_bytes};
     for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
       const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
-      kernels[block - 1](codes + tile * code_bytes, t, groups, q.data() + m0 * width,
-                         d.data() + m0 * (width / kGroup), e.data() + m0 * groups,
+      kernels[block - 1](codes + tile * code_bytes, t, groups, r.q.data() + m0 * width,
+                         r.d.data() + m0 * (width / kGroup), r.e.data() + m0 * groups, r.s.data() + m0 * groups,
                          y + m0 * outputs + tile * kTile, outputs);
     }
   }
