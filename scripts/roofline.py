@@ -1,13 +1,14 @@
 """Bytes a one-token step streams against this machine's memory bandwidth, per weights setting.
 
-    .venv/bin/python scripts/roofline.py [--steps 30]
+    .venv/bin/python scripts/roofline.py [--steps 30] [--only int8-dot]
 
 For dense float32 weights (packed oneDNN) and the file's weights as shipped (int4 codes, scales and
 zeros; on torch's int4 kernel, and on this project's int8-dot kernel with its compiled layers), prints the
 weight bytes one step reads, the step's median time on the lean forward over a 200-token cache, the
 bandwidth that implies, and the machine's streaming bandwidth (a sum over a 1 GiB tensor on every
 thread): how far each path is from the memory bound, and how much of its step is not spent moving
-weights.
+weights. `--only` measures one of them (a large model's dense copy takes minutes to load); the model is
+the settings' (`SPECSERVE_MODEL`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from specserve.runtime.runner import ModelRunner
 from specserve.settings import EngineSettings
 
 PREFIX = 200
+# --only's names: dense float32, or the file's weights on one of the 4-bit kernels
+PATHS = {"dense": "dense float32", "torch": "as shipped, torch int4", "int8-dot": "as shipped, int8-dot"}
 
 
 def stream_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -78,6 +81,7 @@ def step_seconds(model: torch.nn.Module, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--only", choices=sorted(PATHS), help="measure this path alone")
     args = parser.parse_args()
     settings = EngineSettings.from_env()
     if settings.num_threads > 0:
@@ -87,17 +91,13 @@ def main() -> None:
     bandwidth = stream_bandwidth()
     print(f"streaming bandwidth: {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads)")
     with torch.inference_mode():
-        for label, model in (
-            ("dense float32", load_causal_lm(model_dir, linear_kernel="auto")),
-            (
-                "as shipped, torch int4",
-                load_causal_lm(model_dir, linear_kernel="auto", as_shipped=shipped, int4_kernel="torch"),
-            ),
-            (
-                "as shipped, int8-dot",
-                load_causal_lm(model_dir, linear_kernel="auto", as_shipped=shipped, int4_kernel="int8-dot"),
-            ),
-        ):
+        for path, label in PATHS.items():
+            if args.only is not None and path != args.only:
+                continue
+            if path == "dense":
+                model = load_causal_lm(model_dir, linear_kernel="auto")
+            else:
+                model = load_causal_lm(model_dir, linear_kernel="auto", as_shipped=shipped, int4_kernel=path)
             size = weight_bytes(model)
             seconds = step_seconds(model, args.steps)
             bound = size / bandwidth

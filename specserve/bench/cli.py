@@ -49,7 +49,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--methods",
         default=DEFAULT_METHODS,
         metavar="M1,M2",
-        help=f"comma-separated methods (default: {DEFAULT_METHODS}); target is always run",
+        help=f"comma-separated methods (default: {DEFAULT_METHODS}), by name or by their axes "
+        "(DRAFT[+TREE[-DEPTH]][+STOP][+suffix], e.g. vanilla+chain-2+gated+suffix); target is always run",
     )
     add_sampling_options(p, default_seed=0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,37 @@ def test_unknown_method_rejected_before_any_generation() -> None:
     engine = FakeEngine()
     with pytest.raises(InvalidArgument, match=r"unknown method.*eagle9"):
         run_bench(engine, PROMPTS, ["hf", "eagle9"], PARAMS, progress=False)
+    assert engine.calls == []
+
+
+class AxesEngine(FakeEngine):
+    """Runs any method named by its axes (as the real engine does) on vanilla's cost model."""
+
+    def generate(self, prompt, request, on_tokens=None):
+        if "+" not in request.method:
+            return super().generate(prompt, request, on_tokens)
+        result = super().generate(prompt, replace(request, method="vanilla"), on_tokens)
+        self.calls[-1] = (prompt, request.method, request.stopping.max_new_tokens)
+        return result
+
+
+def test_a_method_named_by_its_axes_runs_under_that_name() -> None:
+    engine = AxesEngine()
+    result = run_bench(engine, PROMPTS, ["vanilla+chain-2+gated+suffix"], PARAMS, progress=False)
+    assert result["config"]["methods"] == ["target", "vanilla+chain-2+gated+suffix"]
+    assert "vanilla+chain-2+gated+suffix" in {method for _, method, _ in engine.calls}
+    assert result["methods"]["vanilla+chain-2+gated+suffix"]["num_prompts"] == len(PROMPTS)
+
+
+def test_axes_with_a_catalog_name_run_under_it_once() -> None:
+    _, result = bench(["vanilla", "vanilla+chain"])
+    assert result["config"]["methods"] == ["target", "vanilla"]
+
+
+def test_axes_that_cannot_run_together_say_why_before_any_generation() -> None:
+    engine = FakeEngine()
+    with pytest.raises(InvalidArgument, match="take no suffix candidates"):
+        run_bench(engine, PROMPTS, ["vanilla+mcsd-target+suffix"], PARAMS, progress=False)
     assert engine.calls == []
 
 
