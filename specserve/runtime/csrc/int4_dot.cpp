@@ -264,7 +264,8 @@ struct Uninitialized : std::allocator<T> {
 template <class T>
 using Buffer = std::vector<T, Uninitialized<T>>;
 
-// Rows quantized: q int8 [rows, W], d per group of 32, and per weight group e and s (quantize_row).
+// Rows quantized: q int8 [rows, W], d per group of 32, and per weight group e and s (quantize_row; the
+// integer sums s are what the AVX2 path's 8-bit products add back: its comment below).
 struct Rows {
   Buffer<int8_t> q;
   Buffer<float> d, e;
@@ -624,7 +625,7 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
   Rows by_row, blocked;
   quantize_rows(x, rows, width, G, by_row);
   if (rows > 1) interleave_rows(rows, width, G, by_row, blocked);
-  const Rows& r = rows > 1 ? blocked : by_row;
+  const Rows& quantized = rows > 1 ? blocked : by_row;
 #pragma omp parallel for schedule(static)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const TileScales t{static_cast<const uint8_t*>(scales) + tile * scale_bytes,
@@ -632,9 +633,9 @@ void product(const float* x, int64_t rows, int64_t width, const uint8_t* codes, 
                        supers == nullptr ? nullptr : static_cast<const uint8_t*>(supers) + tile * super_bytes};
     for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
       const int64_t block = std::min<int64_t>(kRowBlock, rows - m0);
-      kernels[block - 1](codes + tile * code_bytes, t, groups, r.q.data() + m0 * width,
-                         r.d.data() + m0 * (width / kGroup), r.e.data() + m0 * groups, r.s.data() + m0 * groups,
-                         y + m0 * outputs + tile * kTile, outputs);
+      kernels[block - 1](codes + tile * code_bytes, t, groups, quantized.q.data() + m0 * width,
+                         quantized.d.data() + m0 * (width / kGroup), quantized.e.data() + m0 * groups,
+                         quantized.s.data() + m0 * groups, y + m0 * outputs + tile * kTile, outputs);
     }
   }
 }
