@@ -420,8 +420,8 @@ void tile_rows(const uint8_t* codes, const TileScales& t, int64_t groups, const 
 // - 8 bits: the code less 128 (the file's signed q) in one product, as |q| times the row's byte with
 //   q's sign (vpsignb): a pair at most 2 * 128 * 127 = 32512, taken into 32 bits at once; then
 //   dot = that sum + 128 * sum(row) over the group, the row's integer sum from its quantization. (Each
-//   code split into two 4-bit parts took two products: the default model's Q8_0 head 1.14-1.19x the
-//   time.)
+//   code split into two 4-bit parts took two products: the default model's Q8_0 head 1.09x the time
+//   for one row, 1.16-1.23x for 8.)
 // dot = the VNNI path's integers, exactly.
 // The 16 outputs of a tile run as two halves of 8 (a 256-bit vector's 32 bytes are 8 outputs' 4
 // inputs), so that the R rows' sums and a half's codes fit AVX2's 16 registers.
