@@ -112,36 +112,26 @@ class _MethodRun:
 def resolve_methods(requested: Sequence[str], available: Sequence[str]) -> tuple[list[str], bool]:
     """Deduplicated methods to run, with the baseline prepended if missing; raises on unknown names. A
     method may be named by its axes (`vanilla+chain-2+gated+suffix`, specserve/method_axes.py) where the
-    engine runs the catalog's methods: axes that have a catalog name run under it."""
-    methods = list(dict.fromkeys(_method_name(m.strip(), available) for m in requested if m.strip()))
-    unknown = [m for m in methods if m not in available and not _spells_axes(m, available)]
-    for name in unknown:
-        if "+" in name and TARGET in available:
-            method_info(name)  # raises why these axes cannot run together
+    engine runs the catalog's methods: axes that have a catalog name run under it, axes that cannot run
+    together raise why."""
+    names, unknown = [], []
+    for name in (m.strip() for m in requested):
+        if name in available:
+            names.append(name)
+        elif "+" in name and TARGET in available:
+            names.append(method_info(name).name)
+        elif name:
+            unknown.append(name)
     if unknown:
         raise InvalidArgument(
             f"unknown method(s) {', '.join(unknown)}; available: {', '.join(available)}; or a method's axes, "
             f"{SYNTAX}"
         )
+    methods = list(dict.fromkeys(names))
     added = TARGET not in methods
     if added:
         methods.insert(0, TARGET)
     return methods, added
-
-
-def _spells_axes(name: str, available: Sequence[str]) -> bool:
-    """Whether `name` spells a method's axes, for an engine that runs the catalog's methods."""
-    if TARGET not in available or "+" not in name:
-        return False
-    try:
-        return method_info(name).axes is not None
-    except InvalidArgument:
-        return False
-
-
-def _method_name(name: str, available: Sequence[str]) -> str:
-    """The catalog's name for axes that have one (`glide+cape` -> glide-cape), else `name`."""
-    return method_info(name).name if name not in available and _spells_axes(name, available) else name
 
 
 def run_bench(
