@@ -58,6 +58,7 @@ def test_methods_lists_every_name_with_its_axes(capsys, monkeypatch):
     )
 
 
+@pytest.mark.compute_only
 @pytest.mark.model
 @pytest.mark.parametrize("prompt", ["", "word " * 9000])  # longer than the model's 8,192-token context
 def test_bad_prompts_fail_without_traceback(prompt, default_model_dir):
@@ -66,6 +67,7 @@ def test_bad_prompts_fail_without_traceback(prompt, default_model_dir):
     assert "Traceback" not in proc.stderr and "specserve: error:" in proc.stderr
 
 
+@pytest.mark.compute_only
 @pytest.mark.model
 def test_generate_json_contract(default_model_dir):
     proc = _run(["generate", "Say hello.", "--json", "--max-new-tokens", "12", "--method", "vanilla-tree"])

@@ -13,6 +13,8 @@ from specserve.errors import InvalidArgument
 from specserve.methods import METHODS, Method
 from specserve.settings import EngineSettings
 
+pytestmark = pytest.mark.compute_only  # the real model's outputs in process
+
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -18,7 +18,7 @@ PROMPTS = (
 )
 METHODS = ("eagle-cape-suffix", "glide-cape", "vanilla", "suffix")
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.compute_only]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from specserve.core.request import GenerationRequest
 from specserve.engine import Engine
 from specserve.grammar.schema import json_schema_constraint
 
+pytestmark = pytest.mark.compute_only  # the real model's outputs in process
+
 PERSON = {
     "type": "object",
     "properties": {

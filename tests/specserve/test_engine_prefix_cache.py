@@ -13,7 +13,7 @@ from specserve.core.request import GenerationRequest
 from specserve.models.chat import encode_messages
 from specserve.runtime.target import DEFAULT_PREFILL_CHUNK
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.model, pytest.mark.compute_only, pytest.mark.timeout(600)]
 
 MAX_NEW_TOKENS = 24
 BUDGET = 256 * 1024 * 1024

@@ -221,6 +221,7 @@ def first_round_token(engine: Engine, method: Method, params: SamplingParams, se
     return finish.generated[1]
 
 
+@pytest.mark.compute_only
 @pytest.mark.parametrize("method", SAMPLED)
 def test_sampling_keeps_the_target_distribution(small_engine, method):
     """Token 2 is the first one a speculative round decides (token 1 comes from the prefill)."""

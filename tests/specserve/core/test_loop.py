@@ -140,6 +140,7 @@ def small_draft(small_target):
     return ModelRunner(noisy_copy(small_target.model, scale=1.0, seed=4))
 
 
+@pytest.mark.compute_only
 @pytest.mark.parametrize(
     "shape",
     [

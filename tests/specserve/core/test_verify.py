@@ -85,6 +85,7 @@ def _draw_tree(kind: CandidateKind, widths: tuple[int, ...], g: torch.Generator)
     return tokens, parents, prefixes, q_of
 
 
+@pytest.mark.compute_only
 @pytest.mark.parametrize(
     "kind,widths",
     [
@@ -113,6 +114,7 @@ def test_sampled_verification_preserves_target_distribution(kind, widths):
     assert result.pvalue > 1e-3, f"{kind} {widths}: p={result.pvalue:.2e}"
 
 
+@pytest.mark.compute_only
 def test_biased_rule_is_detected():
     """Guards the test itself: always accepting the draft token must fail the same chi-square check."""
     trials = 12000

@@ -31,7 +31,7 @@ from specserve.runtime.drafter import DraftShape
 from specserve.runtime.stopper import load_decision_model, shipped_decision_model
 from specserve.runtime.target import LocalVerifier
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.compute_only]
 
 PROMPTS = [
     "Give me three tips for staying focused while studying.",

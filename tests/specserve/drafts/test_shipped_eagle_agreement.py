@@ -16,7 +16,7 @@ from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.eagle.model import load_eagle
 from specserve.training.eagle import held_out_hidden, score_eagle
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.compute_only]
 
 FIRST_TOKEN_FLOOR = 0.33
 OVERALL_FLOOR = 0.27

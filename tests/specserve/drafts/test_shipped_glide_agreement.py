@@ -14,7 +14,7 @@ from specserve.drafts import DraftKind, shipped_draft_dir
 from specserve.glide.model import load_glide
 from specserve.training.evaluate import evaluate_draft
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.compute_only]
 
 FIRST_TOKEN_FLOOR = 0.27
 OVERALL_FLOOR = 0.24

@@ -191,6 +191,7 @@ V = 4
 
 
 # Llama only (CI time): on Qwen2 the seeded batched-sampling tests prove the same rule's output.
+@pytest.mark.compute_only
 @pytest.mark.parametrize("architecture", [Architecture.LLAMA], ids=str)
 def test_speculative_sampling_preserves_target_distribution(architecture):
     cape = None  # a sampled chain: the case that needs the draft's q (CaPE's fixed candidates do not)

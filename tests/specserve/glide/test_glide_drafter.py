@@ -138,6 +138,7 @@ def small_target():
     return ModelRunner(tiny_llama(vocab_size=V, hidden=16, layers=1, seed=3))
 
 
+@pytest.mark.compute_only
 @pytest.mark.parametrize(
     "cape",
     [CapeSettings(), CapeSettings(bins=(2,) * 12), None],

@@ -164,6 +164,7 @@ def test_default_model_dir_is_idempotent(default_model_dir: Path) -> None:
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
 
 
+@pytest.mark.compute_only
 @pytest.mark.model
 def test_converted_model_generates_like_the_gguf(default_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM

@@ -133,6 +133,7 @@ def test_names_map_to_the_hugging_face_parameters():
     assert hf_name("blk.0.attn_norm.weight") is None
 
 
+@pytest.mark.compute_only
 @pytest.mark.model
 def test_the_default_models_file_decodes_to_its_converted_checkpoint_exactly(default_model_dir):
     from safetensors.numpy import load_file

@@ -200,6 +200,7 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(threads, layout):
                 assert torch.equal(together[i], alone[i][0]), (m, i)
 
 
+@pytest.mark.compute_only
 @pytest.mark.parametrize(("march", "path"), [("x86-64", "portable"), ("x86-64-v3", "avx2")])
 def test_every_path_gives_the_bits_of_this_hosts_build(tmp_path, march, path):
     """A host without AVX512-VNNI runs the AVX2 loops (x86-64-v3), one without AVX2 the portable ones

@@ -206,6 +206,7 @@ LOSSLESS_SHAPES = [
 ]
 
 
+@pytest.mark.compute_only
 @pytest.mark.parametrize("shape", LOSSLESS_SHAPES, ids=lambda s: f"{s.sampled_kind}-{s.k_config}")
 def test_sampling_preserves_the_target_distribution(small_target, small_draft, shape):
     trials = 2000
@@ -214,6 +215,7 @@ def test_sampling_preserves_the_target_distribution(small_target, small_draft, s
     assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3
 
 
+@pytest.mark.compute_only
 def test_two_target_roots_at_t_above_0_are_biased(small_target, small_draft):
     """Choosing the root whose continuation gets furthest shifts the token's distribution: the reason
     mcsd-target-init is labelled lossy. docs/adaptive.md reports the size of the shift."""

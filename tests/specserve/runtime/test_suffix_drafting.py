@@ -3,6 +3,7 @@ the target alone's, also batched; sampling keeps the target's distribution (chi-
 
 from __future__ import annotations
 
+import pytest
 import torch
 from scipy.stats import chisquare
 from tiny_llama import exact_joint_of_tokens_2_and_3, noisy_copy, tiny_llama
@@ -61,6 +62,7 @@ def test_greedy_batched_sessions_with_suffix_candidates_equal_each_alone(target)
     assert Scheduler(max_tokens_per_forward=64).run_all([job(p) for p in PROMPTS]) == alone
 
 
+@pytest.mark.compute_only
 def test_sampling_with_mixed_suffix_and_model_candidates_keeps_the_target_distribution():
     """Tokens 2 and 3 come from the first speculative round, whose tree mixes suffix candidates (the
     prompt repeats, so the index proposes) and a model draft's fixed candidates."""

@@ -13,7 +13,8 @@ import pytest
 
 from specserve.training.distill.run_log import LOG, SUMMARY
 
-pytestmark = pytest.mark.integration  # starts the CLI in a process of its own
+# integration: starts the CLI in a process of its own; compute_only: no clock or port in it
+pytestmark = [pytest.mark.integration, pytest.mark.compute_only]
 
 
 def finished_run(directory: Path, fraction: float, answer_tokens: int, agreement: float) -> Path:
