@@ -15,11 +15,14 @@
 - architecture: Llama, unless a test runs on each architecture (tiny_llama.EACH_ARCHITECTURE);
   architecture_target_dir: the tiny target of that architecture.
 
-And the suite's two tiers (`bash scripts/test.sh unit` / `integration`; no tier runs both): a test is an
-integration test, marked `integration` here at collection, when it needs more than this process and the
-tiny models: it carries a marker that says so (`INTEGRATION_MARKERS`), or uses a fixture that starts or
+And the suite's tiers (`bash scripts/test.sh unit` / `compute` / `integration`; no test is in two): a test
+is an integration test, marked `integration` here at collection, when it needs more than this process and
+the tiny models: it carries a marker that says so (`INTEGRATION_MARKERS`), or uses a fixture that starts or
 loads something real (`INTEGRATION_FIXTURES`, whichever test module asks for it). A test module that starts
-processes itself says so with `pytestmark = pytest.mark.integration`.
+processes itself says so with `pytestmark = pytest.mark.integration`. A test marked `compute_only` (long
+computation with no clock, port or service in it: the sampling statistics, the real model's outputs in
+process) is in the compute tier, whichever of the other two it would be in; the whole suite runs that
+tier beside the integration tier, at idle CPU priority.
 """
 
 from __future__ import annotations

@@ -93,10 +93,11 @@ class ModelWorth:
     call_s: float | None = None  # None until a call was timed
     token_s: float | None = None
     explore: DraftBackoff = field(default_factory=DraftBackoff)  # asked now and then while it does not pay
+    clock: Callable[[], float] = time.perf_counter  # seconds (WorthPriors gives its own)
     _last: tuple[float, int] | None = None  # (time, tokens) when a round was last proposed
 
     def round_starts(self, num_tokens: int) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         if self._last is not None and num_tokens > self._last[1]:
             per_token = (now - self._last[0]) / (num_tokens - self._last[1])
             self.token_s = per_token if self.token_s is None else smoothed(self.token_s, per_token)
@@ -123,16 +124,17 @@ class WorthPriors:
     instead of on its first round, whose call also carries the prompt's catch-up (under a JSON schema,
     the one call most sessions would make). Numbers only: no text of any session."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._lock = threading.Lock()
         self._known: dict[str, tuple[float, float, float]] = {}  # gain, call_s, token_s
+        self.clock = clock  # what its sessions time their rounds and calls with (seconds)
 
     def start(self, key: str) -> ModelWorth:
         with self._lock:
             known = self._known.get(key)
         if known is None:
-            return ModelWorth()
-        worth = ModelWorth(gain=known[0], call_s=known[1], token_s=known[2])
+            return ModelWorth(clock=self.clock)
+        worth = ModelWorth(gain=known[0], call_s=known[1], token_s=known[2], clock=self.clock)
         if not worth.pays():
             worth.explore.hold_off()
         return worth
@@ -311,10 +313,10 @@ class SuffixDrafter:
             draft = _suffix_only(root, proposal, k)
         else:
             self.num_model_calls += 1
-            start = time.perf_counter()
+            start = worth.clock() if worth is not None else 0.0
             model = self.inner.propose(token_ids, round_seed, batch_sessions)
             if worth is not None:
-                worth.called(time.perf_counter() - start)
+                worth.called(worth.clock() - start)
             draft = self._merged(root, model, proposal, batch_sessions)
         predicted = sum(proposal.scores[1 : 1 + k]) if proposal is not None and draft.suffix_nodes else 0.0
         self._predicted = predicted

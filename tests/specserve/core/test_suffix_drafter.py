@@ -4,7 +4,6 @@ distribution with a real model: tests/specserve/runtime/test_suffix_drafting.py.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from specserve.core.backoff import MAX_SKIPPED_ROUNDS
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
-from specserve.core.protocols import READS_NOTHING, AheadPlan, CandidateKind, DraftTree, RoundOutcome
+from specserve.core.protocols import READS_NOTHING, AheadPlan, CandidateKind, Drafter, DraftTree, RoundOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import (
@@ -209,75 +208,96 @@ def test_model_worth_pays_while_its_tokens_outlast_its_call_and_explores_at_doub
     assert worth.pays() and all(worth.should_ask() for _ in range(4))
 
 
+class Clock:
+    """The seconds a test says passed: what a session's account times is what the test means it to, on a
+    loaded machine too."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class SlowDrafter(CountingDrafter):
-    def __init__(self, chain: Sequence[int], seconds: float) -> None:
+    def __init__(self, chain: Sequence[int], seconds: float, clock: Clock) -> None:
         super().__init__(chain)
         self.seconds = seconds
+        self.clock = clock
 
     def propose(self, token_ids: Sequence[int], round_seed: int, batch_sessions: int) -> DraftTree:
-        time.sleep(self.seconds)
+        self.clock.now += self.seconds
         return super().propose(token_ids, round_seed, batch_sessions)
 
 
-def _rounds(drafter: SuffixDrafter, accepted: int, round_s: float, rounds: int = 12) -> None:
+def _rounds(drafter: SuffixDrafter, accepted: int, round_s: float, clock: Clock, rounds: int = 12) -> None:
     """Rounds over text the suffix index never saw, each accepting `accepted` drafted tokens and taking
-    `round_s` to verify."""
+    `round_s` on `clock` to verify."""
     text = list(range(1000, 1010))
     for i in range(rounds):
         draft = drafter.propose(text, round_seed=i, batch_sessions=1)
         kept = min(accepted, draft.tree.num_nodes - 1)
-        time.sleep(round_s)
+        clock.now += round_s
         drafter.observe(RoundOutcome(draft, tuple(range(kept + 1)), 5000 + i))
         text += [*draft.tree.token_ids[1 : 1 + kept], 5000 + i]
 
 
+def _session(inner: Drafter, clock: Clock, book: WorthBook | None = None) -> SuffixDrafter:
+    """A greedy session's drafter whose account of its model reads `clock` (its own unless `book`)."""
+    book = book or WorthBook(WorthPriors(clock), "session")
+    return suffix_drafter(inner, 16, GREEDY, lambda: FLAT_COST, worth=book)
+
+
 def test_a_greedy_session_asks_its_model_less_where_its_drafts_cost_more_than_they_add():
-    costly = SlowDrafter([99, 98], seconds=0.02)  # 20 ms a call, nothing accepted, 2 ms rounds
-    drafter = suffix_drafter(costly, 16, GREEDY, lambda: FLAT_COST)
-    _rounds(drafter, accepted=0, round_s=0.002)
+    clock = Clock()
+    costly = SlowDrafter([99, 98], seconds=0.02, clock=clock)  # 20 ms a call, nothing accepted, 2 ms rounds
+    drafter = _session(costly, clock)
+    _rounds(drafter, accepted=0, round_s=0.002, clock=clock)
     assert drafter.model_worth is not None and not drafter.model_worth.pays()
     assert costly.calls <= 6 and drafter.num_suffix_only_rounds >= 6
-    useful = SlowDrafter([99, 98], seconds=0.0)  # free, both tokens accepted
-    drafter = suffix_drafter(useful, 16, GREEDY, lambda: FLAT_COST)
-    _rounds(drafter, accepted=2, round_s=0.002)
+    useful = SlowDrafter([99, 98], seconds=0.0, clock=clock)  # free, both tokens accepted
+    drafter = _session(useful, clock)
+    _rounds(drafter, accepted=2, round_s=0.002, clock=clock)
     assert useful.calls == 12 and drafter.num_suffix_only_rounds == 0
 
 
 def test_a_sampled_session_asks_its_model_whatever_it_costs():
     """A sampled tree decides its random draws: it must not depend on how long anything took."""
-    costly = SlowDrafter([99, 98], seconds=0.005)
+    clock = Clock()
+    costly = SlowDrafter([99, 98], seconds=0.005, clock=clock)
     drafter = suffix_drafter(costly, 16, SamplingParams(temperature=0.7), lambda: FLAT_COST)
-    _rounds(drafter, accepted=0, round_s=0.0, rounds=6)
+    _rounds(drafter, accepted=0, round_s=0.0, clock=clock, rounds=6)
     assert drafter.model_worth is None and costly.calls == 6
 
 
 def test_a_session_starts_from_what_the_model_earned_in_the_sessions_before_of_its_kind():
-    priors = WorthPriors()
+    clock = Clock()
+    priors = WorthPriors(clock)
     book = WorthBook(priors, "eagle")
-    first = SlowDrafter([99, 98], seconds=0.02)
-    _rounds(suffix_drafter(first, 16, GREEDY, lambda: FLAT_COST, worth=book), accepted=0, round_s=0.002)
+    first = SlowDrafter([99, 98], seconds=0.02, clock=clock)
+    _rounds(_session(first, clock, book), accepted=0, round_s=0.002, clock=clock)
     assert first.calls >= 1 and "eagle" in priors._known
     # The next session of the kind asks the model first after DraftBackoff's longest gap, not at once.
-    second = SlowDrafter([99, 98], seconds=0.02)
-    drafter = suffix_drafter(second, 16, GREEDY, lambda: FLAT_COST, worth=book)
-    _rounds(drafter, accepted=0, round_s=0.002, rounds=MAX_SKIPPED_ROUNDS)
+    second = SlowDrafter([99, 98], seconds=0.02, clock=clock)
+    drafter = _session(second, clock, book)
+    _rounds(drafter, accepted=0, round_s=0.002, clock=clock, rounds=MAX_SKIPPED_ROUNDS)
     assert second.calls == 0
-    _rounds(drafter, accepted=0, round_s=0.002, rounds=1)
+    _rounds(drafter, accepted=0, round_s=0.002, clock=clock, rounds=1)
     assert second.calls == 1
     # A constrained session is another kind: nothing known yet, so its model is asked on its first round.
-    third = SlowDrafter([99, 98], seconds=0.0)
-    drafter = suffix_drafter(third, 16, GREEDY, lambda: FLAT_COST, worth=book)
+    third = SlowDrafter([99, 98], seconds=0.0, clock=clock)
+    drafter = _session(third, clock, book)
     drafter.constrain(NO_GRAMMAR)
-    _rounds(drafter, accepted=2, round_s=0.002, rounds=2)
+    _rounds(drafter, accepted=2, round_s=0.002, clock=clock, rounds=2)
     assert third.calls == 2 and "eagle:constrained" in priors._known
 
 
 def test_a_session_where_the_model_paid_starts_asking_it():
-    priors = WorthPriors()
-    book = WorthBook(priors, "eagle")
-    _rounds(suffix_drafter(SlowDrafter([99, 98], 0.0), 16, GREEDY, lambda: FLAT_COST, worth=book), 2, 0.002)
-    useful = SlowDrafter([99, 98], seconds=0.0)
-    _rounds(suffix_drafter(useful, 16, GREEDY, lambda: FLAT_COST, worth=book), accepted=2, round_s=0.002)
+    clock = Clock()
+    book = WorthBook(WorthPriors(clock), "eagle")
+    _rounds(_session(SlowDrafter([99, 98], 0.0, clock), clock, book), 2, 0.002, clock)
+    useful = SlowDrafter([99, 98], seconds=0.0, clock=clock)
+    _rounds(_session(useful, clock, book), accepted=2, round_s=0.002, clock=clock)
     assert useful.calls == 12
 
 
@@ -289,13 +309,14 @@ def test_the_rounds_without_a_model_are_planned_ahead_only_for_a_greedy_session(
     sampled = suffix_drafter(None, 16, SamplingParams(temperature=0.7), lambda: FLAT_COST)
     assert sampled.rounds_without_model(8) == AheadPlan(0)
 
-    paying = suffix_drafter(SlowDrafter([99, 98], 0.0), 16, GREEDY, lambda: FLAT_COST)
-    _rounds(paying, accepted=2, round_s=0.002)
+    clock = Clock()
+    paying = _session(SlowDrafter([99, 98], 0.0, clock), clock)
+    _rounds(paying, accepted=2, round_s=0.002, clock=clock)
     skip = SuffixSettings().model_skip_tokens
     assert paying.rounds_without_model(8) == AheadPlan(0, 8, skip)  # asked on every round
 
-    costly = suffix_drafter(SlowDrafter([99, 98], 0.02), 16, GREEDY, lambda: FLAT_COST)
-    _rounds(costly, accepted=0, round_s=0.002)
+    costly = _session(SlowDrafter([99, 98], 0.02, clock), clock)
+    _rounds(costly, accepted=0, round_s=0.002, clock=clock)
     worth = costly.model_worth
     assert worth is not None and not worth.pays()
     worth.explore.left = 5
