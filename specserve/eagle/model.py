@@ -45,6 +45,7 @@ from specserve.glide.model import (
     rope_cos_sin,
     save_draft,
     scatter_to_vocab,
+    vocab_argmax,
 )
 from specserve.runtime.kv_cache import PositionalKVCache
 
@@ -180,6 +181,14 @@ class EagleDraft(nn.Module):
         if self.config.draft_vocab_size is None:
             return scores
         return scatter_to_vocab(scores, self.draft_token_ids, self.config.vocab_size)
+
+    def top_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [...] the target-vocabulary id of the highest score: `logits(hidden).argmax(-1)`
+        without the [..., V] scores."""
+        scores = self.draft_logits(hidden)  # [..., V_draft]
+        if self.config.draft_vocab_size is None:
+            return scores.argmax(-1)
+        return vocab_argmax(scores, self.draft_token_ids)
 
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
         init_draft_weights(self, generator, std)

@@ -151,7 +151,7 @@ def score_eagle(
         agreed, scored = [], []
         for j, predicted in enumerate(draft.unrolled(features, ids, steps)):
             mask = (labels != IGNORE) & (torch.arange(width, device=device) >= j)[None]  # [B, S-1]
-            guess = draft.logits(predicted).argmax(-1)  # [B, S-1]
+            guess = draft.top_ids(predicted)  # [B, S-1]
             agreed.append(int(((guess == labels) & mask).sum()))
             scored.append(int(mask.sum()))
         parts.append(Agreement(tuple(agreed), tuple(scored)))

@@ -158,7 +158,7 @@ def score_draft(draft: GlideDraft, batches: Sequence[dict[str, torch.Tensor]], b
         kv = [(moved[f"k.{layer}"].to(dtype), moved[f"v.{layer}"].to(dtype)) for layer in layers]
         cross = blockwise_cross_mask(width, block_size).to(device)  # [S, S]
         hidden = draft(moved["input_ids"], kv, cross)  # [B, S, H]
-        predicted = draft.logits(hidden).argmax(-1).cpu()  # [B, S] full ids, beside the labels
+        predicted = draft.top_ids(hidden).cpu()  # [B, S] full ids, beside the labels
         parts.append(count_agreement(predicted, batch["labels"], block_size))
     return merge(parts)
 

@@ -72,6 +72,8 @@ def test_head_and_norm_start_as_the_targets(target) -> None:
     outside = torch.ones(96, dtype=torch.bool)
     outside[ids] = False
     assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, ids]).all()
+    hidden = torch.randn(3, 5, 64)
+    assert torch.equal(draft.top_ids(hidden), draft.logits(hidden).argmax(-1))
 
 
 @torch.no_grad()

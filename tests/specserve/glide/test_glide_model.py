@@ -23,7 +23,13 @@ from specserve.glide import (
     save_glide,
 )
 from specserve.glide.config import spread_target_layers
-from specserve.glide.model import cross_mask_from_lengths, rope_cos_sin, trained_cross_lengths
+from specserve.glide.model import (
+    cross_mask_from_lengths,
+    rope_cos_sin,
+    scatter_to_vocab,
+    trained_cross_lengths,
+    vocab_argmax,
+)
 from specserve.runtime.kv_cache import PositionalKVCache
 
 # Target geometry differs from the draft's so that a mix-up of the two cannot pass.
@@ -177,12 +183,23 @@ def test_reduced_vocabulary_maps_back_to_full_ids():
     outside[ids] = False
     assert torch.isneginf(full[..., outside]).all()
     assert set(full.argmax(-1).flatten().tolist()) <= set(ids.tolist())
+    assert torch.equal(model.top_ids(hidden), full.argmax(-1))
     probs = logits_to_probs(full[0, -1], SamplingParams(temperature=1.0))
     assert probs[outside].sum() == 0 and torch.isclose(probs.sum(), torch.tensor(1.0))
     # The loss scores labels inside the head and ignores the rest.
     loss = model.loss(hidden, torch.tensor([[42, 5, -100]]))  # 5 is outside: only 42 counts
     expected = torch.nn.functional.cross_entropy(small[0, :1], torch.tensor([2]))
     torch.testing.assert_close(loss, expected)
+
+
+def test_the_top_id_in_the_heads_rows_is_the_full_scores_argmax_ties_included():
+    """Scores of few distinct values tie often; the head's rows are in frequency order, not id order,
+    and the full scores' argmax takes the lowest id among the tied."""
+    ids = torch.tensor([7, 3, 42, 19, 0, 11])
+    scores = torch.randint(0, 3, (500, 6)).float()  # [N, V_draft]
+    full = scatter_to_vocab(scores, ids, CONFIG.vocab_size)  # [N, V]
+    assert torch.equal(vocab_argmax(scores, ids), full.argmax(-1))
+    assert (scores == scores.amax(-1, keepdim=True)).sum(-1).max() > 1  # ties were there
 
 
 def test_config_json_round_trip_and_from_target():
