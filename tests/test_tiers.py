@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import COMPUTE_TIER_LONGEST, compute_tier_rank
+from tier_order import COMPUTE_TIER_LONGEST, compute_tier_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 
