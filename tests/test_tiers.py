@@ -1,5 +1,6 @@
-"""The suite's tiers (tests/conftest.py): the compute tier's longest modules run first, in their order,
-and every module named there still holds compute-tier tests (a renamed one would silently drop out)."""
+"""The compute tier's order (tests/tier_order.py, applied by tests/conftest.py): its longest modules run
+first, in their order, and every module named there still holds compute-tier tests (a renamed one would
+silently drop out)."""
 
 from __future__ import annotations
 
