@@ -185,10 +185,8 @@ class EagleDraft(nn.Module):
     def top_ids(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [...] the target-vocabulary id of the highest score: `logits(hidden).argmax(-1)`
         without the [..., V] scores."""
-        scores = self.draft_logits(hidden)  # [..., V_draft]
-        if self.config.draft_vocab_size is None:
-            return scores.argmax(-1)
-        return vocab_argmax(scores, self.draft_token_ids)
+        reduced = self.config.draft_vocab_size is not None
+        return vocab_argmax(self.draft_logits(hidden), self.draft_token_ids if reduced else None)
 
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
         init_draft_weights(self, generator, std)

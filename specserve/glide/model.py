@@ -319,10 +319,8 @@ class GlideDraft(nn.Module):
     def top_ids(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [...] the target-vocabulary id of the highest score: `logits(hidden).argmax(-1)`,
         without building the [..., V] scores (what scoring a draft over thousands of positions needs)."""
-        scores = self.draft_logits(hidden)  # [..., V_draft]
-        if self.config.draft_vocab_size is None:
-            return scores.argmax(-1)
-        return vocab_argmax(scores, self.draft_token_ids)
+        reduced = self.config.draft_vocab_size is not None
+        return vocab_argmax(self.draft_logits(hidden), self.draft_token_ids if reduced else None)
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy. hidden: [B, S, H], labels: [B, S] full ids (-100 = ignore).
@@ -375,9 +373,12 @@ def scatter_to_vocab(scores: torch.Tensor, draft_token_ids: torch.Tensor, vocab_
     return full.index_copy(-1, draft_token_ids, scores)
 
 
-def vocab_argmax(scores: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+def vocab_argmax(scores: torch.Tensor, draft_token_ids: torch.Tensor | None) -> torch.Tensor:
     """[..., V_draft] head scores -> [...] the target-vocabulary id of the highest: the lowest such id
-    where scores tie, as `scatter_to_vocab(scores, ...).argmax(-1)` picks, in [..., V_draft] memory."""
+    where scores tie, as `scatter_to_vocab(scores, ...).argmax(-1)` picks, in [..., V_draft] memory.
+    draft_token_ids None: a full head, whose rows are the ids."""
+    if draft_token_ids is None:
+        return scores.argmax(-1)
     best = scores.amax(-1, keepdim=True)  # [..., 1]
     ids = draft_token_ids.to(scores.device).expand_as(scores)  # [..., V_draft]
     return torch.where(scores == best, ids, torch.iinfo(ids.dtype).max).amin(-1)
