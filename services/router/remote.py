@@ -24,13 +24,29 @@ from typing import Protocol
 import grpc
 
 from specserve.core.constraint import Constraint
-from specserve.core.protocols import READS_NOTHING, AheadPlan, DraftTree, RoundOutcome, VerifyOutcome
+from specserve.core.protocols import (
+    READS_NOTHING,
+    AheadPlan,
+    DraftTree,
+    RoundOutcome,
+    SuffixTrust,
+    VerifyOutcome,
+)
 from specserve.core.sampling_params import SamplingParams
-from specserve.errors import Cancelled, FailedPrecondition, NotFound, SpecserveError, Unavailable
+from specserve.errors import (
+    Cancelled,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SpecserveError,
+    Unavailable,
+)
 from specserve.serving.convert import (
     constraint_to_pb,
     outcome_from_pb,
     sampling_to_pb,
+    suffix_trust_from_pb,
+    suffix_trust_to_pb,
     tree_from_pb,
     tree_to_pb,
 )
@@ -123,6 +139,7 @@ class RemoteVerifier:
         self.history: list[int] = []  # committed tokens; the last is the root
         self.logprobs = logprobs
         self._logprobs: list[common_pb2.TokenLogprob] = []  # of the tokens the last call committed
+        self._suffix_trust: SuffixTrust | None = None  # the last call's (take_suffix_trust)
         self.batch_sessions = 0  # sessions sharing the target, as its last Verify reported
 
     @property
@@ -187,12 +204,15 @@ class RemoteVerifier:
             request.ahead_max_seconds = self.max_ahead_seconds
             request.ahead_skip_run = plan.skip_run
             request.ahead_skip_left = plan.skip_left
+            if plan.suffix is not None:
+                request.ahead_suffix.CopyFrom(suffix_trust_to_pb(plan.suffix))
         start = time.perf_counter()
         response = self._call("Verify", request, rebuild=self._rebuild)
         verify_s = time.perf_counter() - start
         self.counters.target_service_s += response.handler_seconds
         outcome = outcome_from_pb(response)
         self._logprobs = list(response.logprobs)
+        self._suffix_trust = self._returned_trust(response)
         self.batch_sessions = response.batch_sessions
         self._last_call = (verify_s, self.counters.rpc_bytes - self._bytes_before_round)
         self._bytes_before_round = self.counters.rpc_bytes
@@ -206,6 +226,22 @@ class RemoteVerifier:
             self.history += [tree.tree.token_ids[i] for i in verified.accepted_nodes[1:]]
             self.history.append(message.next_token)
         return done
+
+    def _returned_trust(self, response: target_pb2.VerifyResponse) -> SuffixTrust | None:
+        """The target's suffix account after its rounds; one out of range is the target's fault, not the
+        client's: the router's drafter then keeps its own, and the session goes on."""
+        if not response.HasField("suffix"):
+            return None
+        try:
+            return suffix_trust_from_pb(response.suffix, 0, self.max_tree_nodes)
+        except InvalidArgument as e:
+            logger.warning("target %s returned a suffix account out of range: %s", self.address, e)
+            return None
+
+    def take_suffix_trust(self) -> SuffixTrust | None:
+        """AheadVerifier: the suffix account the last call's rounds left on the target, once."""
+        taken, self._suffix_trust = self._suffix_trust, None
+        return taken
 
     def take_call(self) -> tuple[float, int] | None:
         """The last Verify call's seconds and bytes, once: its first round reports them, not the rounds the

@@ -16,7 +16,7 @@ from specserve.core.ahead import Round, run_ahead
 from specserve.core.backoff import MAX_SKIPPED_ROUNDS
 from specserve.core.cost import CostModel
 from specserve.core.logprobs import path_logprobs, token_logprobs
-from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
+from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, SuffixTrust, VerifyOutcome
 from specserve.core.request import MAX_TOP_LOGPROBS
 from specserve.core.sampling_params import GREEDY
 from specserve.core.suffix_drafter import suffix_drafter
@@ -31,6 +31,8 @@ from specserve.serving.convert import (
     costs_to_pb,
     logprobs_to_pb,
     sampling_from_pb,
+    suffix_trust_from_pb,
+    suffix_trust_to_pb,
     tree_from_pb,
     tree_to_pb,
 )
@@ -209,7 +211,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         draft = tree_from_pb(request.tree, limits.max_tree_nodes + 1)
         check_token_ids(draft.tree.token_ids, self.models.target_model.config.vocab_size, "tree token ids")
         num_top = _top_logprobs(request.logprobs, request.top_logprobs)
-        ahead = _ahead_plan(request)
+        ahead = _ahead_plan(request, draft.tree.num_nodes, limits.max_tree_nodes + 1)
         start = time.perf_counter()
         with self.store.lock:
             session = self.store.get(request.session_id)
@@ -243,7 +245,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                     telemetry.ATTR_TREE_SIZE: draft.tree.num_nodes,
                 },
             ) as span:
-                outcome, logprobs, rounds = self._run(
+                outcome, logprobs, rounds, account = self._run(
                     context,
                     self._verify,
                     session,
@@ -274,13 +276,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 )
                 for d, v in rounds
             ],
+            suffix=None if account is None else suffix_trust_to_pb(account),
         )
 
     def _run_ahead(
         self, session: TargetSession, first: Round, plan: AheadPlan, max_tokens: int, deadline: float
-    ) -> list[Round]:
+    ) -> tuple[list[Round], SuffixTrust | None]:
         """On the model thread: the rounds this target runs on its own after `first` (core/ahead.py),
-        drafted from the session's own tokens, each admitted to the KV budget like a Verify's tree."""
+        drafted from the session's own tokens, each admitted to the KV budget like a Verify's tree; and
+        the suffix account they leave where the plan carried the router's."""
         verifier = session.verifier
         drafter = session.ahead_drafter
         if drafter is None:
@@ -307,7 +311,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 raise NotFound(f"session {session.session_id!r} was released while it was being verified")
             return outcome
 
-        return run_ahead(
+        rounds = run_ahead(
             first,
             lambda: verifier.token_ids,
             drafter,
@@ -320,6 +324,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             self.recent.count,
             deadline,
         )
+        return rounds, None if plan.suffix is None else drafter.suffix_trust().observed()
 
     def _run(self, context: grpc.ServicerContext | None, fn: Callable[..., R], *args: object) -> R:
         """Runs fn as a batching job on the model thread; a cancelled or expired RPC stops its job at
@@ -347,10 +352,11 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         ahead: AheadPlan,
         ahead_max_tokens: int,
         ahead_deadline: float,
-    ) -> tuple[VerifyOutcome, list[TokenLogprob], list[Round]]:
+    ) -> tuple[VerifyOutcome, list[TokenLogprob], list[Round], SuffixTrust | None]:
         """On the model thread: the message's sparse probabilities become dense rows there too; the
         committed tokens' log-probabilities come from the same forward's logits when asked. Then the
-        `ahead` rounds the target runs on its own (in the same job: no hand-off between them)."""
+        `ahead` rounds the target runs on its own (in the same job: no hand-off between them), with the
+        suffix account they leave."""
         models = self.models
         dense = with_dense_probs(
             draft, message, models.target_model.config.vocab_size, models.target_runner.device
@@ -370,10 +376,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                 num_top,
             )
         verifier.last_logits = None
-        rounds = []
-        if ahead.total:
-            rounds = self._run_ahead(session, (draft, outcome), ahead, ahead_max_tokens, ahead_deadline)[1:]
-        return outcome, logprobs, rounds
+        if not ahead.total:
+            return outcome, logprobs, [], None
+        rounds, account = self._run_ahead(session, (draft, outcome), ahead, ahead_max_tokens, ahead_deadline)
+        return outcome, logprobs, rounds[1:], account
 
     def StreamKV(
         self, request: target_pb2.StreamKVRequest, context: grpc.ServicerContext
@@ -421,13 +427,18 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         self.store.clear()
 
 
-def _ahead_plan(request: target_pb2.VerifyRequest) -> AheadPlan:
+def _ahead_plan(request: target_pb2.VerifyRequest, num_nodes: int, max_nodes: int) -> AheadPlan:
+    """The request's plan for rounds ahead, checked; `num_nodes`: its tree's, `max_nodes`: a tree's bound."""
+    suffix = None
+    if request.HasField("ahead_suffix"):
+        suffix = suffix_trust_from_pb(request.ahead_suffix, num_nodes, max_nodes)
     plan = AheadPlan(
         request.ahead_rounds,
         request.ahead_copy_rounds,
         request.ahead_copy_tokens,
         request.ahead_skip_run,
         request.ahead_skip_left,
+        suffix,
     )
     if plan.rounds < 0 or plan.copy_rounds < 0 or not 0 <= plan.total <= MAX_AHEAD_ROUNDS:
         raise InvalidArgument(

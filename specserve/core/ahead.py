@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from specserve.core.backoff import DraftBackoff
-from specserve.core.protocols import AheadPlan, Drafter, DraftTree, RoundOutcome, VerifyOutcome
+from specserve.core.protocols import AheadPlan, Drafter, DraftTree, PlansAhead, RoundOutcome, VerifyOutcome
 
 Round = tuple[DraftTree, VerifyOutcome]
 
@@ -59,7 +60,14 @@ def run_ahead(
     once `max_tokens` tokens are committed (first's included), after a round that commits one of
     `stop_token_ids`, where `admit` finds no room for a round's tree, or at `deadline` on `clock` (no
     round starts after it: the caller's stream waits for these rounds). The drafter observes each round
-    it proposed."""
+    it proposed. Where the plan carries the caller's suffix account (`plan.suffix`), the drafter continues
+    from it and observes `first` as the caller's drafter proposed it, so one account sizes every round
+    as in the caller's loop; the drafter's `suffix_trust()` is that account afterwards."""
+    if plan.suffix is not None and isinstance(drafter, PlansAhead):
+        drafter.adopt_trust(plan.suffix)
+        first_draft, first_verified = first
+        proposed = replace(first_draft, suffix_nodes=plan.suffix.suffix_nodes)  # the wire's tree has none
+        drafter.observe(RoundOutcome.of(proposed, first_verified))
     done = [first]
     made = committed_tokens(*first)
     backoff = DraftBackoff(run=plan.skip_run, left=plan.skip_left)

@@ -117,12 +117,17 @@ def speculative_generate(
                 # the drafter would not ask its model for. The loop follows those that ran (the
                 # verifier may stop early: time, room, the end).
                 own = planner.rounds_without_model(ahead.ahead_limit)
-                plan = replace(own, skip_run=backoff.run, skip_left=backoff.left)
+                # with the suffix account as it stands: the rounds there are sized as they are here
+                plan = replace(
+                    own, skip_run=backoff.run, skip_left=backoff.left, suffix=planner.suffix_trust()
+                )
                 rounds = ahead.verify_ahead(draft, seed, plan, finish.tokens_left)
                 asked = sum(backoff.follow(ran.num_draft_tokens) for ran, _ in rounds[1:])
                 planner.skip_rounds(min(asked, own.rounds))
+                account = ahead.take_suffix_trust()
             else:
                 rounds = [(draft, verifier.verify(draft, seed))]
+                account = None
             t2 = time.perf_counter()
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
@@ -147,6 +152,9 @@ def speculative_generate(
                 emit(outcome.emitted_token_ids)
                 if finish.done:
                     break
+            if account is not None and planner is not None:
+                # after the rounds are observed (the first updates this drafter as it did the verifier's)
+                planner.adopt_trust(account)
 
     stats.elapsed_s = time.perf_counter() - start
     return stats

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from specserve.core.tree import TokenTree, tree_children
 
@@ -263,6 +263,28 @@ MAX_AHEAD_ROUNDS = 8
 
 
 @dataclass(frozen=True)
+class SuffixTrust:
+    """What a suffix drafter (core/suffix_drafter.py) has learnt from the rounds it proposed, handed
+    between the loop's drafter and a verifier's own for the rounds it runs ahead, so that one account
+    sizes every round wherever it runs, as one drafter's does in process. `predicted` and
+    `suffix_nodes` describe the proposal not yet observed (the tree sent with a plan): its expected
+    accepted suffix tokens and which of its nodes are suffix candidates; None and empty once observed."""
+
+    trust: float  # accepted suffix tokens against those predicted, a running ratio
+    mean_nodes: float  # tree nodes a round (root included), a running mean
+    mean_emitted: float  # tokens a round emits, a running mean
+    predicted: float | None = None
+    suffix_nodes: frozenset[int] = frozenset()
+
+    MIN_TRUST: ClassVar[float] = 0.05
+    MAX_TRUST: ClassVar[float] = 1.5
+
+    def observed(self) -> SuffixTrust:
+        """The account with nothing pending: what a verifier hands back once its rounds ran."""
+        return SuffixTrust(self.trust, self.mean_nodes, self.mean_emitted)
+
+
+@dataclass(frozen=True)
 class AheadPlan:
     """Rounds after this one that a drafter would draft from suffix candidates alone (PlansAhead), and
     where the loop stands in skipping a drafter that proposed nothing (core/backoff.py, `skip_run` and
@@ -274,6 +296,7 @@ class AheadPlan:
     copy_tokens: float = 0.0  # accepted tokens (where the drafter would not ask its model either)
     skip_run: int = 0  # DraftBackoff.run
     skip_left: int = 0  # DraftBackoff.left
+    suffix: SuffixTrust | None = None  # the loop's suffix drafter as it stands (PlansAhead.suffix_trust)
 
     @property
     def total(self) -> int:
@@ -296,6 +319,11 @@ class AheadVerifier(Verifier, Protocol):
         end-of-sequence token is."""
         ...
 
+    def take_suffix_trust(self) -> SuffixTrust | None:
+        """Once: the account the last verify_ahead's rounds left (from `plan.suffix`, with the plan's
+        round and those that ran after it observed); None where the plan carried none."""
+        ...
+
 
 @runtime_checkable
 class PlansAhead(Drafter, Protocol):
@@ -308,4 +336,12 @@ class PlansAhead(Drafter, Protocol):
     def skip_rounds(self, count: int) -> None:
         """`count` of the plan's certain rounds ran elsewhere (a verifier ran them on its own): they
         count as rounds that did not ask the model."""
+        ...
+
+    def suffix_trust(self) -> SuffixTrust:
+        """The suffix account as it stands, with the last proposal's prediction pending."""
+        ...
+
+    def adopt_trust(self, account: SuffixTrust) -> None:
+        """Continues from `account` (a verifier's drafter's, after the rounds it ran ahead)."""
         ...

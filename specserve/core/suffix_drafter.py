@@ -53,6 +53,7 @@ from specserve.core.protocols import (
     KnowsPrompt,
     RoundOpeningDrafter,
     RoundOutcome,
+    SuffixTrust,
     TargetReads,
 )
 from specserve.core.sampling_params import SamplingParams
@@ -199,6 +200,7 @@ class SuffixDrafter:
         self._head: list[int] = []  # the sequence's first tokens: a later call must start with them
         # the suffix tokens the last round's tree predicted would be accepted (its trust's yardstick)
         self._predicted: float | None = None
+        self._suffix_nodes: frozenset[int] = frozenset()  # that tree's suffix candidates
         # This session's rounds: tree nodes (root included) and tokens emitted, as running means; the
         # other sessions of a batch are taken to send the same. They start as the root alone.
         self.mean_nodes, self.mean_emitted = 1.0, 1.0
@@ -254,7 +256,8 @@ class SuffixDrafter:
             return
         alpha = self.settings.trust_smoothing
         accepted = outcome.num_suffix_accepted_tokens
-        self.trust = min(1.5, max(0.05, (1 - alpha) * self.trust + alpha * accepted / predicted))
+        trust = (1 - alpha) * self.trust + alpha * accepted / predicted
+        self.trust = min(SuffixTrust.MAX_TRUST, max(SuffixTrust.MIN_TRUST, trust))
 
     # -- a round -------------------------------------------------------------------------------------
     def _suffix_proposal(self, token_ids: Sequence[int]) -> SuffixProposal | None:
@@ -319,7 +322,7 @@ class SuffixDrafter:
                 worth.called(worth.clock() - start)
             draft = self._merged(root, model, proposal, batch_sessions)
         predicted = sum(proposal.scores[1 : 1 + k]) if proposal is not None and draft.suffix_nodes else 0.0
-        self._predicted = predicted
+        self._predicted, self._suffix_nodes = predicted, draft.suffix_nodes
         return draft
 
     def _merged(
@@ -363,6 +366,18 @@ class SuffixDrafter:
         """PlansAhead: rounds that ran elsewhere without the model use up its account's skipped ones."""
         if self.model_worth is not None:
             self.model_worth.explore.skip(count)
+
+    def suffix_trust(self) -> SuffixTrust:
+        """PlansAhead: the account a verifier's drafter continues from for the rounds it runs ahead."""
+        pending = self._predicted
+        nodes = self._suffix_nodes if pending is not None else frozenset()
+        return SuffixTrust(self.trust, self.mean_nodes, self.mean_emitted, pending, nodes)
+
+    def adopt_trust(self, account: SuffixTrust) -> None:
+        """PlansAhead: continues from `account`; its pending proposal is the next round observed."""
+        self.trust = account.trust
+        self.mean_nodes, self.mean_emitted = account.mean_nodes, account.mean_emitted
+        self._predicted, self._suffix_nodes = account.predicted, account.suffix_nodes
 
     @property
     def expected_suffix_tokens(self) -> float:

@@ -9,7 +9,7 @@ import re
 from specserve.catalog import MethodSupport
 from specserve.core.constraint import Constraint, ConstraintKind
 from specserve.core.cost import VerifyPoints, verify_points_from_json
-from specserve.core.protocols import CandidateKind, DraftTree, VerifyOutcome
+from specserve.core.protocols import CandidateKind, DraftTree, SuffixTrust, VerifyOutcome
 from specserve.core.request import GenerationRequest, RequestLimits, check_sampling
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
@@ -228,3 +228,35 @@ def costs_from_pb(message: target_pb2.TargetCosts) -> VerifyPoints:
     if not message.verify:
         raise InvalidArgument("the target published no verify costs")
     return verify_points_from_json({"verify_s": {str(c.num_nodes): c.seconds for c in message.verify}})
+
+
+def suffix_trust_to_pb(account: SuffixTrust) -> target_pb2.SuffixTrust:
+    message = target_pb2.SuffixTrust(
+        trust=account.trust,
+        mean_nodes=account.mean_nodes,
+        mean_emitted=account.mean_emitted,
+        suffix_nodes=sorted(account.suffix_nodes),
+    )
+    if account.predicted is not None:
+        message.predicted = account.predicted
+    return message
+
+
+def suffix_trust_from_pb(message: target_pb2.SuffixTrust, num_nodes: int, max_nodes: int) -> SuffixTrust:
+    """A suffix drafter's account as a peer sent it, checked: `num_nodes`, the nodes of the tree it comes
+    with (its suffix nodes index that tree; 0: none may be named), `max_nodes` a tree's bound."""
+    trust, mean_nodes, mean_emitted = message.trust, message.mean_nodes, message.mean_emitted
+    if not (math.isfinite(trust) and SuffixTrust.MIN_TRUST <= trust <= SuffixTrust.MAX_TRUST):
+        raise InvalidArgument(
+            f"suffix trust must be in [{SuffixTrust.MIN_TRUST}, {SuffixTrust.MAX_TRUST}], got {trust}"
+        )
+    for name, mean in (("mean_nodes", mean_nodes), ("mean_emitted", mean_emitted)):
+        if not (math.isfinite(mean) and 1.0 <= mean <= max_nodes):
+            raise InvalidArgument(f"suffix {name} must be in [1, {max_nodes}], got {mean}")
+    predicted = message.predicted if message.HasField("predicted") else None
+    if predicted is not None and not (math.isfinite(predicted) and 0.0 <= predicted <= max_nodes):
+        raise InvalidArgument(f"suffix predicted tokens must be in [0, {max_nodes}], got {predicted}")
+    nodes = frozenset(message.suffix_nodes)
+    if len(nodes) != len(message.suffix_nodes) or any(not 1 <= node < num_nodes for node in nodes):
+        raise InvalidArgument(f"suffix nodes must be distinct tree nodes in [1, {num_nodes}), got {nodes}")
+    return SuffixTrust(trust, mean_nodes, mean_emitted, predicted, nodes)

@@ -26,7 +26,7 @@ from services.router.remote import (
     WireDraftTree,
     wire_tree,
 )
-from specserve.core.protocols import AheadPlan, CandidateKind, DraftTree, RoundOutcome
+from specserve.core.protocols import AheadPlan, CandidateKind, DraftTree, RoundOutcome, SuffixTrust
 from specserve.core.sampling_params import SamplingParams
 from specserve.core.tree import TokenTree
 from specserve.serving.stack import free_port
@@ -236,11 +236,13 @@ def test_the_opening_proposes_one_time_work_is_not_charged_to_every_round() -> N
 
 class AheadTarget(OneTokenTarget):
     """Verifies any tree by accepting its whole first path and choosing 7; answers rounds ahead with
-    two-node chains (root, 5), each accepted, whatever the plan allowed."""
+    two-node chains (root, 5), each accepted, whatever the plan allowed; returns `returned_trust` as the
+    suffix account after them where the request carried one."""
 
     def __init__(self) -> None:
         super().__init__()
         self.verifies: list[target_pb2.VerifyRequest] = []
+        self.returned_trust = 0.9
 
     def Verify(self, request, context):
         self.verifies.append(request)
@@ -252,9 +254,14 @@ class AheadTarget(OneTokenTarget):
             chain = common_pb2.DraftTree(token_ids=[root, 5], parent_ids=[-1, 0], kind=tree.kind)
             ahead.append(target_pb2.AheadRound(tree=chain, accepted_nodes=[0, 1], next_token=7))
         committed = request.committed_length + len(path) + 2 * len(ahead)
-        return target_pb2.VerifyResponse(
+        response = target_pb2.VerifyResponse(
             accepted_nodes=path, next_token=7, committed_length=committed, ahead=ahead
         )
+        if request.HasField("ahead_suffix"):
+            response.suffix.CopyFrom(
+                target_pb2.SuffixTrust(trust=self.returned_trust, mean_nodes=2.0, mean_emitted=2.0)
+            )
+        return response
 
 
 def test_rounds_ahead_are_asked_for_a_greedy_session_only_and_come_back_as_suffix_rounds() -> None:
@@ -287,8 +294,21 @@ def test_rounds_ahead_are_asked_for_a_greedy_session_only_and_come_back_as_suffi
             assert draft.tree.token_ids == (7, 5) and draft.suffix_nodes == frozenset({1})
             assert outcome.next_token == 7
         assert greedy.history == [1, 2, 3, 7, 4, 7, 5, 7, 5, 7, 5, 7]
+        assert not sent.HasField("ahead_suffix") and greedy.take_suffix_trust() is None
         greedy.verify(DraftTree.root_only(7), 0)  # a plain round asks for none
         assert servicer.verifies[-1].ahead_rounds == servicer.verifies[-1].ahead_max_tokens == 0
+        # The loop's suffix account goes with the plan, and the target's comes back, once
+        mine = SuffixTrust(0.4, 3.0, 2.5, predicted=1.25, suffix_nodes=frozenset({1}))
+        greedy.verify_ahead(DraftTree(TokenTree.chain([7, 4])), 0, AheadPlan(2, suffix=mine), 50)
+        sent = servicer.verifies[-1].ahead_suffix
+        assert (sent.trust, sent.mean_nodes, sent.mean_emitted, sent.predicted) == (0.4, 3.0, 2.5, 1.25)
+        assert list(sent.suffix_nodes) == [1]
+        assert greedy.take_suffix_trust() == SuffixTrust(0.9, 2.0, 2.0)
+        assert greedy.take_suffix_trust() is None
+        # One out of range is the target's fault: the router's drafter keeps its own, the session goes on
+        servicer.returned_trust = 7.0
+        rounds = greedy.verify_ahead(DraftTree(TokenTree.chain([7, 4])), 0, AheadPlan(2, suffix=mine), 50)
+        assert len(rounds) == 3 and greedy.take_suffix_trust() is None
     finally:
         channel.close()
         server.stop(None)

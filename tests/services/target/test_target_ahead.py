@@ -9,6 +9,9 @@ import math
 import grpc
 import pytest
 
+from specserve.core.protocols import DraftTree, RoundOutcome, SuffixTrust, VerifyOutcome
+from specserve.core.suffix_drafter import SuffixDrafter
+from specserve.core.tree import TokenTree
 from specserve.v1 import common_pb2, target_pb2
 
 pytestmark = [pytest.mark.distributed, pytest.mark.model, pytest.mark.timeout(240)]
@@ -83,6 +86,55 @@ def test_rounds_the_router_would_skip_its_drafter_for_verify_the_root_alone(stub
         session.release()
 
 
+def account(**fields) -> target_pb2.SuffixTrust:
+    """A router's suffix account: a mid trust and the root-alone means unless `fields` say otherwise."""
+    return target_pb2.SuffixTrust(**({"trust": 0.7, "mean_nodes": 1.0, "mean_emitted": 1.0} | fields))
+
+
+def test_the_target_continues_from_the_routers_suffix_account(stub, info):
+    """The target's drafter takes the account the request carries, observes the request's own tree as
+    the router's drafter proposed it (its suffix nodes, its prediction), and returns the account after
+    the rounds: nothing pending, and the same rounds from a lower trust leave a lower one."""
+    session = Session(stub, info, "ahead-account")
+    try:
+        root = session.tokens[-1]
+        tree = common_pb2.DraftTree(token_ids=[root, 30], parent_ids=[-1, 0], kind=FIXED)
+        sent = account(trust=0.5, predicted=1.0, suffix_nodes=[1])
+        request = target_pb2.VerifyRequest(
+            session_id=session.id,
+            tree=tree,
+            committed_length=len(session.tokens),
+            ahead_rounds=1,
+            ahead_max_tokens=1,  # the request's own round uses the budget: no round runs after it
+            ahead_suffix=sent,
+        )
+        response = stub.Verify(request, timeout=60)
+        assert not response.ahead
+        expected = SuffixDrafter(None, info.max_tree_nodes)  # what the router's drafter would learn
+        expected.adopt_trust(SuffixTrust(0.5, 1.0, 1.0, 1.0, frozenset({1})))
+        draft = DraftTree(TokenTree.chain([root, 30]), suffix_nodes=frozenset({1}))
+        expected.observe(RoundOutcome.of(draft, VerifyOutcome(list(response.accepted_nodes), 0)))
+        returned = response.suffix
+        assert (returned.trust, returned.mean_nodes, returned.mean_emitted) == pytest.approx(
+            (expected.trust, expected.mean_nodes, expected.mean_emitted)
+        )
+        assert not returned.HasField("predicted") and not returned.suffix_nodes
+    finally:
+        session.release()
+    doubtful, trusting = Session(stub, info, "ahead-doubtful"), Session(stub, info, "ahead-trusting")
+    try:
+        plan = {"ahead_rounds": 6, "ahead_max_tokens": 1000}
+        low = doubtful.verify(**plan, ahead_suffix=account(trust=0.1))
+        high = trusting.verify(**plan, ahead_suffix=account(trust=1.4))
+        assert [r.tree.token_ids for r in low.ahead] == [r.tree.token_ids for r in high.ahead]
+        assert any(len(r.tree.token_ids) > 1 for r in low.ahead)  # the repeated prompt is copied
+        assert low.suffix.trust < high.suffix.trust
+        assert not doubtful.verify(**plan).HasField("suffix")  # none asked for, none returned
+    finally:
+        doubtful.release()
+        trusting.release()
+
+
 def test_rounds_ahead_stop_at_the_token_budget(stub, info):
     session = Session(stub, info, "ahead-budget")
     try:
@@ -116,10 +168,18 @@ def test_rounds_ahead_stop_at_the_token_budget(stub, info):
         pytest.param(
             {"ahead_rounds": 2, "ahead_max_tokens": 10, "ahead_skip_left": -1}, id="skip-left-negative"
         ),
+        pytest.param({"ahead_suffix": account(trust=2.0)}, id="trust-above-range"),
+        pytest.param({"ahead_suffix": account(trust=math.nan)}, id="nan-trust"),
+        pytest.param({"ahead_suffix": account(mean_nodes=0.5)}, id="mean-nodes-below-one"),
+        pytest.param({"ahead_suffix": account(mean_emitted=1e9)}, id="mean-emitted-huge"),
+        pytest.param({"ahead_suffix": account(predicted=-1.0)}, id="negative-prediction"),
+        pytest.param({"ahead_suffix": account(suffix_nodes=[1])}, id="suffix-node-outside-the-tree"),
     ],
 )
 def test_bad_ahead_requests_are_invalid_argument(stub, info, expect_status, fields):
     session = Session(stub, info, "ahead-invalid")
+    if "ahead_suffix" in fields:
+        fields = {"ahead_rounds": 2, "ahead_max_tokens": 10, **fields}
     try:
         tree = common_pb2.DraftTree(token_ids=[session.tokens[-1]], parent_ids=[-1], kind=FIXED)
         request = target_pb2.VerifyRequest(

@@ -11,10 +11,10 @@ import pytest
 from tiny_llama import tiny_llama
 
 from specserve.core.ahead import Round, committed_tokens, run_ahead
-from specserve.core.cost import NOMINAL_CPU_COST
+from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.finish import FinishChecker
 from specserve.core.loop import speculative_generate
-from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, VerifyOutcome
+from specserve.core.protocols import MAX_AHEAD_ROUNDS, AheadPlan, DraftTree, SuffixTrust, VerifyOutcome
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix_drafter import SuffixDrafter, WorthBook, WorthPriors, suffix_drafter
 from specserve.core.tree import TokenTree
@@ -40,6 +40,7 @@ class AheadLocalVerifier:
         self.drafter = suffix_drafter(None, MAX_NODES, GREEDY, lambda: NOMINAL_CPU_COST)
         self.ahead_limit = MAX_AHEAD_ROUNDS if sampling.greedy else 0
         self.plans: list[AheadPlan] = []
+        self.account: SuffixTrust | None = None
 
     def prefill(self, prompt_ids: Sequence[int], round_seed: int) -> int:
         return self.local.prefill(prompt_ids, round_seed)
@@ -55,7 +56,7 @@ class AheadLocalVerifier:
     ) -> list[Round]:
         self.plans.append(plan)
         first = (draft, self.local.verify(draft, round_seed))
-        return run_ahead(
+        rounds = run_ahead(
             first,
             lambda: self.local.token_ids,
             self.drafter,
@@ -65,6 +66,12 @@ class AheadLocalVerifier:
             frozenset(),
             lambda: self.drafter.expected_suffix_tokens,
         )
+        self.account = None if plan.suffix is None else self.drafter.suffix_trust().observed()
+        return rounds
+
+    def take_suffix_trust(self) -> SuffixTrust | None:
+        taken, self.account = self.account, None
+        return taken
 
     def release(self) -> None:
         self.local.release()
@@ -235,6 +242,31 @@ def test_rounds_ahead_are_the_rounds_the_loop_runs_in_process(target):
     assert any(len(tree) == 1 for tree in alone.trees) and any(len(tree) > 1 for tree in alone.trees)
 
 
+# A verify curve as steep as a CPU's (verify(8) 2.2 one-token steps): a candidate is kept only where its
+# score, discounted by trust, pays for its row, so trust sizes the trees.
+STEEP_COST = CostModel(((1, 1.0), (2, 1.12), (4, 1.4), (8, 2.2), (16, 4.0)), draft_step_s=0.0)
+
+
+def trust_sized() -> SuffixDrafter:
+    return suffix_drafter(None, MAX_NODES, GREEDY, lambda: STEEP_COST)
+
+
+def test_rounds_ahead_are_sized_by_the_loops_own_suffix_account(target):
+    """Candidates sized by trust on a cost curve: the verifier's drafter continues from the loop's
+    account and hands its own back, so every tree is the one the loop's drafter alone would send."""
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 9, 5, 6]
+    alone, alone_drafter = RecordingVerifier(target), trust_sized()
+    speculative_generate(prompt, alone, alone_drafter, 0, FinishChecker(64, frozenset()))
+    beside, beside_drafter = RecordingAheadVerifier(target), trust_sized()
+    beside.drafter = trust_sized()  # on the same curve as the loop's
+    stats = speculative_generate(prompt, beside, beside_drafter, 0, FinishChecker(64, frozenset()))
+    assert stats.num_ahead_rounds > 0
+    assert beside.local.trees[: len(alone.trees)] == alone.trees
+    assert {len(tree) for tree in alone.trees} > {1, 2}  # candidates sized variously, not all or none
+    assert beside_drafter.trust == pytest.approx(alone_drafter.trust)
+    assert alone_drafter.trust != SuffixDrafter(None, MAX_NODES).trust  # it learnt something
+
+
 def test_no_round_ahead_starts_after_the_deadline(target):
     ticks = iter(range(100))
     rounds = ahead(target, AheadPlan(8), deadline=3.0, clock=lambda: float(next(ticks)))
@@ -277,5 +309,7 @@ def test_only_the_rounds_that_ran_count_as_skipped(target):
     drafter = CertainDrafter()
     verifier = OneRoundAhead(target)
     stats = speculative_generate(PROMPT, verifier, drafter, 0, FinishChecker(24, frozenset()))
-    assert verifier.asked and all(plan == AheadPlan(3, 2, 0.0) for plan in verifier.asked)
+    assert verifier.asked and all(
+        replace(plan, suffix=None) == AheadPlan(3, 2, 0.0) for plan in verifier.asked
+    )
     assert set(drafter.skipped) <= {0, 1} and sum(drafter.skipped) == stats.num_ahead_rounds > 0
