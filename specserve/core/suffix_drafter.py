@@ -82,6 +82,11 @@ class SuffixSettings:
             raise InvalidArgument("suffix max_depth, max_nodes and max_match must be >= 1")
         if not 0.0 <= self.min_score <= 1.0 or not 0.0 < self.trust_smoothing <= 1.0:
             raise InvalidArgument("suffix min_score must be in [0, 1] and trust_smoothing in (0, 1]")
+        # the range trust keeps and a target accepts it in (a session's account travels: SuffixTrust)
+        if not SuffixTrust.MIN_TRUST <= self.initial_trust <= SuffixTrust.MAX_TRUST:
+            raise InvalidArgument(
+                f"suffix initial_trust must be in [{SuffixTrust.MIN_TRUST}, {SuffixTrust.MAX_TRUST}]"
+            )
 
 
 @dataclass

@@ -4,6 +4,7 @@ distribution with a real model: tests/specserve/runtime/test_suffix_drafting.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,15 @@ import pytest
 from specserve.core.backoff import MAX_SKIPPED_ROUNDS
 from specserve.core.cost import NOMINAL_CPU_COST, CostModel
 from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
-from specserve.core.protocols import READS_NOTHING, AheadPlan, CandidateKind, Drafter, DraftTree, RoundOutcome
+from specserve.core.protocols import (
+    READS_NOTHING,
+    AheadPlan,
+    CandidateKind,
+    Drafter,
+    DraftTree,
+    RoundOutcome,
+    SuffixTrust,
+)
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.suffix import SharedSuffixCache
 from specserve.core.suffix_drafter import (
@@ -25,6 +34,7 @@ from specserve.core.suffix_drafter import (
     suffix_drafter,
 )
 from specserve.core.tree import TokenTree, tree_children
+from specserve.errors import InvalidArgument
 
 FLAT_COST = CostModel(((1, 1.0), (8, 1.1), (16, 1.3), (64, 3.0)), draft_step_s=0.05)
 
@@ -337,3 +347,11 @@ def test_the_suffix_expectation_is_the_last_proposal_s_score_times_trust():
     assert drafter.expected_suffix_tokens == pytest.approx(drafter._predicted * drafter.trust)
     drafter.propose(list(range(500, 520)), round_seed=1, batch_sessions=1)  # nothing seen before
     assert drafter.expected_suffix_tokens == 0.0
+
+
+@pytest.mark.parametrize("trust", [0.0, 0.04, 1.6, math.nan])
+def test_an_initial_trust_outside_the_range_an_account_travels_in_is_refused(trust):
+    with pytest.raises(InvalidArgument, match="initial_trust"):
+        SuffixSettings(initial_trust=trust)
+    SuffixSettings(initial_trust=SuffixTrust.MIN_TRUST)  # the bounds themselves are fine
+    SuffixSettings(initial_trust=SuffixTrust.MAX_TRUST)
