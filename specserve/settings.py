@@ -125,7 +125,7 @@ class EngineSettings:
     max_new_tokens_limit: int = MAX_NEW_TOKENS_LIMIT
     max_tree_nodes: int = 64
     calibration_path: Path | None = (
-        None  # None = <cache_dir>/calibration-<model>-<device>-<dtype>-<kernel>.json
+        None  # None = <cache_dir>/calibration-<model>-<device>-<dtype>-<kernel>-settled.json
     )
     # The matrix kernel of every served model's linear layers (runtime/kernels.py): auto = packed oneDNN
     # weights on CPU for float32/bfloat16, torch's own kernel (cuBLAS) elsewhere; onednn; native.

@@ -36,6 +36,7 @@ PROMPT_TOKENS = 128  # a typical chat prompt; attention over it is part of every
 BATCH_TOTALS = (96, 128, 192, 256)
 PROGRESS_LOG_SECONDS = 10.0  # a measurement's progress in a log, at most this often
 BATCH_TREE_NODES = 8
+SETTLE_CALLS = 1  # untimed calls of a size before each timed one (`time_by_size`)
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -48,8 +49,10 @@ def interleaved_best(
     passes: int,
     clock: Callable[[], float] = time.perf_counter,
     on_call: Callable[[], object] = lambda: None,
+    settle: int = 0,
 ) -> list[float]:
-    """Seconds of each of `fns`: the fastest of `passes` calls, after one warm-up pass.
+    """Seconds of each of `fns`: the fastest of `passes` calls, after one warm-up pass; with `settle`,
+    each timed call follows that many untimed calls of the same fn in its pass.
 
     The calls go round-robin (every fn once per pass), not fn by fn: a forward streaming gigabytes of
     weights is paced by memory bandwidth, which drifts over tens of seconds on a shared host (and while
@@ -63,6 +66,9 @@ def interleaved_best(
     best = [float("inf")] * len(fns)
     for _ in range(passes):
         for i, fn in enumerate(fns):
+            for _ in range(settle):
+                fn()
+                on_call()
             start = clock()
             fn()
             best[i] = min(best[i], clock() - start)
@@ -105,7 +111,9 @@ def measure_verify_s(
 ) -> tuple[tuple[int, float], ...]:
     """(n, seconds of one target forward over an n-node tree after a prompt_tokens-long prefix) per n."""
     # About 30 s for the default sizes on 2 CPU cores.
-    return _timed(sizes, tree_verify_calls(runner, sizes, prompt_tokens), repeats, "calibrating verify cost")
+    return time_by_size(
+        sizes, tree_verify_calls(runner, sizes, prompt_tokens), repeats, "calibrating verify cost"
+    )
 
 
 def measure_draft_costs(
@@ -218,16 +226,28 @@ def measure_batch_verify_s(
                 cache.truncate(prompt_tokens)
 
         steps.append(verify)
-    return _timed(totals, steps, repeats, "calibrating batched verify")
+    return time_by_size(totals, steps, repeats, "calibrating batched verify")
 
 
-def _timed(
-    sizes: Sequence[int], calls: Sequence[Callable[[], object]], repeats: int, desc: str
+def time_by_size(
+    sizes: Sequence[int],
+    calls: Sequence[Callable[[], object]],
+    repeats: int,
+    desc: str,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[tuple[int, float], ...]:
     """(size, seconds) per call, timed round-robin, with progress in forwards: a bar on a terminal, a log
     line every PROGRESS_LOG_SECONDS elsewhere (a service's first start measures for minutes on a large
-    model, and whoever waits for it, a person or a stack's start-up, reads its log)."""
-    total = len(calls) * (repeats + 1)
+    model, and whoever waits for it, a person or a stack's start-up, reads its log).
+
+    Each pass goes from the largest size down, and each size is timed after SETTLE_CALLS untimed calls
+    of its own: on some hosts a forward costs more right after a larger one, for many forwards (the
+    weights' cache lines or the cores' clocks recovering: an Intel Xeon's one-token step took 7.6 ms
+    right after a 64-token forward and 5 ms fifteen steps later), so a pass that went up from one token
+    timed every small size just after the largest and read the curve flat: verify(8) 1.5 steps where a
+    speculative session's rounds cost 2-2.6 (docs/benchmarks.md, "An Intel Xeon host"). A round's
+    forward follows rounds of about its own size, which is what this times."""
+    total = len(calls) * (repeats * (SETTLE_CALLS + 1) + 1)
     logged = ProgressLog(desc, total)
     with tqdm(total=total, desc=desc, unit="forward", file=sys.stderr, disable=None) as shown:
 
@@ -235,8 +255,12 @@ def _timed(
             shown.update()
             logged.update()
 
-        seconds = interleaved_best(calls, repeats, on_call=on_call)
-    return tuple(zip(sizes, seconds, strict=True))
+        largest_first = sorted(range(len(calls)), key=lambda i: -sizes[i])
+        seconds = interleaved_best(
+            [calls[i] for i in largest_first], repeats, clock=clock, on_call=on_call, settle=SETTLE_CALLS
+        )
+    by_size = dict(zip(largest_first, seconds, strict=True))
+    return tuple((size, by_size[i]) for i, size in enumerate(sizes))
 
 
 class ProgressLog:

@@ -83,12 +83,20 @@ def weights_label(settings: EngineSettings) -> str:
     return dense + drafts
 
 
+# How the recorded costs are timed (runtime/calibrate.py `time_by_size`: each size after its own calls,
+# the largest first), named in their files and versions: a record timed the earlier way (sizes going up,
+# small ones just after the largest) read the default model's curve flat on an Intel Xeon, and is timed
+# again rather than trusted.
+MEASURED = "settled"
+
+
 def calibration_file(settings: EngineSettings, model_dir: Path, prefix: str = "calibration") -> Path:
-    """The set calibration file, else `<cache_dir>/<prefix>-<model>-<device>-<dtype>-<kernel>.json`."""
+    """The set calibration file, else `<cache_dir>/<prefix>-<model>-<device>-<dtype>-<kernel>-settled.json`
+    (MEASURED)."""
     if prefix == "calibration" and settings.calibration_path is not None:
         return settings.calibration_path
     name = default_calibration_name(
-        Path(model_dir).name, settings.device, settings.dtype, weights_label(settings)
+        Path(model_dir).name, settings.device, settings.dtype, f"{weights_label(settings)}-{MEASURED}"
     )
     return settings.cache_dir / name.replace("calibration", prefix, 1)
 
@@ -226,10 +234,12 @@ class TargetRuntime(RoleRuntime):
 
     @property
     def costs_version(self) -> str:
-        """What the verify curve holds for: it changes whenever the model, device, dtype or kernel does,
-        so a draft that cached a replica's curve knows when to take the new one."""
+        """What the verify curve holds for: it changes whenever the model, device, dtype, kernel or way of
+        timing does, so a draft that cached a replica's curve knows when to take the new one."""
         settings = self.settings
-        return "/".join((Path(self.model_dir).name, settings.device, settings.dtype, self.weights_label))
+        return "/".join(
+            (Path(self.model_dir).name, settings.device, settings.dtype, self.weights_label, MEASURED)
+        )
 
     @functools.cached_property
     def verify_points(self) -> VerifyPoints:

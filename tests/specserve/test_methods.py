@@ -147,18 +147,22 @@ def test_the_default_calibration_file_is_kept_per_device_and_dtype(tiny_target_d
     native = default_path(linear_kernel="native")
     assert len({fp32, bf16, cuda, native}) == 4
     # weights as shipped have costs of their own, per 4-bit kernel
-    assert default_path(weights="as-shipped", int4_kernel="torch").endswith("-cpu-float32-int4.json")
+    assert default_path(weights="as-shipped", int4_kernel="torch").endswith("-cpu-float32-int4-settled.json")
     if cpu_kernels.library() is not None:  # per build of the CPU's kernels
         build = cpu_kernels.build_key()
         assert build is not None
-        assert default_path(weights="as-shipped").endswith(f"-cpu-float32-int8dot-{build[:8]}.json")
+        assert default_path(weights="as-shipped").endswith(f"-cpu-float32-int8dot-{build[:8]}-settled.json")
         monkeypatch.setattr(cpu_kernels, "build_key", lambda: "0123456789abcdef")  # the kernels changed
-        assert default_path(weights="as-shipped").endswith("-cpu-float32-int8dot-01234567.json")
-    assert bf16.endswith("-cpu-bfloat16-onednn.json") and cuda.endswith("-cuda0-float32-native.json")
-    assert fp32.endswith("-cpu-float32-onednn.json") and native.endswith("-cpu-float32-native.json")
+        assert default_path(weights="as-shipped").endswith("-cpu-float32-int8dot-01234567-settled.json")
+    assert bf16.endswith("-cpu-bfloat16-onednn-settled.json") and cuda.endswith(
+        "-cuda0-float32-native-settled.json"
+    )
+    assert fp32.endswith("-cpu-float32-onednn-settled.json") and native.endswith(
+        "-cpu-float32-native-settled.json"
+    )
     # an AVX2-only CPU runs bf16 on torch's own kernel, and its costs are kept apart from the packed ones
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-    assert default_path(dtype="bfloat16").endswith("-cpu-bfloat16-native.json")
+    assert default_path(dtype="bfloat16").endswith("-cpu-bfloat16-native-settled.json")
 
 
 def test_the_calibration_records_the_kernel_and_forward_it_measured(engine):

@@ -13,6 +13,7 @@ from specserve.runtime.calibrate import (
     interleaved_best,
     measure_batch_verify_s,
     measure_verify_s,
+    time_by_size,
 )
 from specserve.runtime.runner import ModelRunner
 
@@ -44,6 +45,47 @@ def test_a_slow_first_half_of_the_run_does_not_land_on_the_first_sizes():
     # Every size met the fast half: the measured curve is the true one, in order. Measured size by size,
     # the first sizes would have taken only slow calls and read 2.0 and 2.4: above the 1.5 of size three.
     assert seconds == pytest.approx(sizes)
+
+
+class HangoverHost:
+    """A fake clock where a call costs its size, plus half of what a larger call just before it exceeded
+    it by: a forward right after a larger one runs slow, as an Intel Xeon's did (the cores' clocks or
+    the weights' cache lines recovering)."""
+
+    def __init__(self) -> None:
+        self.now, self.previous = 0.0, 0.0
+
+    def call(self, size: float):
+        def run() -> None:
+            self.now += size + 0.5 * max(0.0, self.previous - size)
+            self.previous = size
+
+        return run
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_each_size_is_timed_after_its_own_calls_not_after_a_larger_one():
+    sizes = [1, 2, 4, 8, 64]
+    host = HangoverHost()
+    seconds = time_by_size(sizes, [host.call(s) for s in sizes], 2, "timing", clock=host.clock)
+    # Timed in order from one token up, the one-token call always followed the 64-token one and read
+    # 32.5: the curve flat, every tree looking cheap against a step.
+    assert seconds == ((1, 1.0), (2, 2.0), (4, 4.0), (8, 8.0), (64, 64.0))
+
+
+def test_settling_calls_are_untimed_and_counted_for_progress():
+    host = HangoverHost()
+    calls = []
+    seconds = interleaved_best(
+        [host.call(3.0), host.call(1.0)],
+        passes=2,
+        clock=host.clock,
+        on_call=lambda: calls.append(1),
+        settle=1,
+    )
+    assert seconds == [3.0, 1.0] and len(calls) == 2 * (1 + 2 * 2)
 
 
 def test_each_call_is_counted_once_for_progress():
