@@ -242,11 +242,11 @@ def time_by_size(
 
     Each pass goes from the largest size down, and each size is timed after SETTLE_CALLS untimed calls
     of its own: on some hosts a forward costs more right after a larger one, for many forwards (the
-    weights' cache lines or the cores' clocks recovering: an Intel Xeon's one-token step took 7.6 ms
-    right after a 64-token forward and 5 ms fifteen steps later), so a pass that went up from one token
-    timed every small size just after the largest and read the curve flat: verify(8) 1.5 steps where a
-    speculative session's rounds cost 2-2.6 (docs/benchmarks.md, "An Intel Xeon host"). A round's
-    forward follows rounds of about its own size, which is what this times."""
+    weights' cache lines or the cores' clocks recovering: an Intel Xeon's one-token step took 7.3-7.8 ms
+    right after a 64-token forward, 5.7-6.2 fifteen steps later, 3.9 in a run of steps), so a pass that
+    went up from one token timed every small size just after the largest and read the curve flat:
+    verify(8) 1.5-1.7 steps against 2.0-2.3 timed this way (docs/benchmarks.md, "An Intel Xeon host").
+    A round's forward follows rounds of about its own size, which is what this times."""
     total = len(calls) * (repeats * (SETTLE_CALLS + 1) + 1)
     logged = ProgressLog(desc, total)
     with tqdm(total=total, desc=desc, unit="forward", file=sys.stderr, disable=None) as shown:
