@@ -121,13 +121,18 @@ def measure_draft_costs(
     short: int = 1,
     long: int = 9,
     repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, float]:
     """(one draft step's seconds, a proposal's fixed seconds): the slope of a proposal's time between two
     chain lengths, and what is left of the short one's time beyond its steps (re-encoding the root, the
     tree and policy bookkeeping). `propose` should keep its draft cache between calls, as a session's
-    drafter does, so the fixed part is a round's and not a first call's prefill."""
-    t_short = best_of(lambda: propose(short), repeats)
-    t_long = best_of(lambda: propose(long), repeats)
+    drafter does, so the fixed part is a round's and not a first call's prefill. Both lengths are timed
+    as the verify curve's sizes are (`time_by_size`: round-robin, the long first, each after one untimed
+    call of its own): a short proposal timed right after larger forwards reads slow on some hosts, and
+    what it reads too much lands whole on the fixed cost."""
+    (_, t_short), (_, t_long) = time_by_size(
+        (short, long), (lambda: propose(short), lambda: propose(long)), repeats, "timing draft steps", clock
+    )
     step = max(0.0, (t_long - t_short) / (long - short))
     return step, max(0.0, t_short - short * step)
 

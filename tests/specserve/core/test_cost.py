@@ -57,6 +57,26 @@ def test_draft_costs_are_the_slope_and_what_is_left_of_the_short_proposal():
     assert overhead == pytest.approx(0.004, abs=0.0015)
 
 
+def test_draft_costs_are_timed_after_the_draft_has_run_a_while_not_right_after_larger_work():
+    """A drafter on a host that has just run large target forwards (the calibration's verify curve): its
+    first forwards run slow, the slowdown halving with each one. A proposal costs 4 units plus 2 a
+    token. Timed block by block from the short proposal on, right after that work, the short one's
+    calls were the slow ones and read as fixed cost (the 1.5B's draft once read 7.5 ms a proposal
+    where the engine measures 0.74, and its round gate never opened); timed round-robin after a pass of
+    both, they read the drafter's own costs."""
+    now, slow = [0.0], [100.0]
+
+    def propose(depth: int) -> None:
+        now[0] += 4.0
+        for _ in range(depth):
+            now[0] += 2.0 + slow[0]
+            slow[0] /= 2
+
+    step, overhead = measure_draft_costs(propose, repeats=3, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert step == pytest.approx(2.0, abs=0.01)
+    assert overhead == pytest.approx(4.0, abs=0.05)
+
+
 def test_a_calibrated_draft_overhead_is_charged_in_process():
     """Alone, 1/0.060 = 16.7 tok/s. With 6 ms of fixed drafting cost per round, a first token of
     acceptance 0.3 pays 0.3 / 0.013 = 23 tok/s at the margin; at 0.1, 7.7 tok/s: no round drafts."""
