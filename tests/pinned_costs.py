@@ -1,4 +1,5 @@
-"""One cost record for the suite's engines and stacks on the default model, written instead of measured.
+"""One cost record for the suite's engines and stacks on the default model (and the tiny engine whose
+methods' sampling is tested, test_methods.py), written instead of measured.
 
 The cost policies choose a tree's size from recorded costs. Measured, those costs depend on the machine
 and on its load while the suite runs: on the file's own weights the target's step is short enough that,

@@ -1,5 +1,5 @@
-"""One session of the default method through a local stack, taken apart against the same method in
-process: rounds, drafted and accepted tokens, and what each RPC costs beyond its handler.
+"""One session of a method (the default unless `--method`) through a local stack, taken apart against
+the same method in process: rounds, drafted and accepted tokens, and what each RPC costs beyond its handler.
 
 Each prompt (the MT-Bench first turns, one per category, greedy) runs in process, then through the
 stack; the outputs must be identical. From the stack's final message per prompt: target rounds,
@@ -65,15 +65,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the stack's logs go here")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--budget", action="store_true", help="also where each side's seconds went")
+    parser.add_argument("--method", default=DEFAULT_METHOD, help="the method, in process and on the stack")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     engine = Engine()
-    request = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=args.max_new_tokens)
-    first_token = GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=1)
+    request = GenerationRequest.build(method=args.method, max_new_tokens=args.max_new_tokens)
+    first_token = GenerationRequest.build(method=args.method, max_new_tokens=1)
     in_process, stack_side = Counter(), Counter()
     with LocalStack(log_dir=args.out) as stack, Client(stack.router_address) as client:
-        engine.generate("warm up", GenerationRequest.build(method=DEFAULT_METHOD, max_new_tokens=8))
-        client.generate("warm up", max_new_tokens=8)
+        engine.generate("warm up", GenerationRequest.build(method=args.method, max_new_tokens=8))
+        client.generate("warm up", method=args.method, max_new_tokens=8)
         for prompt in per_category(load_prompts(), 1):
             if args.budget:
                 # The prefill alone first (one-token requests, outside the timed ones): what the rounds
@@ -81,7 +82,8 @@ def main() -> None:
                 # timed request after them, finds the prompt in its side's prefix cache.
                 for _ in range(2):
                     local_prefill = engine.generate(prompt.text, first_token).stats.verify_s
-                    remote_prefill = client.generate(prompt.text, max_new_tokens=1).stats["verify_seconds"]
+                    remote = client.generate(prompt.text, method=args.method, max_new_tokens=1)
+                    remote_prefill = remote.stats["verify_seconds"]
                 in_process["prefill"] += local_prefill
                 stack_side["prefill"] += remote_prefill
                 time.sleep(PAUSE_SECONDS)
@@ -95,7 +97,9 @@ def main() -> None:
             in_process["draft"] += local.stats.draft_s
             time.sleep(PAUSE_SECONDS if args.budget else 0.0)
             start = time.perf_counter()
-            remote = client.generate(prompt.text, max_new_tokens=args.max_new_tokens, temperature=0.0)
+            remote = client.generate(
+                prompt.text, method=args.method, max_new_tokens=args.max_new_tokens, temperature=0.0
+            )
             stack_side["seconds"] += time.perf_counter() - start
             if remote.token_ids != local.token_ids:
                 raise SystemExit(f"the stack's output differs from in process on {prompt.category!r}")

@@ -8,6 +8,8 @@ while a forward runs join the next one: there is no fixed window. Everything hap
 so torch keeps one OpenMP team per process (serving/model_thread.py explains why that matters).
 
 Outside a scheduler `batched_call` just runs the one segment, so the same code serves a lone session.
+So does a job inside `unbatched()`: a cost measurement that a session's first round starts (a host
+with no calibration yet) times forwards of its own, not its segments merged with the other sessions'.
 
 Thread-local state does not follow greenlets: a job that suspends inside `torch.inference_mode()` and
 another that leaves its own would switch the mode under each other. So the thread that drives jobs
@@ -21,9 +23,9 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
@@ -94,10 +96,26 @@ def wait_until(ready: Callable[[], bool]) -> None:
         current.parent.switch(_Wait(ready))
 
 
+_alone = threading.local()  # .depth: unbatched() blocks entered on this thread
+
+
+@contextmanager
+def unbatched() -> Iterator[None]:
+    """Within it, this thread's forwards run at once and alone, even inside a job: the job keeps the
+    thread (no other job runs meanwhile) until it leaves. For measurements, whose forwards must be
+    their own whatever runs beside them."""
+    _alone.depth = getattr(_alone, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _alone.depth -= 1
+
+
 def batched_call(model: BatchedModel[S, R], segment: S) -> R:
-    """Runs `segment` through `model`: merged with other jobs' segments when called inside a job."""
+    """Runs `segment` through `model`: merged with other jobs' segments when called inside a job (and
+    not `unbatched()`)."""
     current = greenlet.getcurrent()
-    if isinstance(current, _Job):
+    if isinstance(current, _Job) and not getattr(_alone, "depth", 0):
         return current.parent.switch(_Request(model, segment))
     return model.forward_batch([segment])[0]
 

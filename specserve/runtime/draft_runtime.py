@@ -37,6 +37,7 @@ from specserve.glide.model import GlideDraft, build_glide, load_glide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.models.install import as_shipped_dir, profile_dir
 from specserve.models.profiles import model_profile
+from specserve.runtime.batching import unbatched
 from specserve.runtime.draft_head import cut_head
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.early_exit import early_exit_draft
@@ -331,7 +332,7 @@ class DraftRuntime(RoleRuntime):
         if kind not in makers:
             raise InvalidArgument(f"no draft kind {kind!r}; known: {', '.join(makers)}")
         dtype = getattr(torch, self.settings.dtype)
-        with measuring_alone(self.settings.cache_dir):
+        with measuring_alone(self.settings.cache_dir), unbatched():  # as the target's curve
             cost = measure_draft_cost(makers[kind], self.target_config, self.settings.device, dtype, repeats)
         logger.info("calibrated: %s draft step %.4f s (overhead %.4f s)", kind, cost.step_s, cost.overhead_s)
         return cost

@@ -25,6 +25,7 @@ from specserve.grammar import GrammarCompiler, Guide
 from specserve.models import load_causal_lm, load_tokenizer, resolve_model_dir
 from specserve.models.install import as_shipped_dir
 from specserve.models.profiles import ModelProfile, model_profile
+from specserve.runtime.batching import unbatched
 from specserve.runtime.int4 import resolve_int4_kernel
 from specserve.runtime.kernels import LinearKernel, resolve_kernel
 from specserve.runtime.measuring import measuring_alone
@@ -266,7 +267,8 @@ class TargetRuntime(RoleRuntime):
         from specserve.runtime.calibrate import measure_batch_verify_s, measure_verify_s
 
         runner = self.target_runner
-        with measuring_alone(self.settings.cache_dir):
+        # unbatched: a session's first round may start it, inside a batch of other sessions
+        with measuring_alone(self.settings.cache_dir), unbatched():
             single = measure_verify_s(runner, repeats=repeats)
             points = single + measure_batch_verify_s(runner, repeats=repeats)
         logger.info("calibrated: verify %s s", dict(points))

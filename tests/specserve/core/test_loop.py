@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from scipy.stats import chisquare
+from seeded_runs import seeded_runs
 from tiny_llama import exact_joint_of_tokens_2_and_3, noisy_copy, tiny_llama
 
 from specserve.core.finish import FinishChecker
@@ -155,10 +156,14 @@ def test_speculative_sampling_preserves_target_distribution(small_target, small_
     prompt = [1, 2, 3, 0, 1]
     params = SamplingParams(temperature=1.0)
     trials = 3000
-    counts = torch.zeros(V, V)
-    for seed in range(trials):
+
+    def tokens(seed: int) -> list[int]:
         finish, _ = run(small_target, small_draft, shape, params, seed=seed, prompt=prompt, max_new_tokens=3)
-        counts[finish.generated[1], finish.generated[2]] += 1
+        return finish.generated
+
+    counts = torch.zeros(V, V)
+    for generated in seeded_runs(tokens, trials):
+        counts[generated[1], generated[2]] += 1
     expected = exact_joint_of_tokens_2_and_3(small_target.model, prompt, params, V) * trials
     result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())
     assert result.pvalue > 1e-3, f"p={result.pvalue:.2e}"

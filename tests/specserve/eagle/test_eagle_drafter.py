@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
+from seeded_runs import seeded_runs
 from tiny_llama import EACH_ARCHITECTURE, exact_joint_of_tokens_2_and_3, tiny_model
 
 from specserve.core.cape import CapeSettings
@@ -200,9 +201,12 @@ def test_speculative_sampling_preserves_target_distribution(architecture):
     prompt = [1, 2, 3, 0, 1]
     params = SamplingParams(temperature=1.0)
     trials = 3000
+
+    def tokens(seed: int) -> list[int]:
+        return run(small, model, DraftShape(depth=2), cape, params, seed, prompt, 3)[0]
+
     counts = torch.zeros(V, V)
-    for seed in range(trials):
-        generated, _, _ = run(small, model, DraftShape(depth=2), cape, params, seed, prompt, 3)
+    for generated in seeded_runs(tokens, trials):
         counts[generated[1], generated[2]] += 1
     expected = exact_joint_of_tokens_2_and_3(small.model, prompt, params, V) * trials
     result = chisquare(counts.flatten().numpy(), expected.flatten().numpy())

@@ -14,6 +14,7 @@ from specserve.runtime.batching import (
     Scheduler,
     SchedulerThread,
     batched_call,
+    unbatched,
     wait_until,
 )
 
@@ -44,6 +45,21 @@ def test_outside_a_job_a_call_runs_alone():
     model = Recorder()
     assert batched_call(model, Segment("a")) == "a:1"
     assert model.batches == [["a"]]
+
+
+def test_a_job_inside_unbatched_runs_its_forwards_alone_and_keeps_the_thread():
+    """A measurement a session's first round starts runs its own forwards while the others wait."""
+    model = Recorder()
+
+    def measuring() -> list[str]:
+        batched_call(model, Segment("m"))  # a round's forward before the measurement, merged
+        with unbatched():
+            timed = [batched_call(model, Segment("timed")) for _ in range(3)]
+        return [*timed, batched_call(model, Segment("m"))]
+
+    results = Scheduler().run_all([steps(model, "a", 3), measuring])
+    assert model.batches == [["a", "m"], ["timed"], ["timed"], ["timed"], ["a", "m"], ["a"]]
+    assert results[1] == ["timed:2", "timed:3", "timed:4", "m:5"]
 
 
 def test_jobs_share_forwards_and_leave_when_done():

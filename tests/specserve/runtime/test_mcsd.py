@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from scipy.stats import chisquare
+from seeded_runs import seeded_runs
 from tiny_llama import noisy_copy, tiny_llama
 from tree_paths import path_to_node
 
@@ -190,11 +191,15 @@ def second_token_distribution(model, prompt: list[int], params: SamplingParams) 
 
 def second_token_counts(small_target, small_draft, shape: McsdShape, trials: int) -> torch.Tensor:
     """Token 2 is the first one a speculative round decides (token 1 comes from the prefill)."""
-    counts = torch.zeros(V)
-    for seed in range(trials):
+
+    def second_token(seed: int) -> int:
         drafter = MultiCandidateDrafter(small_draft, CAPACITY, shape, SAMPLING)
         generated, _ = run(small_target, drafter, SAMPLING, seed=seed, prompt=SMALL_PROMPT, max_new_tokens=2)
-        counts[generated[1]] += 1
+        return generated[1]
+
+    counts = torch.zeros(V)
+    for token in seeded_runs(second_token, trials):
+        counts[token] += 1
     return counts
 
 

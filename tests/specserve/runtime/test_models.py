@@ -21,6 +21,7 @@ from specserve.glide.drafter import GlideDrafter
 from specserve.glide.model import build_glide, save_glide
 from specserve.models.default_model import COMPLETE_MARKER
 from specserve.models.profiles import model_profile
+from specserve.runtime.batching import Scheduler
 from specserve.runtime.drafter import DraftShape, ModelDrafter
 from specserve.runtime.kv_cache import PositionalKVCache
 from specserve.runtime.models import ServedModels
@@ -141,3 +142,31 @@ def test_the_profile_s_draft_loads_in_its_dtype(
     assert models.draft_dtype == ("bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32")
     assert models.vanilla_draft_runner.model.dtype == getattr(torch, models.draft_dtype)
     assert models.target_model.dtype == torch.float32
+
+
+def test_a_measurement_a_session_starts_inside_a_batch_runs_forwards_of_its_own(
+    tiny_target_dir: Path, tmp_path: Path
+) -> None:
+    """On a host with no calibration, a session's first round asks for the verify curve and it is
+    measured then, inside the batch of sessions: its timed forwards must carry none of the other
+    sessions' segments (nor wait for them), or the curve saved for every later session would be theirs."""
+    settings = EngineSettings(
+        model_dir=tiny_target_dir, calibration_path=tmp_path / "curve.json", cache_dir=tmp_path
+    )
+    models = ServedModels(settings)
+    runner = models.target_runner
+    other = runner.new_cache(64)
+    shared: list[int] = []  # sizes of forwards that carried the other session beside anything else
+    forward_batch = runner.forward_batch
+
+    def recording(segments):
+        if any(s.cache is other for s in segments) and len(segments) > 1:
+            shared.append(len(segments))
+        return forward_batch(segments)
+
+    runner.forward_batch = recording  # type: ignore[method-assign]
+    session = lambda: [runner.forward(other, [1]) for _ in range(20)]  # noqa: E731
+    measuring = lambda: models.verify_points  # noqa: E731
+    _, points = Scheduler().run_all([session, measuring], thread_context=torch.inference_mode())
+    assert (tmp_path / "curve.json").is_file() and len(points) > 1
+    assert shared == []
