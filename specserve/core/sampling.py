@@ -37,8 +37,21 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """probs: [V] -> one token id drawn from it."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """probs: [V] (non-negative, summing to about 1) -> one token id drawn from it.
+
+    One uniform draw inverted through the cumulative sum: token i for a draw in [cdf[i-1], cdf[i]), so a
+    token of probability 0 (an empty interval) is never drawn. torch.multinomial draws one random number
+    per token for a single sample (V exponentials): 1.4 ms a token for a 49,152-token vocabulary on one
+    CPU core against 0.07 ms here, 3.7 against 0.5 for 151,936 tokens, where a one-token step of the
+    default model takes 4-8 ms. In float64: a sum of 150,000 float32 terms keeps every token's interval,
+    and the draw has 53 bits."""
+    cdf = probs.double().cumsum(-1)  # [V]
+    u = torch.rand((), dtype=torch.float64, generator=generator, device=generator.device)
+    index = int(torch.searchsorted(cdf, u.to(cdf.device) * cdf[-1], right=True))
+    if index < probs.shape[-1]:
+        return index
+    # u * total rounded up to the total itself (u within 2^-53 of 1): the last token it could be
+    return int(torch.nonzero(probs > 0)[-1])
 
 
 def uniform(generator: torch.Generator) -> float:

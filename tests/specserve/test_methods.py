@@ -248,8 +248,9 @@ def test_sampling_keeps_the_target_distribution(small_engine, method):
     for token, drafted in seeded_runs(lambda seed: first_round(small_engine, method, params, seed), trials):
         counts[token] += 1
         drafting += drafted > 0
-    # Every run drafts, but the suffix index's alone: it finds a match after some first tokens only.
-    assert drafting == trials or (method is Method.SUFFIX and drafting > trials // 20)
+    # Every run drafts, but the suffix index's alone: it finds a match after some first tokens only
+    # (about one run in twenty).
+    assert drafting == trials or (method is Method.SUFFIX and drafting > trials // 50)
     expected = p2 * trials
     frequent = expected >= 5  # chi-square needs expected counts of ~5; the rare rest is pooled
     observed = torch.cat([counts[frequent], counts[~frequent].sum()[None]])

@@ -1,12 +1,13 @@
 import pytest
 import torch
+from scipy.stats import chisquare
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
-from specserve.core.sampling import logits_to_probs
+from specserve.core.sampling import logits_to_probs, sample_token
 from specserve.core.sampling_params import SamplingParams
 
 
@@ -33,3 +34,34 @@ def test_matches_hugging_face_warpers(temperature, top_k, top_p):
 def test_top_k_keeps_k_tokens():
     probs = logits_to_probs(torch.arange(10.0), SamplingParams(temperature=1.0, top_k=3))
     assert (probs > 0).sum() == 3 and probs[-3:].sum() == pytest.approx(1.0)
+
+
+def test_a_drawn_token_follows_its_probability_and_a_seed_repeats_it():
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.3e-3, 0.0, 0.2997])
+    generator = torch.Generator().manual_seed(0)
+    draws = 20000
+    counts = torch.bincount(torch.tensor([sample_token(probs, generator) for _ in range(draws)]), minlength=6)
+    assert counts[1] == 0 and counts[4] == 0  # a token of probability 0 is never drawn
+    kept = probs > 0
+    assert chisquare(counts[kept].numpy(), (probs[kept] / probs.sum() * draws).numpy()).pvalue > 1e-3
+    first = [sample_token(probs, torch.Generator().manual_seed(seed)) for seed in range(50)]
+    assert first == [sample_token(probs, torch.Generator().manual_seed(seed)) for seed in range(50)]
+
+
+@pytest.mark.parametrize("vocab", [49152, 151936])
+def test_a_large_vocabulary_keeps_its_rare_tokens_and_its_last_one(vocab):
+    """float64 sums: a token of one part in 10^7 at the end of 151,936 float32 terms keeps its interval."""
+    probs = torch.zeros(vocab)
+    probs[-1], probs[0] = 1.0, 0.0
+    assert sample_token(probs, torch.Generator().manual_seed(1)) == vocab - 1
+    probs = torch.full((vocab,), 1e-7)
+    probs[vocab // 2] = 1.0 - 1e-7 * (vocab - 1)
+    probs[-1] = 0.0  # never drawn, though it is last
+    tokens = {sample_token(probs, torch.Generator().manual_seed(seed)) for seed in range(300)}
+    assert vocab // 2 in tokens and vocab - 1 not in tokens
+
+
+def test_a_draw_at_the_very_top_of_the_sum_takes_the_last_possible_token(monkeypatch):
+    probs = torch.tensor([0.25, 0.75, 0.0])
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.tensor(1.0, dtype=torch.float64))
+    assert sample_token(probs, torch.Generator()) == 1
