@@ -4,8 +4,9 @@ What a CPU user would run instead of specserve: llama.cpp on the very file the p
 Each peer method is one `llama-server` process (one slot, this machine's threads) started on a free
 loopback port when first asked and stopped when the bench ends; every prompt is sent as the token ids
 specserve's own chat template made (`/completion` with `prompt` as ids, `cache_prompt` off), greedy at
-temperature 0 with the request's length and `ignore_eos`, so both sides see the same input and do the
-same work. Time is measured around the HTTP call, as a client sees it (prefill included, as specserve's).
+temperature 0 (or sampled from the distribution specserve samples) with the request's length and
+`ignore_eos`, so both sides see the same input and do the same work. Time is measured around the HTTP
+call, as a client sees it (prefill included, as specserve's).
 
 | method | llama-server flags |
 |---|---|
@@ -81,19 +82,43 @@ def server_arguments(
 
 
 def completion_body(prompt_ids: list[int], request: GenerationRequest) -> dict[str, Any]:
-    """The `/completion` request for one greedy generation of fixed or bounded length."""
-    if request.sampling.temperature > 0:
-        raise InvalidArgument("the llama.cpp peers run greedy only (temperature 0)")
-    return _constraint_fields(request.constraint) | {
-        "prompt": prompt_ids,
-        "n_predict": request.stopping.max_new_tokens,
-        "temperature": 0.0,
-        "top_k": 1,
-        "ignore_eos": request.stopping.ignore_eos,
-        "cache_prompt": False,
-        "return_tokens": True,
-        "stream": False,
+    """The `/completion` request for one generation of fixed or bounded length: greedy, or sampled from
+    the distribution specserve samples (`_sampling_fields`)."""
+    return (
+        _constraint_fields(request.constraint)
+        | _sampling_fields(request)
+        | {
+            "prompt": prompt_ids,
+            "n_predict": request.stopping.max_new_tokens,
+            "ignore_eos": request.stopping.ignore_eos,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "stream": False,
+        }
+    )
+
+
+def _sampling_fields(request: GenerationRequest) -> dict[str, Any]:
+    """Greedy: top-1. Sampled: specserve's distribution (core/sampling.py: temperature, then top-k, then
+    top-p), so llama-server's chain is named in that order and its other samplers are off (min-p is
+    0.05 by default, the repetition penalties and the rest are no-ops at these values)."""
+    params = request.sampling
+    if params.greedy:
+        return {"temperature": 0.0, "top_k": 1}
+    fields: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_k": params.top_k,  # 0: off, as in specserve
+        "top_p": params.top_p,
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "repeat_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "samplers": ["temperature", "top_k", "top_p"],
     }
+    if request.seed is not None:
+        fields["seed"] = request.seed % 2**32  # llama.cpp's seed is 32 bits
+    return fields
 
 
 def _constraint_fields(constraint: Constraint | None) -> dict[str, Any]:

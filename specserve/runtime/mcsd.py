@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specserve.core.protocols import CandidateKind, DraftTree
-from specserve.core.sampling import logits_to_probs, make_generator
+from specserve.core.sampling import logits_to_probs, make_generator, sample_token
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.sliced_mask import SlicedTreeMask, sliced_tree_mask
 from specserve.core.stopping import DraftStep, StopPolicy, StopPolicyName, StopSettings
@@ -168,7 +168,7 @@ def sample_without_replacement(q: torch.Tensor, k: int, generator: torch.Generat
         else:
             dist = torch.ones_like(q)
             dist[drawn] = 0
-        x = int(torch.multinomial(dist, 1, generator=generator))
+        x = sample_token(dist, generator)
         drawn.append(x)
         q[x] = 0
     return drawn

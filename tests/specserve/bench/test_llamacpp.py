@@ -1,6 +1,7 @@
 """llama.cpp's llama-server as bench peers: the command lines and requests that make the comparison fair
-(same file, same token ids, greedy, fixed length, no prompt reuse), the counters read back, and a clear
-refusal without a binary. With LLAMA_SERVER set, a real server answers on the default model's file."""
+(same file, same token ids, greedy or the same distribution, fixed length, no prompt reuse), the
+counters read back, and a clear refusal without a binary. With LLAMA_SERVER set, a real server answers
+on the default model's file."""
 
 from __future__ import annotations
 
@@ -54,9 +55,16 @@ def test_a_request_is_the_same_token_ids_greedy_with_no_prompt_reuse():
     body = completion_body([1, 2, 3], request)
     assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 64 and body["ignore_eos"] is True
     assert body["temperature"] == 0.0 and body["cache_prompt"] is False and body["return_tokens"] is True
-    sampled = peer_request(8, temperature=0.7)
-    with pytest.raises(InvalidArgument, match="greedy only"):
-        completion_body([1], sampled)
+    assert body["top_k"] == 1
+
+
+def test_a_sampled_request_samples_specserves_distribution_with_llama_cpps_other_samplers_off():
+    body = completion_body([1], peer_request(8, temperature=0.7, top_k=20, top_p=0.9, seed=2**40 + 5))
+    assert (body["temperature"], body["top_k"], body["top_p"]) == (0.7, 20, 0.9)
+    assert body["samplers"] == ["temperature", "top_k", "top_p"]  # core/sampling.py's order
+    assert body["min_p"] == 0.0 and body["repeat_penalty"] == 1.0 and body["typical_p"] == 1.0
+    assert body["seed"] == 5  # llama.cpp's seeds are 32 bits
+    assert "seed" not in completion_body([1], peer_request(8, temperature=0.7))
 
 
 def test_counters_come_from_the_servers_timings():
