@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specserve.core.backoff import DraftBackoff
-from specserve.core.cost import NOMINAL_CPU_COST, CostModel, load_like_this, smoothed
+from specserve.core.cost import CostModel, load_like_this, smoothed
 from specserve.core.grammar import ConstrainedDrafter, GrammarState
 from specserve.core.prompt_indexes import TenantPrompts
 from specserve.core.protocols import (
@@ -432,22 +432,21 @@ def suffix_drafter(
 ) -> SuffixDrafter:
     """A session's suffix candidates, alone (`inner` None) or in front of its model drafter.
 
-    `cost` gives the costs greedy rounds are sized by, asked once and only for a greedy session: this
-    machine's calibration in process (reading it may measure the machine); the router, which has none,
-    passes the nominal curve (only its ratios matter), and would pass a cost its targets publish here.
-    Greedy rounds are sized by the batch each round shares (`propose`'s batch_sessions) and may draft
-    from `shared`, the tenant's earlier outputs. A sampled session's tree decides its random draws, so it
-    is sized the same wherever it runs and whatever else runs (the nominal curve, alone) and drafts from
-    its own text only: a seed gives the same text. Either may start its index from `prompts`, the
-    tenant's earlier prompts (core/prompt_indexes.py): that index is the one its own prompt would give.
-    With `codec` (the serving tokenizer), a constrained session's text is also matched on characters
-    where the ids find nothing (core/text_suffix.py; `SuffixDrafter.constrain`). A greedy session weighs
-    its model drafter (`ModelWorth`), starting from what the model earned in the process's earlier
-    sessions of its kind when `worth` says where that is kept."""
+    `cost` gives the costs rounds are sized by, asked once: this machine's calibration in process (reading it
+    may measure the machine), the session's target's published curve in the router: the same record where
+    both serve one host. Greedy rounds are sized by the batch each round shares (`propose`'s
+    batch_sessions) and may draft from `shared`, the tenant's earlier outputs. A sampled session's tree
+    decides its random draws, so it is sized as if alone, whatever else runs, and drafts from its own text
+    only: a seed gives the same text on a target of the same costs. (On the nominal curve, which reads
+    verify(8) as 1.33 steps, a sampled session on a host where it costs 2 drafted at a loss: the default
+    method ran 0.77-0.90x `target` at T = 0.7 on chat, docs/benchmarks.md, "Sampling".) Either may start
+    its index from `prompts`, the tenant's earlier prompts (core/prompt_indexes.py): that index is the one
+    its own prompt would give. With `codec` (the serving tokenizer), a constrained session's text is also
+    matched on characters where the ids find nothing (core/text_suffix.py; `SuffixDrafter.constrain`). A
+    greedy session weighs its model drafter (`ModelWorth`), starting from what the model earned in the
+    process's earlier sessions of its kind when `worth` says where that is kept."""
     if not sampling.greedy:
-        return SuffixDrafter(
-            inner, max_tree_nodes, NOMINAL_CPU_COST, batch_aware=False, prompts=prompts, codec=codec
-        )
+        return SuffixDrafter(inner, max_tree_nodes, cost(), batch_aware=False, prompts=prompts, codec=codec)
     return SuffixDrafter(
         inner,
         max_tree_nodes,

@@ -123,12 +123,14 @@ def test_each_policy_reads_the_costs_and_stopper_of_its_own_draft(engine):
     assert isinstance(decision, DecisionPolicy) and decision.model is shipped_decision_model("eagle")
 
 
-def test_suffix_candidates_are_sized_by_this_machine_only_when_greedy(engine):
+def test_suffix_candidates_are_sized_by_this_machine_and_by_the_batch_only_when_greedy(engine):
     greedy = built(engine, "eagle-cape-suffix")
     assert isinstance(greedy, SuffixDrafter)
     assert greedy.cost == engine.cost_model_for("eagle") and greedy.batch_aware
     sampled = built(engine, "suffix", SamplingParams(temperature=0.7))
-    assert isinstance(sampled, SuffixDrafter) and sampled.cost is NOMINAL_CPU_COST and sampled.inner is None
+    assert isinstance(sampled, SuffixDrafter) and sampled.inner is None
+    assert sampled.cost == engine.cost_model_for(None) and sampled.cost != NOMINAL_CPU_COST
+    assert not sampled.batch_aware
 
 
 def test_a_sampled_cost_policy_is_sized_as_if_alone_whatever_the_tree(engine):

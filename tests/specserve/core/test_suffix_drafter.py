@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from specserve.core.backoff import MAX_SKIPPED_ROUNDS
-from specserve.core.cost import NOMINAL_CPU_COST, CostModel
+from specserve.core.cost import CostModel
 from specserve.core.prompt_indexes import PromptIndexCache, TenantPrompts
 from specserve.core.protocols import (
     READS_NOTHING,
@@ -157,20 +157,20 @@ def test_a_greedy_session_is_sized_by_the_cost_it_is_given_and_shares_the_batch(
     assert drafter.batch_aware and drafter.shared is shared
 
 
-def test_a_sampled_session_is_sized_alike_wherever_it_runs_and_from_its_own_text():
-    """Its tree decides its random draws: the nominal curve, as if alone, no other session's outputs; the
-    calibration is never read (in process, reading it may measure the machine)."""
-
-    def calibrated() -> CostModel:
-        raise AssertionError("a sampled session's trees must not depend on this machine's costs")
-
+def test_a_sampled_session_is_sized_by_its_targets_costs_as_if_alone_and_from_its_own_text():
+    """Its tree decides its random draws: the serving target's curve (in process this machine's), as if
+    alone, no other session's outputs. Where a node costs more, fewer are drafted: on the nominal curve a
+    host whose verify(8) is 2 steps drafted at a loss."""
     shared = TenantCache(SharedSuffixCache(4, 64), "tenant")
     sampled = SamplingParams(temperature=0.7)
-    drafter = suffix_drafter(None, 16, sampled, calibrated, shared=shared)
-    assert drafter.inner is None and drafter.cost is NOMINAL_CPU_COST and drafter.shared is None
+    drafter = suffix_drafter(None, 16, sampled, lambda: FLAT_COST, shared=shared)
+    assert drafter.inner is None and drafter.cost is FLAT_COST and drafter.shared is None
     crowded = drafter.propose(REPEATING, round_seed=0, batch_sessions=64)
-    alone = suffix_drafter(None, 16, sampled, calibrated).propose(REPEATING, round_seed=0, batch_sessions=1)
+    alone = suffix_drafter(None, 16, sampled, lambda: FLAT_COST).propose(REPEATING, 0, batch_sessions=1)
     assert crowded.tree == alone.tree and crowded.num_draft_tokens > 0
+    steep = CostModel(((1, 1.0), (4, 1.05), (8, 4.0), (16, 8.0)), draft_step_s=0.05)  # dear beyond 4 rows
+    dear = suffix_drafter(None, 16, sampled, lambda: steep).propose(REPEATING, 0, batch_sessions=1)
+    assert 0 < dear.num_draft_tokens < alone.num_draft_tokens
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.7)])
