@@ -54,6 +54,24 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.nonzero(probs > 0)[-1])
 
 
+def sample_without_replacement(q: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """q: [V] -> k distinct token ids in the order drawn, each from q renormalised over the untried
+    tokens, uniform once q's support is used up: the sequence of distributions the verifier's
+    without-replacement rule assumes (and torch.multinomial's without replacement, which draws V
+    exponentials a call: 1.75 ms for 4 of 49,152 tokens on a CPU core, against k draws of
+    `sample_token`)."""
+    q = q.clone()
+    drawn: list[int] = []
+    for _ in range(k):
+        if float(q.sum()) <= 0:
+            q = torch.ones_like(q)
+            q[drawn] = 0
+        x = sample_token(q, generator)  # sample_token renormalises by the sum
+        drawn.append(x)
+        q[x] = 0
+    return drawn
+
+
 def uniform(generator: torch.Generator) -> float:
     return float(torch.rand((), generator=generator).item())
 

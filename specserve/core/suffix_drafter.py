@@ -439,12 +439,13 @@ def suffix_drafter(
     decides its random draws, so it is sized as if alone, whatever else runs, and drafts from its own text
     only: a seed gives the same text on a target of the same costs. (On the nominal curve, which reads
     verify(8) as 1.33 steps, a sampled session on a host where it costs 2 drafted at a loss: the default
-    method ran 0.77-0.90x `target` at T = 0.7 on chat, docs/benchmarks.md, "Sampling".) Either may start
-    its index from `prompts`, the tenant's earlier prompts (core/prompt_indexes.py): that index is the one
-    its own prompt would give. With `codec` (the serving tokenizer), a constrained session's text is also
-    matched on characters where the ids find nothing (core/text_suffix.py; `SuffixDrafter.constrain`). A
-    greedy session weighs its model drafter (`ModelWorth`), starting from what the model earned in the
-    process's earlier sessions of its kind when `worth` says where that is kept."""
+    method ran 0.77-0.90x `target` at T = 0.7 on chat, docs/benchmarks.md, "Sampling at T > 0".) Either
+    may start its index from `prompts`, the tenant's earlier prompts (core/prompt_indexes.py): that index
+    is the one its own prompt would give. With `codec` (the serving tokenizer), a constrained session's
+    text is also matched on characters where the ids find nothing (core/text_suffix.py;
+    `SuffixDrafter.constrain`). A greedy session weighs its model drafter (`ModelWorth`), starting from
+    what the model earned in the process's earlier sessions of its kind when `worth` says where that is
+    kept."""
     if not sampling.greedy:
         return SuffixDrafter(inner, max_tree_nodes, cost(), batch_aware=False, prompts=prompts, codec=codec)
     return SuffixDrafter(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from specserve.core.protocols import CandidateKind, VerifyOutcome
-from specserve.core.sampling import sample_token, uniform
+from specserve.core.sampling import sample_token, sample_without_replacement, uniform
 from specserve.core.tree import tree_children
 
 
@@ -77,7 +77,7 @@ def verify_target_rooted(
         if len(branch) > best:
             best, path, p = len(branch), [0, *branch], branch_p
     count = min(num_candidates, int((p > 0).sum()))
-    candidates = torch.multinomial(p, count, replacement=False, generator=generator).tolist()
+    candidates = sample_without_replacement(p, count, generator)
     return VerifyOutcome(path, None, tuple(candidates))
 
 

@@ -19,7 +19,7 @@ import torch
 from specserve.core.cape import CapeSettings, cape_width, draft_confidence, fit_width
 from specserve.core.grammar import GrammarState
 from specserve.core.protocols import READS_NOTHING, CandidateKind, DraftTree, RoundOutcome, TargetReads
-from specserve.core.sampling import logits_to_probs, make_generator, sample_token
+from specserve.core.sampling import logits_to_probs, make_generator, sample_without_replacement
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.stopping import (
     STOP_POLICIES,
@@ -447,7 +447,8 @@ def pick_candidates(
     width = min(width, int((q > 0).sum()))
     if kind is CandidateKind.FIXED:
         return torch.topk(q, width).indices.tolist(), None
-    if width == 1:  # a chain's token: one uniform draw (sample_token), not one random number per token
-        return [sample_token(q, generator)], q
-    with_replacement = kind is CandidateKind.SAMPLED
-    return torch.multinomial(q, width, replacement=with_replacement, generator=generator).tolist(), q
+    if kind is CandidateKind.SAMPLED and width > 1:
+        return torch.multinomial(q, width, replacement=True, generator=generator).tolist(), q
+    # One uniform draw a token (a chain's, or each distinct one), not one random number per vocabulary
+    # token as torch.multinomial draws without replacement.
+    return sample_without_replacement(q, width, generator), q

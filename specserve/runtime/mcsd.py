@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specserve.core.protocols import CandidateKind, DraftTree
-from specserve.core.sampling import logits_to_probs, make_generator, sample_token
+from specserve.core.sampling import logits_to_probs, make_generator, sample_without_replacement
 from specserve.core.sampling_params import GREEDY, SamplingParams
 from specserve.core.sliced_mask import SlicedTreeMask, sliced_tree_mask
 from specserve.core.stopping import DraftStep, StopPolicy, StopPolicyName, StopSettings
@@ -154,21 +154,3 @@ class MultiCandidateDrafter(PolicyDrafter):
         self.cache.truncate(0)
         self._cached_ids.clear()
         self._feedback.reset()
-
-
-def sample_without_replacement(q: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
-    """k distinct draws, each from q renormalised over the untried tokens, uniform once q's support is
-    used up: the same sequence of distributions the verifier's without-replacement rule assumes."""
-    q = q.clone()
-    drawn: list[int] = []
-    for _ in range(k):
-        total = float(q.sum())
-        if total > 0:
-            dist = q / total
-        else:
-            dist = torch.ones_like(q)
-            dist[drawn] = 0
-        x = sample_token(dist, generator)
-        drawn.append(x)
-        q[x] = 0
-    return drawn

@@ -7,7 +7,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from specserve.core.sampling import logits_to_probs, sample_token
+from specserve.core.sampling import logits_to_probs, sample_token, sample_without_replacement
 from specserve.core.sampling_params import SamplingParams
 
 
@@ -65,3 +65,23 @@ def test_a_draw_at_the_very_top_of_the_sum_takes_the_last_possible_token(monkeyp
     probs = torch.tensor([0.25, 0.75, 0.0])
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.tensor(1.0, dtype=torch.float64))
     assert sample_token(probs, torch.Generator()) == 1
+
+
+def test_without_replacement_goes_uniform_once_q_is_used_up():
+    q = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    drawn = sample_without_replacement(q, 4, torch.Generator().manual_seed(0))
+    assert drawn[0] == 1 and sorted(drawn) == [0, 1, 2, 3]
+
+
+def test_distinct_draws_follow_q_renormalised_over_the_untried_tokens():
+    """The pair (first, second) drawn from q = [0.5, 0.3, 0.2]: P(a, b) = q_a * q_b / (1 - q_a)."""
+    q = torch.tensor([0.5, 0.3, 0.2])
+    generator = torch.Generator().manual_seed(3)
+    draws = 12000
+    pairs = [tuple(sample_without_replacement(q, 2, generator)) for _ in range(draws)]
+    order = [(a, b) for a in range(3) for b in range(3) if a != b]
+    observed = [pairs.count(pair) for pair in order]
+    expected = [float(q[a]) * float(q[b]) / (1 - float(q[a])) * draws for a, b in order]
+    expected[-1] += draws - sum(expected)  # float rounding: chi-square wants equal totals
+    assert all(a != b for a, b in pairs)
+    assert chisquare(observed, expected).pvalue > 1e-3

@@ -21,7 +21,7 @@ from specserve.core.sliced_mask import multi_candidate_parents
 from specserve.core.stopping import DraftStep
 from specserve.core.tree import TokenTree, tree_children
 from specserve.errors import FailedPrecondition, InvalidArgument
-from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter, sample_without_replacement
+from specserve.runtime.mcsd import McsdShape, MultiCandidateDrafter
 from specserve.runtime.runner import ModelRunner
 from specserve.runtime.target import LocalVerifier
 
@@ -113,12 +113,6 @@ def test_sampled_trees_carry_q_of_every_internal_node(draft, kind):
         for node in internal:
             tokens = [proposal.tree.token_ids[c] for c in tree_children(proposal.tree.parent_ids)[node]]
             assert len(set(tokens)) == len(tokens)
-
-
-def test_without_replacement_goes_uniform_once_q_is_used_up():
-    q = torch.tensor([0.0, 1.0, 0.0, 0.0])
-    drawn = sample_without_replacement(q, 4, torch.Generator().manual_seed(0))
-    assert drawn[0] == 1 and sorted(drawn) == [0, 1, 2, 3]
 
 
 def test_target_rooted_rounds_hand_over_the_targets_top_w(target, draft):
